@@ -1,0 +1,150 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/gpufleet/gpufleet/internal/devcluster"
+	"github.com/gpufleet/gpufleet/internal/operator"
+)
+
+func newDevCommand() *cobra.Command {
+	var (
+		nodes, pools int
+		cpuNodes     int
+		binDir       string
+		noOperator   bool
+	)
+	cmd := &cobra.Command{
+		Use:   "dev",
+		Short: "Start a local cluster with simulated GPU nodes and run the operator against it",
+		Long: `dev starts a real local control plane (etcd, kube-apiserver,
+kube-controller-manager, kube-scheduler) with kwok simulating GPU nodes,
+installs gpufleet's CRDs, runs the operator in this process and waits for
+Ctrl-C. Everything it started is stopped and removed on exit.`,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			setupLogging(true)
+			ctx, cancel := signalContext()
+			defer cancel()
+			return runDev(ctx, devParams{nodes: nodes, pools: pools, cpuNodes: cpuNodes, binDir: binDir, operator: !noOperator})
+		},
+	}
+	f := cmd.Flags()
+	f.IntVar(&nodes, "nodes", 8, "number of simulated GPU nodes")
+	f.IntVar(&pools, "pools", 2, "number of node pools the GPU nodes are spread over")
+	f.IntVar(&cpuNodes, "cpu-nodes", 0, "number of simulated nodes without GPUs")
+	f.StringVar(&binDir, "bin-dir", "", "directory of the control-plane binaries (default: $GPUFLEET_BIN_DIR or bin/ of the source tree)")
+	f.BoolVar(&noOperator, "no-operator", false, "start only the cluster, not the operator")
+	return cmd
+}
+
+type devParams struct {
+	nodes, pools, cpuNodes int
+	binDir                 string
+	operator               bool
+}
+
+func runDev(ctx context.Context, p devParams) error {
+	say := func(format string, args ...any) { fmt.Fprintf(os.Stderr, "gpufleet dev: "+format+"\n", args...) }
+	opts := devcluster.Options{BinDir: p.binDir, Logf: say}
+	say("starting the local control plane")
+	cluster, err := devcluster.Start(ctx, opts)
+	var missing *devcluster.MissingBinariesError
+	if errors.As(err, &missing) {
+		if buildErr := buildControlPlane(say); buildErr != nil {
+			return fmt.Errorf("%w (building them failed: %v)", err, buildErr)
+		}
+		cluster, err = devcluster.Start(ctx, opts)
+	}
+	if err != nil {
+		return err
+	}
+	defer func() {
+		say("stopping the local cluster")
+		cluster.Stop()
+	}()
+
+	specs := devcluster.GPUNodes(p.nodes, p.pools)
+	for i := range p.cpuNodes {
+		specs = append(specs, devcluster.NodeSpec{Name: fmt.Sprintf("cpu-%03d", i), Pool: "cpu"})
+	}
+	began := time.Now()
+	if err := cluster.AddNodes(ctx, specs...); err != nil {
+		return err
+	}
+	say("%d simulated node(s) Ready in %s", len(specs), time.Since(began).Round(100*time.Millisecond))
+
+	if err := devcluster.InstallCRDs(ctx, cluster.Config); err != nil {
+		return err
+	}
+	if err := devcluster.EnsureNamespace(ctx, cluster.Client, operator.DefaultNamespace); err != nil {
+		return err
+	}
+
+	errc := make(chan error, 1)
+	if p.operator {
+		mgr, err := operator.New(cluster.Config, operator.Options{
+			Namespace: operator.DefaultNamespace, MetricsAddr: "127.0.0.1:8080", ProbeAddr: "0",
+		})
+		if err != nil {
+			return err
+		}
+		go func() { errc <- mgr.Start(ctx) }()
+		say("operator running (capabilities: %v), metrics on http://127.0.0.1:8080/metrics", operator.CapabilityNames())
+	}
+
+	fmt.Printf(`
+The local cluster is up. In another terminal:
+
+  export KUBECONFIG=%s
+  export PATH=%s:$PATH   # kubectl built by make tools
+  kubectl get nodes -L gpufleet.dev/pool
+  kubectl get pods -A -o wide
+
+Logs of the control plane are in %s. Press Ctrl-C to stop and clean up.
+`, cluster.Kubeconfig, binDirOf(p.binDir), cluster.Dir)
+
+	select {
+	case <-ctx.Done():
+		return nil
+	case err := <-errc:
+		if err != nil {
+			return fmt.Errorf("operator stopped: %w", err)
+		}
+		return nil
+	}
+}
+
+func binDirOf(dir string) string {
+	if dir != "" {
+		return dir
+	}
+	if env := os.Getenv("GPUFLEET_BIN_DIR"); env != "" {
+		return env
+	}
+	if root, err := devcluster.SourceRoot(); err == nil {
+		return filepath.Join(root, "bin")
+	}
+	return "bin"
+}
+
+// buildControlPlane runs the project's tool build when the binaries are
+// missing and we are inside the source tree.
+func buildControlPlane(say func(string, ...any)) error {
+	root, err := devcluster.SourceRoot()
+	if err != nil {
+		return err
+	}
+	say("control-plane binaries are missing; building them from the Go module proxy (first time only, ~15 minutes on 2 cores)")
+	c := exec.Command(filepath.Join(root, "hack", "build-tools.sh"), "controlplane")
+	c.Dir = root
+	c.Stdout, c.Stderr = os.Stderr, os.Stderr
+	return c.Run()
+}

@@ -1,0 +1,121 @@
+// Command gpufleet is the one binary of gpufleet: the operator, the local
+// development cluster and (later) the node agent.
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/spf13/cobra"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/klog/v2"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+
+	"github.com/gpufleet/gpufleet/internal/operator"
+	"github.com/gpufleet/gpufleet/internal/version"
+)
+
+func main() {
+	if err := newRootCommand().Execute(); err != nil {
+		fmt.Fprintln(os.Stderr, "error:", err)
+		os.Exit(1)
+	}
+}
+
+func newRootCommand() *cobra.Command {
+	root := &cobra.Command{
+		Use:           "gpufleet",
+		Short:         "Keeps the GPU nodes of a Kubernetes cluster productive",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.AddCommand(newOperatorCommand(), newDevCommand(), newVersionCommand())
+	return root
+}
+
+// signalContext is cancelled on SIGINT or SIGTERM.
+func signalContext() (context.Context, context.CancelFunc) {
+	return signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+}
+
+func setupLogging(development bool) {
+	logger := zap.New(zap.UseDevMode(development))
+	ctrl.SetLogger(logger)
+	klog.SetLogger(logger)
+}
+
+func newOperatorCommand() *cobra.Command {
+	var (
+		kubeconfig  string
+		opts        operator.Options
+		development bool
+	)
+	cmd := &cobra.Command{
+		Use:   "operator",
+		Short: "Run the gpufleet controllers against a cluster",
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			setupLogging(development)
+			cfg, err := restConfig(kubeconfig)
+			if err != nil {
+				return err
+			}
+			if opts.Namespace == "" {
+				opts.Namespace = os.Getenv("POD_NAMESPACE")
+			}
+			if opts.PodName == "" {
+				opts.PodName = os.Getenv("POD_NAME")
+			}
+			mgr, err := operator.New(cfg, opts)
+			if err != nil {
+				return err
+			}
+			ctx, cancel := signalContext()
+			defer cancel()
+			return mgr.Start(ctx)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&kubeconfig, "kubeconfig", "", "path to a kubeconfig (default: $KUBECONFIG, in-cluster config, ~/.kube/config)")
+	f.StringVar(&opts.Namespace, "namespace", "", "the operator's namespace (default: $POD_NAMESPACE, else "+operator.DefaultNamespace+")")
+	f.StringVar(&opts.MetricsAddr, "metrics-bind-address", ":8080", `address of the Prometheus metrics endpoint ("0" disables it)`)
+	f.StringVar(&opts.ProbeAddr, "health-probe-bind-address", ":8081", `address of /healthz and /readyz ("0" disables it)`)
+	f.BoolVar(&opts.LeaderElection, "leader-elect", false, "elect a leader so only one replica is active")
+	f.StringVar(&opts.LeaderElectionID, "leader-election-id", "gpufleet-operator", "name of the leader-election lease")
+	f.DurationVar(&opts.LeaseDuration, "leader-elect-lease-duration", 0, "leader-election lease duration (0 = 15s)")
+	f.DurationVar(&opts.RenewDeadline, "leader-elect-renew-deadline", 0, "leader-election renew deadline (0 = 10s)")
+	f.DurationVar(&opts.RetryPeriod, "leader-elect-retry-period", 0, "leader-election retry period (0 = 2s)")
+	f.StringSliceVar(&opts.Capabilities, "capabilities", nil, "capabilities to run, comma separated (default: all)")
+	f.StringVar(&opts.PodName, "pod-name", "", "the operator's own pod, never evicted by a drain (default: $POD_NAME)")
+	f.BoolVar(&development, "dev-logging", false, "human-readable logs")
+	return cmd
+}
+
+func restConfig(kubeconfig string) (*rest.Config, error) {
+	if kubeconfig != "" {
+		cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+		if err != nil {
+			return nil, fmt.Errorf("loading kubeconfig %s: %w", kubeconfig, err)
+		}
+		return cfg, nil
+	}
+	cfg, err := ctrl.GetConfig()
+	if err != nil {
+		return nil, fmt.Errorf("finding cluster credentials: %w", err)
+	}
+	return cfg, nil
+}
+
+func newVersionCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:   "version",
+		Short: "Print the gpufleet version",
+		Run: func(cmd *cobra.Command, _ []string) {
+			fmt.Fprintln(cmd.OutOrStdout(), version.String())
+		},
+	}
+}

@@ -1,0 +1,165 @@
+// Package operator wires gpufleet's controllers into one controller-runtime
+// manager. Each capability (maintenance, gpustack, repair) can be switched on
+// or off; the decisions themselves live in the capability packages.
+package operator
+
+import (
+	"fmt"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+
+	"k8s.io/apimachinery/pkg/runtime"
+	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+	"k8s.io/utils/clock"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+)
+
+// DefaultNamespace is where the operator runs when neither --namespace nor
+// POD_NAMESPACE says otherwise.
+const DefaultNamespace = "gpufleet-system"
+
+// Options configure the operator.
+type Options struct {
+	// Namespace is the operator's own namespace (its config objects live there).
+	Namespace string
+	// MetricsAddr serves Prometheus metrics; "0" disables it.
+	MetricsAddr string
+	// ProbeAddr serves /healthz and /readyz; "0" disables it.
+	ProbeAddr string
+	// LeaderElection makes only one replica active at a time.
+	LeaderElection bool
+	// LeaderElectionID names the lease.
+	LeaderElectionID string
+	// LeaseDuration, RenewDeadline and RetryPeriod tune leader election
+	// (zero = controller-runtime defaults).
+	LeaseDuration, RenewDeadline, RetryPeriod time.Duration
+	// Capabilities to run; empty = all registered.
+	Capabilities []string
+	// PodName is the operator's own pod (never evicted by a drain).
+	PodName string
+	// Clock is injected into every controller; nil = real clock.
+	Clock clock.WithTicker
+}
+
+// Capability is one switchable part of the operator.
+type Capability struct {
+	Name string
+	// AddToScheme registers the capability's API types.
+	AddToScheme func(*runtime.Scheme) error
+	// Setup registers the capability's controllers with the manager.
+	Setup func(mgr manager.Manager, opts Options) error
+}
+
+// registry lists every capability the binary has, in start order.
+var registry = []Capability{}
+
+// CapabilityNames lists the registered capabilities, sorted.
+func CapabilityNames() []string {
+	names := make([]string, 0, len(registry))
+	for _, c := range registry {
+		names = append(names, c.Name)
+	}
+	sort.Strings(names)
+	return names
+}
+
+// Scheme returns a scheme with the Kubernetes types and every capability's types.
+func Scheme() (*runtime.Scheme, error) {
+	s := runtime.NewScheme()
+	utilruntime.Must(clientgoscheme.AddToScheme(s))
+	for _, c := range registry {
+		if c.AddToScheme == nil {
+			continue
+		}
+		if err := c.AddToScheme(s); err != nil {
+			return nil, fmt.Errorf("registering %s types: %w", c.Name, err)
+		}
+	}
+	return s, nil
+}
+
+// New builds a manager with the selected capabilities. Start it with mgr.Start.
+func New(cfg *rest.Config, opts Options) (manager.Manager, error) {
+	if opts.Namespace == "" {
+		opts.Namespace = DefaultNamespace
+	}
+	if opts.LeaderElectionID == "" {
+		opts.LeaderElectionID = "gpufleet-operator"
+	}
+	if opts.Clock == nil {
+		opts.Clock = clock.RealClock{}
+	}
+	selected, err := selectCapabilities(opts.Capabilities)
+	if err != nil {
+		return nil, err
+	}
+	scheme, err := Scheme()
+	if err != nil {
+		return nil, err
+	}
+	mopts := ctrl.Options{
+		Scheme:                  scheme,
+		Metrics:                 metricsserver.Options{BindAddress: orDefault(opts.MetricsAddr, ":8080")},
+		HealthProbeBindAddress:  orDefault(opts.ProbeAddr, ":8081"),
+		LeaderElection:          opts.LeaderElection,
+		LeaderElectionID:        opts.LeaderElectionID,
+		LeaderElectionNamespace: opts.Namespace,
+		// Release the lease on a clean shutdown so a standby takes over at once.
+		LeaderElectionReleaseOnCancel: true,
+	}
+	if opts.LeaseDuration > 0 {
+		mopts.LeaseDuration = &opts.LeaseDuration
+	}
+	if opts.RenewDeadline > 0 {
+		mopts.RenewDeadline = &opts.RenewDeadline
+	}
+	if opts.RetryPeriod > 0 {
+		mopts.RetryPeriod = &opts.RetryPeriod
+	}
+	mgr, err := ctrl.NewManager(cfg, mopts)
+	if err != nil {
+		return nil, fmt.Errorf("creating manager: %w", err)
+	}
+	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
+		return nil, fmt.Errorf("adding health check: %w", err)
+	}
+	if err := mgr.AddReadyzCheck("readyz", healthz.Ping); err != nil {
+		return nil, fmt.Errorf("adding ready check: %w", err)
+	}
+	for _, c := range selected {
+		if err := c.Setup(mgr, opts); err != nil {
+			return nil, fmt.Errorf("setting up %s: %w", c.Name, err)
+		}
+	}
+	return mgr, nil
+}
+
+func selectCapabilities(names []string) ([]Capability, error) {
+	if len(names) == 0 {
+		return registry, nil
+	}
+	var out []Capability
+	for _, n := range names {
+		n = strings.TrimSpace(n)
+		i := slices.IndexFunc(registry, func(c Capability) bool { return c.Name == n })
+		if i < 0 {
+			return nil, fmt.Errorf("unknown capability %q (known: %s)", n, strings.Join(CapabilityNames(), ", "))
+		}
+		out = append(out, registry[i])
+	}
+	return out, nil
+}
+
+func orDefault(v, def string) string {
+	if v == "" {
+		return def
+	}
+	return v
+}
