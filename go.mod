@@ -3,6 +3,7 @@ module github.com/gpufleet/gpufleet
 go 1.26.0
 
 require (
+	github.com/google/go-cmp v0.7.0
 	github.com/google/uuid v1.6.0
 	github.com/spf13/cobra v1.10.2
 	k8s.io/api v0.37.2
