@@ -1,0 +1,385 @@
+package maintenance
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/events"
+	"k8s.io/utils/clock"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	maintenancev1 "github.com/gpufleet/gpufleet/api/maintenance/v1alpha1"
+)
+
+// Reconciler drives one NodeMaintenance through its lifecycle, one step per
+// reconcile. Every step's progress is in the object's status, so the
+// operator can stop at any moment and resume where it was.
+type Reconciler struct {
+	Client client.Client
+	// Kube is used for evictions and the drain library's pod listing.
+	Kube      kubernetes.Interface
+	Namespace string
+	// PodName is the operator's own pod; it is never evicted.
+	PodName  string
+	Clock    clock.PassiveClock
+	Recorder events.EventRecorder
+}
+
+// Reconcile advances one NodeMaintenance by one step.
+func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+	nm := &maintenancev1.NodeMaintenance{}
+	if err := r.Client.Get(ctx, req.NamespacedName, nm); err != nil {
+		return reconcile.Result{}, client.IgnoreNotFound(err)
+	}
+	ctx = ctrl.LoggerInto(ctx, ctrl.LoggerFrom(ctx).WithValues("node", nm.Spec.NodeName, "requestor", nm.Spec.RequestorID))
+	node := &corev1.Node{}
+	if err := r.Client.Get(ctx, types.NamespacedName{Name: nm.Spec.NodeName}, node); err != nil {
+		if !apierrors.IsNotFound(err) {
+			return reconcile.Result{}, fmt.Errorf("getting node %s: %w", nm.Spec.NodeName, err)
+		}
+		node = nil
+	}
+	if nm.DeletionTimestamp != nil {
+		return reconcile.Result{}, r.finalize(ctx, nm, node)
+	}
+	if !hasFinalizer(nm) {
+		controllerutil.AddFinalizer(nm, maintenancev1.Finalizer)
+		if err := r.Client.Update(ctx, nm); err != nil {
+			return reconcile.Result{}, fmt.Errorf("adding finalizer: %w", err)
+		}
+		return reconcile.Result{}, nil // the update event brings us back
+	}
+	orig := nm.Status.DeepCopy()
+	res, err := r.step(ctx, nm, node)
+	if !equality.Semantic.DeepEqual(orig, &nm.Status) {
+		nm.Status.ObservedGeneration = nm.Generation
+		if uerr := r.Client.Status().Update(ctx, nm); uerr != nil {
+			if apierrors.IsConflict(uerr) {
+				return reconcile.Result{Requeue: true}, nil
+			}
+			return reconcile.Result{}, fmt.Errorf("updating status: %w", uerr)
+		}
+	}
+	return res, err
+}
+
+// step performs the action of the current phase and records the next one.
+func (r *Reconciler) step(ctx context.Context, nm *maintenancev1.NodeMaintenance, node *corev1.Node) (reconcile.Result, error) {
+	now := r.Clock.Now()
+	phase := PhaseOf(nm)
+	if meta.FindStatusCondition(nm.Status.Conditions, maintenancev1.ConditionTypeReady) == nil {
+		setPhase(nm, maintenancev1.PhasePending, "waiting to be scheduled", now)
+		return reconcile.Result{}, nil
+	}
+	if phase == maintenancev1.PhasePending {
+		return reconcile.Result{}, nil // the scheduler moves it on
+	}
+	if node == nil {
+		return r.nodeGone(ctx, nm)
+	}
+	if failed, msg := requestorFailed(nm); failed {
+		if phase != maintenancev1.PhaseRequestorFailed {
+			setPhase(nm, maintenancev1.PhaseRequestorFailed, "requestor reported failure: "+msg, now)
+			r.Recorder.Eventf(nm, node, corev1.EventTypeWarning, ReasonRequestorFailed, actionRelease,
+				"Requestor %s reported failure; node %s stays in maintenance until the object is deleted: %s", nm.Spec.RequestorID, node.Name, msg)
+		}
+		return reconcile.Result{}, nil
+	}
+	switch phase {
+	case maintenancev1.PhaseScheduled:
+		// Record the node's state before touching it: a crash after the
+		// cordon must not make us believe the admin had cordoned it.
+		before := node.Spec.Unschedulable
+		nm.Status.NodeUnschedulableBefore = &before
+		setPhase(nm, maintenancev1.PhaseCordon, "cordoning node", now)
+		return reconcile.Result{}, nil
+	case maintenancev1.PhaseCordon:
+		return r.cordon(ctx, nm, node)
+	case maintenancev1.PhaseWaitForPodCompletion:
+		return r.waitForPods(ctx, nm, node)
+	case maintenancev1.PhaseDraining:
+		return r.drain(ctx, nm, node)
+	case maintenancev1.PhaseReady, maintenancev1.PhaseRequestorFailed:
+		if phase == maintenancev1.PhaseRequestorFailed {
+			// The requestor withdrew its failure: the node is ready again.
+			setPhase(nm, maintenancev1.PhaseReady, "node is ready for maintenance", now)
+		}
+		return r.collectGarbage(ctx, nm)
+	default:
+		return reconcile.Result{}, nil // an unknown phase written by someone else: leave it
+	}
+}
+
+func (r *Reconciler) cordon(ctx context.Context, nm *maintenancev1.NodeMaintenance, node *corev1.Node) (reconcile.Result, error) {
+	if cordonRequested(nm) && !node.Spec.Unschedulable {
+		if err := r.setUnschedulable(ctx, node, true); err != nil {
+			return reconcile.Result{}, err
+		}
+		r.Recorder.Eventf(nm, node, corev1.EventTypeNormal, ReasonCordoned, actionCordon, "Cordoned node %s", node.Name)
+	}
+	r.enter(nm, node, phaseAfterCordon(nm))
+	return reconcile.Result{}, nil
+}
+
+// enter moves to phase and records what it needs to start.
+func (r *Reconciler) enter(nm *maintenancev1.NodeMaintenance, node *corev1.Node, phase maintenancev1.Phase) {
+	now := r.Clock.Now()
+	t := metav1.NewTime(now)
+	switch phase {
+	case maintenancev1.PhaseWaitForPodCompletion:
+		nm.Status.WaitForCompletionStartTime = &t
+		setPhase(nm, phase, "waiting for pods to complete", now)
+		r.Recorder.Eventf(nm, node, corev1.EventTypeNormal, ReasonWaitingForPods, actionWait, "Waiting for pods on node %s to complete", node.Name)
+	case maintenancev1.PhaseDraining:
+		nm.Status.Drain = &maintenancev1.DrainStatus{StartTime: &t}
+		setPhase(nm, phase, "draining node", now)
+		r.Recorder.Eventf(nm, node, corev1.EventTypeNormal, ReasonDraining, actionDrain, "Draining node %s", node.Name)
+	case maintenancev1.PhaseReady:
+		setPhase(nm, phase, "node is ready for maintenance", now)
+		r.Recorder.Eventf(nm, node, corev1.EventTypeNormal, ReasonReady, actionRelease, "Node %s is ready for maintenance", node.Name)
+	}
+}
+
+// waitForPods waits until the selected pods on the node have completed.
+func (r *Reconciler) waitForPods(ctx context.Context, nm *maintenancev1.NodeMaintenance, node *corev1.Node) (reconcile.Result, error) {
+	now := r.Clock.Now()
+	sel, err := labels.Parse(string(nm.Spec.WaitForPodCompletion.PodSelector))
+	if err != nil {
+		r.invalidSpec(nm, fmt.Sprintf("waitForPodCompletion.podSelector: %v", err))
+		return reconcile.Result{}, nil
+	}
+	clearCondition(nm, maintenancev1.ConditionTypeInvalidSpec)
+	pods, err := r.podsOnNode(ctx, node.Name)
+	if err != nil {
+		return reconcile.Result{}, err
+	}
+	var waiting []string
+	for i := range pods {
+		p := &pods[i]
+		if p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed || !sel.Matches(labels.Set(p.Labels)) {
+			continue
+		}
+		if isDaemonSetPod(p) || isMirrorPod(p) {
+			continue // they never complete on their own
+		}
+		waiting = append(waiting, p.Namespace+"/"+p.Name)
+	}
+	sort.Strings(waiting)
+	nm.Status.WaitForCompletion = waiting
+	if len(waiting) == 0 {
+		r.enter(nm, node, nextAfterWait(nm))
+		return reconcile.Result{}, nil
+	}
+	timeout := seconds(nm.Spec.WaitForPodCompletion.TimeoutSeconds, 0)
+	if timeout == 0 || nm.Status.WaitForCompletionStartTime == nil {
+		return reconcile.Result{}, nil // pod events bring us back
+	}
+	elapsed := now.Sub(nm.Status.WaitForCompletionStartTime.Time)
+	if elapsed >= timeout {
+		r.Recorder.Eventf(nm, node, corev1.EventTypeWarning, ReasonPodCompletionTimeout, actionWait,
+			"Gave up waiting after %s for %d pod(s) on node %s: %s", timeout, len(waiting), node.Name, summarize(waiting, 5))
+		nm.Status.WaitForCompletion = nil
+		r.enter(nm, node, nextAfterWait(nm))
+		return reconcile.Result{}, nil
+	}
+	return reconcile.Result{RequeueAfter: timeout - elapsed}, nil
+}
+
+func nextAfterWait(nm *maintenancev1.NodeMaintenance) maintenancev1.Phase {
+	if nm.Spec.DrainSpec != nil {
+		return maintenancev1.PhaseDraining
+	}
+	return maintenancev1.PhaseReady
+}
+
+// collectGarbage deletes an object that has been Ready for longer than
+// maxNodeMaintenanceTimeSeconds (RequestorFailed objects are kept).
+func (r *Reconciler) collectGarbage(ctx context.Context, nm *maintenancev1.NodeMaintenance) (reconcile.Result, error) {
+	c := meta.FindStatusCondition(nm.Status.Conditions, maintenancev1.ConditionTypeReady)
+	if c == nil || c.Status != metav1.ConditionTrue {
+		return reconcile.Result{}, nil
+	}
+	maxAge, err := r.maxReadyAge(ctx)
+	if err != nil || maxAge == 0 {
+		return reconcile.Result{}, err
+	}
+	age := r.Clock.Since(c.LastTransitionTime.Time)
+	if age < maxAge {
+		return reconcile.Result{RequeueAfter: maxAge - age}, nil
+	}
+	r.Recorder.Eventf(nm, nil, corev1.EventTypeNormal, ReasonGarbageCollected, actionCollect,
+		"Deleting: Ready for %s, longer than maxNodeMaintenanceTimeSeconds (%s)", age.Round(time.Second), maxAge)
+	if err := r.Client.Delete(ctx, nm, client.Preconditions{UID: &nm.UID}); client.IgnoreNotFound(err) != nil {
+		return reconcile.Result{}, fmt.Errorf("garbage-collecting: %w", err)
+	}
+	return reconcile.Result{}, nil
+}
+
+func (r *Reconciler) maxReadyAge(ctx context.Context) (time.Duration, error) {
+	var cfg maintenancev1.MaintenanceOperatorConfig
+	err := r.Client.Get(ctx, types.NamespacedName{Namespace: r.Namespace, Name: maintenancev1.DefaultConfigName}, &cfg)
+	if apierrors.IsNotFound(err) {
+		return time.Hour, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("reading MaintenanceOperatorConfig: %w", err)
+	}
+	return seconds(cfg.Spec.MaxNodeMaintenanceTimeSeconds, 3600), nil
+}
+
+// nodeGone handles an in-progress object whose node was deleted: there is
+// nothing left to maintain or uncordon, so the object is deleted (which
+// releases its slot) and the requestor is told why.
+func (r *Reconciler) nodeGone(ctx context.Context, nm *maintenancev1.NodeMaintenance) (reconcile.Result, error) {
+	r.Recorder.Eventf(nm, nil, corev1.EventTypeWarning, ReasonNodeDeleted, actionRelease,
+		"Node %s was deleted; deleting this NodeMaintenance", nm.Spec.NodeName)
+	if err := r.Client.Delete(ctx, nm, client.Preconditions{UID: &nm.UID}); client.IgnoreNotFound(err) != nil {
+		return reconcile.Result{}, fmt.Errorf("deleting NodeMaintenance of deleted node: %w", err)
+	}
+	return reconcile.Result{}, nil
+}
+
+// finalize releases the node when the object is deleted: uncordon unless
+// the node was cordoned before the maintenance or another in-progress
+// object still holds it, then remove the finalizer. While additional
+// requestors remain, the node stays held.
+func (r *Reconciler) finalize(ctx context.Context, nm *maintenancev1.NodeMaintenance, node *corev1.Node) error {
+	if !hasFinalizer(nm) {
+		return nil
+	}
+	if len(nm.Spec.AdditionalRequestors) > 0 && node != nil && InProgress(nm) {
+		msg := "deleted; node held until additional requestors leave: " + strings.Join(nm.Spec.AdditionalRequestors, ", ")
+		if c := meta.FindStatusCondition(nm.Status.Conditions, maintenancev1.ConditionTypeReady); c == nil || c.Message != msg {
+			cond := metav1.Condition{Type: maintenancev1.ConditionTypeReady, Status: metav1.ConditionFalse, Reason: string(PhaseOf(nm)), Message: msg}
+			if c != nil {
+				cond.Status = c.Status
+			}
+			cond.LastTransitionTime = metav1.NewTime(r.Clock.Now())
+			meta.SetStatusCondition(&nm.Status.Conditions, cond)
+			r.Recorder.Eventf(nm, node, corev1.EventTypeNormal, ReasonWaitingForRequestors, actionRelease, "%s", msg)
+			if err := r.Client.Status().Update(ctx, nm); err != nil && !apierrors.IsConflict(err) {
+				return fmt.Errorf("updating status: %w", err)
+			}
+		}
+		return nil
+	}
+	if node != nil && InProgress(nm) && nm.Status.NodeUnschedulableBefore != nil {
+		if err := r.release(ctx, nm, node); err != nil {
+			return err
+		}
+	}
+	if nm.Status.Drain != nil && nm.Status.Drain.StartTime != nil && PhaseOf(nm) == maintenancev1.PhaseDraining {
+		drainDuration.Observe(r.Clock.Since(nm.Status.Drain.StartTime.Time).Seconds())
+	}
+	patch := client.MergeFrom(nm.DeepCopy())
+	controllerutil.RemoveFinalizer(nm, maintenancev1.Finalizer)
+	if err := r.Client.Patch(ctx, nm, patch); client.IgnoreNotFound(err) != nil {
+		return fmt.Errorf("removing finalizer: %w", err)
+	}
+	return nil
+}
+
+func (r *Reconciler) release(ctx context.Context, nm *maintenancev1.NodeMaintenance, node *corev1.Node) error {
+	if !node.Spec.Unschedulable {
+		return nil
+	}
+	if *nm.Status.NodeUnschedulableBefore {
+		r.Recorder.Eventf(nm, node, corev1.EventTypeNormal, ReasonLeftCordoned, actionRelease,
+			"Node %s was cordoned before the maintenance; leaving it cordoned", node.Name)
+		return nil
+	}
+	if !cordonRequested(nm) {
+		return nil
+	}
+	holder, err := r.otherHolder(ctx, nm)
+	if err != nil {
+		return err
+	}
+	if holder != "" {
+		r.Recorder.Eventf(nm, node, corev1.EventTypeNormal, ReasonLeftCordoned, actionRelease,
+			"Node %s stays cordoned: %s still holds it", node.Name, holder)
+		return nil
+	}
+	if err := r.setUnschedulable(ctx, node, false); err != nil {
+		return err
+	}
+	r.Recorder.Eventf(nm, node, corev1.EventTypeNormal, ReasonUncordoned, actionRelease, "Uncordoned node %s", node.Name)
+	return nil
+}
+
+// otherHolder names another in-progress, not-deleted object on the same node.
+func (r *Reconciler) otherHolder(ctx context.Context, nm *maintenancev1.NodeMaintenance) (string, error) {
+	var list maintenancev1.NodeMaintenanceList
+	if err := r.Client.List(ctx, &list, client.MatchingFields{indexNodeName: nm.Spec.NodeName}); err != nil {
+		return "", fmt.Errorf("listing NodeMaintenance on node %s: %w", nm.Spec.NodeName, err)
+	}
+	for i := range list.Items {
+		o := &list.Items[i]
+		if o.UID != nm.UID && o.DeletionTimestamp == nil && InProgress(o) {
+			return o.Namespace + "/" + o.Name, nil
+		}
+	}
+	return "", nil
+}
+
+// setUnschedulable patches only spec.unschedulable, so it never overwrites
+// other changes to the node.
+func (r *Reconciler) setUnschedulable(ctx context.Context, node *corev1.Node, v bool) error {
+	patch, err := json.Marshal(map[string]any{"spec": map[string]any{"unschedulable": v}})
+	if err != nil {
+		return err
+	}
+	if err := r.Client.Patch(ctx, node, client.RawPatch(types.StrategicMergePatchType, patch)); err != nil {
+		return fmt.Errorf("setting node %s unschedulable=%t: %w", node.Name, v, err)
+	}
+	return nil
+}
+
+func (r *Reconciler) invalidSpec(nm *maintenancev1.NodeMaintenance, msg string) {
+	if c := meta.FindStatusCondition(nm.Status.Conditions, maintenancev1.ConditionTypeInvalidSpec); c == nil || c.Message != msg {
+		r.Recorder.Eventf(nm, nil, corev1.EventTypeWarning, ReasonInvalidSpec, actionValidate, "%s; nothing is evicted until it is fixed", msg)
+	}
+	setCondition(nm, maintenancev1.ConditionTypeInvalidSpec, metav1.ConditionTrue, ReasonInvalidSpec, msg, r.Clock.Now())
+}
+
+func (r *Reconciler) podsOnNode(ctx context.Context, node string) ([]corev1.Pod, error) {
+	var pods corev1.PodList
+	if err := r.Client.List(ctx, &pods, client.MatchingFields{indexPodNodeName: node}); err != nil {
+		return nil, fmt.Errorf("listing pods on node %s: %w", node, err)
+	}
+	return pods.Items, nil
+}
+
+func isDaemonSetPod(p *corev1.Pod) bool {
+	c := metav1.GetControllerOf(p)
+	return c != nil && c.Kind == "DaemonSet"
+}
+
+func isMirrorPod(p *corev1.Pod) bool {
+	_, ok := p.Annotations[corev1.MirrorPodAnnotationKey]
+	return ok
+}
+
+// summarize joins up to n names and says how many more there are.
+func summarize(names []string, n int) string {
+	if len(names) <= n {
+		return strings.Join(names, ", ")
+	}
+	return fmt.Sprintf("%s and %d more", strings.Join(slices.Clone(names[:n]), ", "), len(names)-n)
+}

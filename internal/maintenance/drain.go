@@ -1,0 +1,222 @@
+package maintenance
+
+import (
+	"context"
+	"fmt"
+	"regexp"
+	"sort"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/kubectl/pkg/drain"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	maintenancev1 "github.com/gpufleet/gpufleet/api/maintenance/v1alpha1"
+)
+
+// Drain tuning.
+const (
+	// terminatingGrace: on a node that is not Ready, pods that have been
+	// terminating for longer are considered gone (the kubelet that would
+	// remove them is unreachable).
+	terminatingGrace = 60 * time.Second
+	maxDrainBackoff  = 30 * time.Second
+	maxNamesInStatus = 50
+)
+
+// drain performs one drain step: evict what can be evicted now, record
+// progress, and come back on pod events or after a backoff.
+func (r *Reconciler) drain(ctx context.Context, nm *maintenancev1.NodeMaintenance, node *corev1.Node) (reconcile.Result, error) {
+	log := ctrl.LoggerFrom(ctx)
+	spec := nm.Spec.DrainSpec
+	now := r.Clock.Now()
+	if nm.Status.Drain == nil || nm.Status.Drain.StartTime == nil {
+		t := metav1.NewTime(now)
+		nm.Status.Drain = &maintenancev1.DrainStatus{StartTime: &t}
+	}
+	st := nm.Status.Drain
+	filters, err := evictionFilters(spec.PodEvictionFilters)
+	if err != nil {
+		r.invalidSpec(nm, err.Error())
+		return reconcile.Result{}, nil
+	}
+	clearCondition(nm, maintenancev1.ConditionTypeInvalidSpec)
+
+	helper := &drain.Helper{
+		Ctx:                 ctx,
+		Client:              r.Kube,
+		Force:               spec.Force,
+		IgnoreAllDaemonSets: true,
+		DeleteEmptyDirData:  spec.DeleteEmptyDir,
+		PodSelector:         string(spec.PodSelector),
+		GracePeriodSeconds:  -1, // the pod's own terminationGracePeriodSeconds
+		AdditionalFilters:   []drain.PodFilter{r.skipOwnPod, filters},
+	}
+	if !nodeReady(node) {
+		helper.SkipWaitForDeleteTimeoutSeconds = int(terminatingGrace / time.Second)
+	}
+	list, errs := helper.GetPodsForDeletion(node.Name)
+	if len(errs) > 0 {
+		// Pods the drain may not remove (bare pods without force, local
+		// storage without deleteEmptyDir): nothing is evicted, as kubectl
+		// drain does; the user must change the spec or the pods.
+		msg := fmt.Sprintf("cannot drain node %s: %s", node.Name, joinErrors(errs))
+		r.blocked(nm, node, ReasonDrainFailed, msg)
+		return reconcile.Result{RequeueAfter: backoff(now.Sub(st.StartTime.Time))}, nil
+	}
+	pods := list.Pods()
+	if st.EvictionPods == 0 && st.TotalPods == 0 {
+		all, err := r.podsOnNode(ctx, node.Name)
+		if err != nil {
+			return reconcile.Result{}, err
+		}
+		st.TotalPods = int32(len(all))
+		st.EvictionPods = int32(len(pods))
+	}
+
+	var remaining []string
+	refused := 0
+	for i := range pods {
+		p := &pods[i]
+		remaining = append(remaining, p.Namespace+"/"+p.Name)
+		if p.DeletionTimestamp != nil {
+			continue // being terminated; its deletion event brings us back
+		}
+		switch err := helper.EvictPod(*p, policyv1.SchemeGroupVersion); {
+		case err == nil:
+			evictions.WithLabelValues("evicted").Inc()
+		case apierrors.IsNotFound(err):
+		case apierrors.IsTooManyRequests(err):
+			refused++
+			evictions.WithLabelValues("refused").Inc()
+			log.V(1).Info("eviction refused", "pod", p.Namespace+"/"+p.Name, "reason", err.Error())
+		default:
+			refused++
+			evictions.WithLabelValues("error").Inc()
+			log.Info("eviction failed", "pod", p.Namespace+"/"+p.Name, "error", err.Error())
+		}
+	}
+	sort.Strings(remaining)
+	st.WaitForEviction = truncate(remaining, maxNamesInStatus)
+	st.DrainProgress = progress(st.EvictionPods, int32(len(remaining)))
+	if len(remaining) == 0 {
+		drainDuration.Observe(now.Sub(st.StartTime.Time).Seconds())
+		clearCondition(nm, maintenancev1.ConditionTypeDrainBlocked)
+		st.DrainProgress = 100
+		r.enter(nm, node, maintenancev1.PhaseReady)
+		return reconcile.Result{}, nil
+	}
+
+	elapsed := now.Sub(st.StartTime.Time)
+	timeout := seconds(spec.TimeoutSeconds, 300)
+	if timeout > 0 && elapsed >= timeout {
+		r.blocked(nm, node, ReasonDrainBlocked, fmt.Sprintf("drain of node %s not done after %s; blocking pods: %s",
+			node.Name, timeout, summarize(remaining, 10)))
+	}
+	if refused == 0 {
+		// Only terminating pods left: their deletion events bring us back;
+		// the timeout (if any) is the latest we look again.
+		if timeout > 0 && elapsed < timeout {
+			return reconcile.Result{RequeueAfter: timeout - elapsed}, nil
+		}
+		return reconcile.Result{RequeueAfter: maxDrainBackoff}, nil
+	}
+	return reconcile.Result{RequeueAfter: backoff(elapsed)}, nil
+}
+
+// blocked sets the DrainBlocked condition, with a Warning event when its
+// message changes.
+func (r *Reconciler) blocked(nm *maintenancev1.NodeMaintenance, node *corev1.Node, reason, msg string) {
+	if c := findCondition(nm, maintenancev1.ConditionTypeDrainBlocked); c == nil || c.Message != msg {
+		r.Recorder.Eventf(nm, node, corev1.EventTypeWarning, reason, actionDrain, "%s", msg)
+	}
+	setCondition(nm, maintenancev1.ConditionTypeDrainBlocked, metav1.ConditionTrue, reason, msg, r.Clock.Now())
+}
+
+func findCondition(nm *maintenancev1.NodeMaintenance, typ string) *metav1.Condition {
+	for i := range nm.Status.Conditions {
+		if nm.Status.Conditions[i].Type == typ {
+			return &nm.Status.Conditions[i]
+		}
+	}
+	return nil
+}
+
+// skipOwnPod keeps the drain away from the operator's own pod.
+func (r *Reconciler) skipOwnPod(p corev1.Pod) drain.PodDeleteStatus {
+	if r.PodName != "" && p.Name == r.PodName && p.Namespace == r.Namespace {
+		return drain.MakePodDeleteStatusSkip()
+	}
+	return drain.MakePodDeleteStatusOkay()
+}
+
+// evictionFilters compiles podEvictionFilters: a pod is drained if it
+// requests a resource whose name matches any filter. No filters: all pods.
+func evictionFilters(entries []maintenancev1.PodEvictionFilterEntry) (drain.PodFilter, error) {
+	var res []*regexp.Regexp
+	for i, e := range entries {
+		if e.ByResourceNameRegex == nil || *e.ByResourceNameRegex == "" {
+			return nil, fmt.Errorf("drainSpec.podEvictionFilters[%d]: byResourceNameRegex is empty", i)
+		}
+		re, err := regexp.Compile(*e.ByResourceNameRegex)
+		if err != nil {
+			return nil, fmt.Errorf("drainSpec.podEvictionFilters[%d].byResourceNameRegex %q: %w", i, *e.ByResourceNameRegex, err)
+		}
+		res = append(res, re)
+	}
+	return func(p corev1.Pod) drain.PodDeleteStatus {
+		if len(res) == 0 || podUsesResource(&p, res) {
+			return drain.MakePodDeleteStatusOkay()
+		}
+		return drain.MakePodDeleteStatusSkip()
+	}, nil
+}
+
+func podUsesResource(p *corev1.Pod, res []*regexp.Regexp) bool {
+	containers := append(append([]corev1.Container{}, p.Spec.InitContainers...), p.Spec.Containers...)
+	for _, c := range containers {
+		for _, list := range []corev1.ResourceList{c.Resources.Requests, c.Resources.Limits} {
+			for name := range list {
+				for _, re := range res {
+					if re.MatchString(string(name)) {
+						return true
+					}
+				}
+			}
+		}
+	}
+	return false
+}
+
+// backoff grows with the time spent draining: 1s at first, at most 30s.
+func backoff(elapsed time.Duration) time.Duration {
+	return min(max(elapsed/4, time.Second), maxDrainBackoff)
+}
+
+func progress(total, remaining int32) int32 {
+	if total <= 0 {
+		return 100
+	}
+	done := max(total-remaining, 0)
+	return min(done*100/total, 100)
+}
+
+func truncate(names []string, n int) []string {
+	if len(names) <= n {
+		return names
+	}
+	return append(names[:n:n], fmt.Sprintf("... and %d more", len(names)-n))
+}
+
+func joinErrors(errs []error) string {
+	msgs := make([]string, len(errs))
+	for i, e := range errs {
+		msgs[i] = e.Error()
+	}
+	return strings.Join(msgs, "; ")
+}

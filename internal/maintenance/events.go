@@ -1,0 +1,34 @@
+package maintenance
+
+// Event reasons emitted on NodeMaintenance objects.
+const (
+	ReasonScheduled            = "Scheduled"
+	ReasonCordoned             = "Cordoned"
+	ReasonWaitingForPods       = "WaitForPodCompletion"
+	ReasonPodCompletionTimeout = "PodCompletionTimeout" // Warning
+	ReasonDraining             = "Draining"
+	ReasonEvictionRefused      = "EvictionRefused" // Warning, once per pod and drain
+	ReasonDrainBlocked         = "DrainBlocked"    // Warning
+	ReasonDrainFailed          = "DrainFailed"     // Warning: pods the drain may not touch
+	ReasonReady                = "Ready"
+	ReasonRequestorFailed      = "RequestorFailed" // Warning
+	ReasonInvalidSpec          = "InvalidSpec"     // Warning
+	ReasonUncordoned           = "Uncordoned"
+	ReasonLeftCordoned         = "LeftCordoned"
+	ReasonReleased             = "Released"
+	ReasonWaitingForRequestors = "WaitingForRequestors"
+	ReasonGarbageCollected     = "GarbageCollected"
+	ReasonNodeDeleted          = "NodeDeleted" // Warning
+)
+
+// Event actions (events.k8s.io/v1 requires one).
+const (
+	actionSchedule = "Schedule"
+	actionCordon   = "Cordon"
+	actionWait     = "WaitForPods"
+	actionDrain    = "Drain"
+	actionEvict    = "Evict"
+	actionRelease  = "Release"
+	actionValidate = "Validate"
+	actionCollect  = "GarbageCollect"
+)

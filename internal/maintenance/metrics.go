@@ -1,0 +1,35 @@
+package maintenance
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
+)
+
+var (
+	objectsByPhase = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "gpufleet_maintenance_objects",
+		Help: "NodeMaintenance objects by phase, as of the last scheduling pass.",
+	}, []string{"phase"})
+	schedulingDecisions = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "gpufleet_maintenance_scheduling_decisions_total",
+		Help: "NodeMaintenance objects scheduled by the scheduler.",
+	}, []string{"result"})
+	planDuration = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "gpufleet_maintenance_plan_duration_seconds",
+		Help:    "Time to compute one scheduling plan.",
+		Buckets: prometheus.ExponentialBuckets(0.0001, 4, 8),
+	})
+	drainDuration = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "gpufleet_maintenance_drain_duration_seconds",
+		Help:    "Time from the start of a drain to its end.",
+		Buckets: prometheus.ExponentialBuckets(1, 2, 12),
+	})
+	evictions = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "gpufleet_maintenance_evictions_total",
+		Help: "Pod evictions requested by drains, by result (evicted, refused, error).",
+	}, []string{"result"})
+)
+
+func init() {
+	metrics.Registry.MustRegister(objectsByPhase, schedulingDecisions, planDuration, drainDuration, evictions)
+}

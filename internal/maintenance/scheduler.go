@@ -1,0 +1,247 @@
+package maintenance
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/events"
+	"k8s.io/utils/clock"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	maintenancev1 "github.com/gpufleet/gpufleet/api/maintenance/v1alpha1"
+)
+
+// schedulerKey is the one request the scheduler works on: every relevant
+// change maps to it, so the work queue collapses bursts into one pass.
+var schedulerKey = reconcile.Request{NamespacedName: types.NamespacedName{Name: "nodemaintenance-scheduler"}}
+
+// expectationTimeout bounds how long the scheduler waits for its cache to
+// show its own writes before planning anyway.
+const expectationTimeout = 30 * time.Second
+
+// Scheduler admits Pending NodeMaintenance objects under the limits of the
+// MaintenanceOperatorConfig. It never plans from a cache that has not yet
+// seen its previous decisions: after moving objects to Scheduled it waits
+// until the cache shows them out of Pending (or gone) before the next pass.
+type Scheduler struct {
+	Client    client.Client
+	Namespace string
+	Clock     clock.PassiveClock
+	Recorder  events.EventRecorder
+
+	mu sync.Mutex
+	// expected: objects this scheduler moved to Scheduled whose new phase
+	// the cache has not shown yet, with the time of the write.
+	expected map[types.NamespacedName]time.Time
+}
+
+// Reconcile runs one scheduling pass.
+func (s *Scheduler) Reconcile(ctx context.Context, _ reconcile.Request) (reconcile.Result, error) {
+	log := ctrl.LoggerFrom(ctx)
+	var list maintenancev1.NodeMaintenanceList
+	if err := s.Client.List(ctx, &list); err != nil {
+		return reconcile.Result{}, fmt.Errorf("listing NodeMaintenance: %w", err)
+	}
+	if wait, ok := s.cacheBehind(&list); ok {
+		log.V(1).Info("cache has not caught up with the last scheduling decisions; waiting")
+		return reconcile.Result{RequeueAfter: wait}, nil
+	}
+	var nodes corev1.NodeList
+	if err := s.Client.List(ctx, &nodes); err != nil {
+		return reconcile.Result{}, fmt.Errorf("listing nodes: %w", err)
+	}
+	limits, err := s.limits(ctx)
+	if err != nil {
+		return reconcile.Result{}, err
+	}
+	began := s.Clock.Now()
+	snap := snapshot(&nodes, &list)
+	plan, err := MakePlan(snap, limits)
+	planDuration.Observe(s.Clock.Since(began).Seconds())
+	recordPhases(&list)
+	if err != nil {
+		// The schema rejects malformed limits; this is a config written
+		// before the schema or by a bypassing client. Schedule nothing.
+		log.Error(err, "invalid MaintenanceOperatorConfig; scheduling nothing")
+		plan = Plan{Waiting: map[string]string{}}
+		for _, o := range snap.Objects {
+			if !o.InProgress {
+				plan.Waiting[o.Key()] = "invalid MaintenanceOperatorConfig: " + err.Error()
+			}
+		}
+	}
+	byKey := make(map[string]*maintenancev1.NodeMaintenance, len(list.Items))
+	for i := range list.Items {
+		nm := &list.Items[i]
+		byKey[nm.Namespace+"/"+nm.Name] = nm
+	}
+	for _, o := range plan.Schedule {
+		if err := s.schedule(ctx, byKey[o.Key()]); err != nil {
+			return reconcile.Result{}, err
+		}
+	}
+	for key, reason := range plan.Waiting {
+		if err := s.explainWait(ctx, byKey[key], reason); err != nil {
+			return reconcile.Result{}, err
+		}
+	}
+	if len(plan.Schedule) > 0 {
+		log.Info("scheduled NodeMaintenance", "count", len(plan.Schedule), "availableSlots", plan.AvailableSlots,
+			"canBecomeUnavailable", plan.CanBecomeUnavailable, "waiting", len(plan.Waiting))
+	}
+	return reconcile.Result{}, nil
+}
+
+// limits reads the "default" MaintenanceOperatorConfig in the operator's
+// namespace; without one, the documented defaults apply.
+func (s *Scheduler) limits(ctx context.Context) (Limits, error) {
+	var cfg maintenancev1.MaintenanceOperatorConfig
+	err := s.Client.Get(ctx, types.NamespacedName{Namespace: s.Namespace, Name: maintenancev1.DefaultConfigName}, &cfg)
+	if apierrors.IsNotFound(err) {
+		return Limits{}, nil
+	}
+	if err != nil {
+		return Limits{}, fmt.Errorf("reading MaintenanceOperatorConfig: %w", err)
+	}
+	return Limits{MaxParallelOperations: cfg.Spec.MaxParallelOperations, MaxUnavailable: cfg.Spec.MaxUnavailable}, nil
+}
+
+// cacheBehind reports whether an object this scheduler scheduled still
+// looks Pending in the cache; it forgets expectations the cache has met
+// and those older than expectationTimeout.
+func (s *Scheduler) cacheBehind(list *maintenancev1.NodeMaintenanceList) (time.Duration, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.expected) == 0 {
+		return 0, false
+	}
+	seen := make(map[types.NamespacedName]*maintenancev1.NodeMaintenance, len(list.Items))
+	for i := range list.Items {
+		seen[types.NamespacedName{Namespace: list.Items[i].Namespace, Name: list.Items[i].Name}] = &list.Items[i]
+	}
+	now := s.Clock.Now()
+	var wait time.Duration
+	for key, at := range s.expected {
+		nm, ok := seen[key]
+		if !ok || InProgress(nm) || now.Sub(at) > expectationTimeout {
+			delete(s.expected, key)
+			continue
+		}
+		wait = max(wait, expectationTimeout-now.Sub(at))
+	}
+	return wait, len(s.expected) > 0
+}
+
+func (s *Scheduler) expect(key types.NamespacedName) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.expected == nil {
+		s.expected = map[types.NamespacedName]time.Time{}
+	}
+	s.expected[key] = s.Clock.Now()
+}
+
+// schedule moves one object from Pending to Scheduled. The update carries
+// the cached resourceVersion: if the object changed meanwhile, the write
+// fails with a conflict and the pass is retried from fresh data.
+func (s *Scheduler) schedule(ctx context.Context, nm *maintenancev1.NodeMaintenance) error {
+	now := s.Clock.Now()
+	nm = nm.DeepCopy()
+	setPhase(nm, maintenancev1.PhaseScheduled, "scheduled for maintenance", now)
+	t := metav1.NewTime(now)
+	nm.Status.ScheduledTime = &t
+	nm.Status.ObservedGeneration = nm.Generation
+	// Expect before writing: the watch event may arrive before Update returns.
+	key := client.ObjectKeyFromObject(nm)
+	s.expect(key)
+	if err := s.Client.Status().Update(ctx, nm); err != nil {
+		s.forget(key)
+		return fmt.Errorf("scheduling %s: %w", key, err)
+	}
+	schedulingDecisions.WithLabelValues("scheduled").Inc()
+	s.Recorder.Eventf(nm, nil, corev1.EventTypeNormal, ReasonScheduled, actionSchedule, "Scheduled for maintenance of node %s", nm.Spec.NodeName)
+	return nil
+}
+
+func (s *Scheduler) forget(key types.NamespacedName) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.expected, key)
+}
+
+// explainWait writes why a Pending object waits, only when the reason changed.
+func (s *Scheduler) explainWait(ctx context.Context, nm *maintenancev1.NodeMaintenance, reason string) error {
+	if nm == nil || !hasFinalizer(nm) {
+		return nil // the lifecycle controller initialises it first
+	}
+	if c := meta.FindStatusCondition(nm.Status.Conditions, maintenancev1.ConditionTypeReady); c != nil &&
+		c.Reason == string(maintenancev1.PhasePending) && c.Message == reason {
+		return nil
+	}
+	nm = nm.DeepCopy()
+	setPhase(nm, maintenancev1.PhasePending, reason, s.Clock.Now())
+	if err := s.Client.Status().Update(ctx, nm); err != nil {
+		if apierrors.IsConflict(err) || apierrors.IsNotFound(err) {
+			return nil // a newer version will trigger another pass
+		}
+		return fmt.Errorf("updating wait reason of %s/%s: %w", nm.Namespace, nm.Name, err)
+	}
+	return nil
+}
+
+// snapshot converts cached objects into the planner's input. Objects the
+// lifecycle controller has not yet taken over (no finalizer) are left out
+// until it has, so that cleanup is guaranteed for everything scheduled.
+func snapshot(nodes *corev1.NodeList, list *maintenancev1.NodeMaintenanceList) Snapshot {
+	s := Snapshot{Nodes: make([]PlanNode, 0, len(nodes.Items)), Objects: make([]PlanObject, 0, len(list.Items))}
+	for i := range nodes.Items {
+		n := &nodes.Items[i]
+		s.Nodes = append(s.Nodes, PlanNode{Name: n.Name, Unschedulable: n.Spec.Unschedulable, Ready: nodeReady(n)})
+	}
+	for i := range list.Items {
+		nm := &list.Items[i]
+		inProgress := InProgress(nm)
+		if !inProgress && !hasFinalizer(nm) {
+			continue
+		}
+		s.Objects = append(s.Objects, PlanObject{
+			Namespace: nm.Namespace, Name: nm.Name, NodeName: nm.Spec.NodeName, RequestorID: nm.Spec.RequestorID,
+			Created: nm.CreationTimestamp.Time, InProgress: inProgress, Deleting: nm.DeletionTimestamp != nil,
+		})
+	}
+	return s
+}
+
+func recordPhases(list *maintenancev1.NodeMaintenanceList) {
+	counts := map[maintenancev1.Phase]int{}
+	for i := range list.Items {
+		counts[PhaseOf(&list.Items[i])]++
+	}
+	for _, p := range allPhases {
+		objectsByPhase.WithLabelValues(string(p)).Set(float64(counts[p]))
+	}
+}
+
+var allPhases = []maintenancev1.Phase{
+	maintenancev1.PhasePending, maintenancev1.PhaseScheduled, maintenancev1.PhaseCordon,
+	maintenancev1.PhaseWaitForPodCompletion, maintenancev1.PhaseDraining, maintenancev1.PhaseReady,
+	maintenancev1.PhaseRequestorFailed,
+}
+
+func nodeReady(n *corev1.Node) bool {
+	for _, c := range n.Status.Conditions {
+		if c.Type == corev1.NodeReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}

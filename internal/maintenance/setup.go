@@ -1,0 +1,169 @@
+package maintenance
+
+import (
+	"context"
+	"fmt"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/utils/clock"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	maintenancev1 "github.com/gpufleet/gpufleet/api/maintenance/v1alpha1"
+)
+
+// Cache indexes.
+const (
+	indexNodeName    = "spec.nodeName" // NodeMaintenance by node
+	indexPodNodeName = "spec.nodeName" // Pod by node
+)
+
+// +kubebuilder:rbac:groups=maintenance.nvidia.com,resources=nodemaintenances,verbs=get;list;watch;update;patch;delete
+// +kubebuilder:rbac:groups=maintenance.nvidia.com,resources=nodemaintenances/status,verbs=get;update;patch
+// +kubebuilder:rbac:groups=maintenance.nvidia.com,resources=nodemaintenances/finalizers,verbs=update
+// +kubebuilder:rbac:groups=maintenance.nvidia.com,resources=maintenanceoperatorconfigs,verbs=get;list;watch
+// +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch;patch
+// +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch
+// +kubebuilder:rbac:groups="",resources=pods/eviction,verbs=create
+// +kubebuilder:rbac:groups=apps,resources=daemonsets,verbs=get
+// +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
+// +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
+// +kubebuilder:rbac:groups=coordination.k8s.io,resources=leases,verbs=get;list;watch;create;update;patch
+
+// Options configure the maintenance controllers.
+type Options struct {
+	Namespace string
+	PodName   string
+	Clock     clock.PassiveClock
+}
+
+// Setup registers the scheduler and the lifecycle controller with mgr.
+func Setup(mgr manager.Manager, opts Options) error {
+	if opts.Clock == nil {
+		opts.Clock = clock.RealClock{}
+	}
+	ctx := context.Background()
+	idx := mgr.GetFieldIndexer()
+	if err := idx.IndexField(ctx, &maintenancev1.NodeMaintenance{}, indexNodeName, func(o client.Object) []string {
+		return []string{o.(*maintenancev1.NodeMaintenance).Spec.NodeName}
+	}); err != nil {
+		return fmt.Errorf("indexing NodeMaintenance by node: %w", err)
+	}
+	if err := idx.IndexField(ctx, &corev1.Pod{}, indexPodNodeName, func(o client.Object) []string {
+		return []string{o.(*corev1.Pod).Spec.NodeName}
+	}); err != nil {
+		return fmt.Errorf("indexing pods by node: %w", err)
+	}
+	kube, err := kubernetes.NewForConfig(mgr.GetConfig())
+	if err != nil {
+		return fmt.Errorf("creating clientset: %w", err)
+	}
+
+	sched := &Scheduler{
+		Client: mgr.GetClient(), Namespace: opts.Namespace, Clock: opts.Clock,
+		Recorder: mgr.GetEventRecorder("gpufleet-maintenance-scheduler"),
+	}
+	isDefaultConfig := predicate.NewPredicateFuncs(func(o client.Object) bool {
+		return o.GetNamespace() == opts.Namespace && o.GetName() == maintenancev1.DefaultConfigName
+	})
+	toScheduler := handler.EnqueueRequestsFromMapFunc(func(context.Context, client.Object) []reconcile.Request {
+		return []reconcile.Request{schedulerKey}
+	})
+	err = builder.ControllerManagedBy(mgr).
+		Named("nodemaintenance-scheduler").
+		Watches(&maintenancev1.NodeMaintenance{}, toScheduler, builder.WithPredicates(schedulingRelevantNM)).
+		Watches(&corev1.Node{}, toScheduler, builder.WithPredicates(availabilityChanged)).
+		Watches(&maintenancev1.MaintenanceOperatorConfig{}, toScheduler, builder.WithPredicates(isDefaultConfig)).
+		WithOptions(controller.Options{MaxConcurrentReconciles: 1}).
+		Complete(sched)
+	if err != nil {
+		return fmt.Errorf("setting up the scheduler: %w", err)
+	}
+
+	rec := &Reconciler{
+		Client: mgr.GetClient(), Kube: kube, Namespace: opts.Namespace, PodName: opts.PodName, Clock: opts.Clock,
+		Recorder: mgr.GetEventRecorder("gpufleet-maintenance"),
+	}
+	byNode := func(node string) []reconcile.Request {
+		var list maintenancev1.NodeMaintenanceList
+		if err := mgr.GetClient().List(context.Background(), &list, client.MatchingFields{indexNodeName: node}); err != nil {
+			return nil
+		}
+		reqs := make([]reconcile.Request, 0, len(list.Items))
+		for i := range list.Items {
+			if InProgress(&list.Items[i]) || list.Items[i].DeletionTimestamp != nil {
+				reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&list.Items[i])})
+			}
+		}
+		return reqs
+	}
+	err = builder.ControllerManagedBy(mgr).
+		Named("nodemaintenance").
+		For(&maintenancev1.NodeMaintenance{}).
+		Watches(&corev1.Node{}, handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
+			return byNode(o.GetName())
+		}), builder.WithPredicates(availabilityChanged)).
+		Watches(&corev1.Pod{}, handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
+			return byNode(o.(*corev1.Pod).Spec.NodeName)
+		}), builder.WithPredicates(podProgress)).
+		Watches(&maintenancev1.MaintenanceOperatorConfig{}, handler.EnqueueRequestsFromMapFunc(
+			func(ctx context.Context, _ client.Object) []reconcile.Request { return readyObjects(ctx, mgr.GetClient()) }),
+			builder.WithPredicates(isDefaultConfig)).
+		WithOptions(controller.Options{MaxConcurrentReconciles: 4}).
+		Complete(rec)
+	if err != nil {
+		return fmt.Errorf("setting up the NodeMaintenance controller: %w", err)
+	}
+	return nil
+}
+
+// readyObjects re-examines Ready objects when the GC age limit may have changed.
+func readyObjects(ctx context.Context, c client.Client) []reconcile.Request {
+	var list maintenancev1.NodeMaintenanceList
+	if err := c.List(ctx, &list); err != nil {
+		return nil
+	}
+	var reqs []reconcile.Request
+	for i := range list.Items {
+		if PhaseOf(&list.Items[i]) == maintenancev1.PhaseReady {
+			reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&list.Items[i])})
+		}
+	}
+	return reqs
+}
+
+// schedulingRelevantNM passes creations, deletions and changes of phase or
+// deletion state — not the status churn of drains.
+var schedulingRelevantNM = predicate.Funcs{
+	UpdateFunc: func(e event.UpdateEvent) bool {
+		o, n := e.ObjectOld.(*maintenancev1.NodeMaintenance), e.ObjectNew.(*maintenancev1.NodeMaintenance)
+		return PhaseOf(o) != PhaseOf(n) || (o.DeletionTimestamp == nil) != (n.DeletionTimestamp == nil) ||
+			hasFinalizer(o) != hasFinalizer(n)
+	},
+}
+
+// availabilityChanged passes node creations, deletions and changes of
+// readiness or schedulability — not heartbeats.
+var availabilityChanged = predicate.Funcs{
+	UpdateFunc: func(e event.UpdateEvent) bool {
+		o, n := e.ObjectOld.(*corev1.Node), e.ObjectNew.(*corev1.Node)
+		return o.Spec.Unschedulable != n.Spec.Unschedulable || nodeReady(o) != nodeReady(n) ||
+			(o.DeletionTimestamp == nil) != (n.DeletionTimestamp == nil)
+	},
+}
+
+// podProgress passes pod changes that can end a wait or a drain step.
+var podProgress = predicate.Funcs{
+	CreateFunc: func(event.CreateEvent) bool { return false },
+	UpdateFunc: func(e event.UpdateEvent) bool {
+		o, n := e.ObjectOld.(*corev1.Pod), e.ObjectNew.(*corev1.Pod)
+		return o.Status.Phase != n.Status.Phase || (o.DeletionTimestamp == nil) != (n.DeletionTimestamp == nil)
+	},
+}
