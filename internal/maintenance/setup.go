@@ -114,7 +114,9 @@ func Setup(mgr manager.Manager, opts Options) error {
 			return byNode(o.(*corev1.Pod).Spec.NodeName)
 		}), builder.WithPredicates(podProgress)).
 		Watches(&maintenancev1.MaintenanceOperatorConfig{}, handler.EnqueueRequestsFromMapFunc(
-			func(ctx context.Context, _ client.Object) []reconcile.Request { return readyObjects(ctx, mgr.GetClient()) }),
+			func(ctx context.Context, _ client.Object) []reconcile.Request {
+				return readyObjects(ctx, mgr.GetClient())
+			}),
 			builder.WithPredicates(isDefaultConfig)).
 		WithOptions(controller.Options{MaxConcurrentReconciles: 4}).
 		Complete(rec)

@@ -330,4 +330,6 @@ func hasEvent(events []string, reason string) bool {
 	return false
 }
 
-func keyOf(name string) types.NamespacedName { return types.NamespacedName{Namespace: "default", Name: name} }
+func keyOf(name string) types.NamespacedName {
+	return types.NamespacedName{Namespace: "default", Name: name}
+}
