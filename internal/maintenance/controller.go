@@ -83,12 +83,10 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 func (r *Reconciler) step(ctx context.Context, nm *maintenancev1.NodeMaintenance, node *corev1.Node) (reconcile.Result, error) {
 	now := r.Clock.Now()
 	phase := PhaseOf(nm)
-	if meta.FindStatusCondition(nm.Status.Conditions, maintenancev1.ConditionTypeReady) == nil {
-		setPhase(nm, maintenancev1.PhasePending, "waiting to be scheduled", now)
-		return reconcile.Result{}, nil
-	}
 	if phase == maintenancev1.PhasePending {
-		return reconcile.Result{}, nil // the scheduler moves it on
+		// The scheduler alone writes Pending objects: their wait reason,
+		// then the move to Scheduled.
+		return reconcile.Result{}, nil
 	}
 	if node == nil {
 		return r.nodeGone(ctx, nm)

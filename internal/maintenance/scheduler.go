@@ -190,9 +190,10 @@ func (s *Scheduler) explainWait(ctx context.Context, nm *maintenancev1.NodeMaint
 	nm = nm.DeepCopy()
 	setPhase(nm, maintenancev1.PhasePending, reason, s.Clock.Now())
 	if err := s.Client.Status().Update(ctx, nm); err != nil {
-		if apierrors.IsConflict(err) || apierrors.IsNotFound(err) {
-			return nil // a newer version will trigger another pass
+		if apierrors.IsNotFound(err) {
+			return nil
 		}
+		// A conflict means our copy is stale: retry the pass.
 		return fmt.Errorf("updating wait reason of %s/%s: %w", nm.Namespace, nm.Name, err)
 	}
 	return nil

@@ -84,7 +84,7 @@ type NodeMaintenanceSpec struct {
 // ("app=training,tier!=web", "gpu in (a100,h100)", "!canary"); empty selects
 // every pod. The schema rejects what cannot be a selector; the controller
 // parses it with the Kubernetes label parser before acting on it.
-// +kubebuilder:validation:XValidation:rule="self == ” || self.matches('^[ ]*!?[A-Za-z0-9]([-A-Za-z0-9_./]*[A-Za-z0-9])?[ ]*((=|==|!=)[ ]*([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?|[ ]+(in|notin)[ ]*[(][ ]*([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?([ ]*,[ ]*([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?)*[ ]*[)])?[ ]*(,[ ]*!?[A-Za-z0-9]([-A-Za-z0-9_./]*[A-Za-z0-9])?[ ]*((=|==|!=)[ ]*([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?|[ ]+(in|notin)[ ]*[(][ ]*([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?([ ]*,[ ]*([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?)*[ ]*[)])?[ ]*)*$')",message="must be a label selector such as app=training or tier in (a,b),!canary"
+// +kubebuilder:validation:XValidation:rule="size(self) == 0 || self.matches('^[ ]*!?[A-Za-z0-9]([-A-Za-z0-9_./]*[A-Za-z0-9])?[ ]*((=|==|!=)[ ]*([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?|[ ]+(in|notin)[ ]*[(][ ]*([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?([ ]*,[ ]*([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?)*[ ]*[)])?[ ]*(,[ ]*!?[A-Za-z0-9]([-A-Za-z0-9_./]*[A-Za-z0-9])?[ ]*((=|==|!=)[ ]*([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?|[ ]+(in|notin)[ ]*[(][ ]*([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?([ ]*,[ ]*([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?)*[ ]*[)])?[ ]*)*$')",message="must be a label selector such as app=training or tier in (a,b),!canary"
 // +kubebuilder:validation:MaxLength=1024
 type LabelSelectorString string
 
