@@ -24,10 +24,6 @@ import (
 // change maps to it, so the work queue collapses bursts into one pass.
 var schedulerKey = reconcile.Request{NamespacedName: types.NamespacedName{Name: "nodemaintenance-scheduler"}}
 
-// expectationTimeout bounds how long the scheduler waits for its cache to
-// show its own writes before planning anyway.
-const expectationTimeout = 30 * time.Second
-
 // Scheduler admits Pending NodeMaintenance objects under the limits of the
 // MaintenanceOperatorConfig. It never plans from a cache that has not yet
 // seen its previous decisions: after moving objects to Scheduled it waits
@@ -39,9 +35,9 @@ type Scheduler struct {
 	Recorder  events.EventRecorder
 
 	mu sync.Mutex
-	// expected: objects this scheduler moved to Scheduled whose new phase
-	// the cache has not shown yet, with the time of the write.
-	expected map[types.NamespacedName]time.Time
+	// expected: objects this scheduler moved to Scheduled that the cache
+	// still shows at their resourceVersion from before that write.
+	expected map[types.NamespacedName]string
 }
 
 // Reconcile runs one scheduling pass.
@@ -51,9 +47,11 @@ func (s *Scheduler) Reconcile(ctx context.Context, _ reconcile.Request) (reconci
 	if err := s.Client.List(ctx, &list); err != nil {
 		return reconcile.Result{}, fmt.Errorf("listing NodeMaintenance: %w", err)
 	}
-	if wait, ok := s.cacheBehind(&list); ok {
+	if s.cacheBehind(&list) {
+		// The watch event of our own write brings us back; the requeue is
+		// only a safety net while a write is unobserved.
 		log.V(1).Info("cache has not caught up with the last scheduling decisions; waiting")
-		return reconcile.Result{RequeueAfter: wait}, nil
+		return reconcile.Result{RequeueAfter: time.Second}, nil
 	}
 	var nodes corev1.NodeList
 	if err := s.Client.List(ctx, &nodes); err != nil {
@@ -115,39 +113,34 @@ func (s *Scheduler) limits(ctx context.Context) (Limits, error) {
 	return Limits{MaxParallelOperations: cfg.Spec.MaxParallelOperations, MaxUnavailable: cfg.Spec.MaxUnavailable}, nil
 }
 
-// cacheBehind reports whether an object this scheduler scheduled still
-// looks Pending in the cache; it forgets expectations the cache has met
-// and those older than expectationTimeout.
-func (s *Scheduler) cacheBehind(list *maintenancev1.NodeMaintenanceList) (time.Duration, bool) {
+// cacheBehind reports whether the cache still shows an object this
+// scheduler scheduled as it was before that write (same resourceVersion);
+// it forgets the expectations the cache has met.
+func (s *Scheduler) cacheBehind(list *maintenancev1.NodeMaintenanceList) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if len(s.expected) == 0 {
-		return 0, false
+		return false
 	}
-	seen := make(map[types.NamespacedName]*maintenancev1.NodeMaintenance, len(list.Items))
+	seen := make(map[types.NamespacedName]string, len(list.Items))
 	for i := range list.Items {
-		seen[types.NamespacedName{Namespace: list.Items[i].Namespace, Name: list.Items[i].Name}] = &list.Items[i]
+		seen[types.NamespacedName{Namespace: list.Items[i].Namespace, Name: list.Items[i].Name}] = list.Items[i].ResourceVersion
 	}
-	now := s.Clock.Now()
-	var wait time.Duration
-	for key, at := range s.expected {
-		nm, ok := seen[key]
-		if !ok || InProgress(nm) || now.Sub(at) > expectationTimeout {
+	for key, rvBefore := range s.expected {
+		if rv, ok := seen[key]; !ok || rv != rvBefore {
 			delete(s.expected, key)
-			continue
 		}
-		wait = max(wait, expectationTimeout-now.Sub(at))
 	}
-	return wait, len(s.expected) > 0
+	return len(s.expected) > 0
 }
 
-func (s *Scheduler) expect(key types.NamespacedName) {
+func (s *Scheduler) expect(key types.NamespacedName, rvBefore string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.expected == nil {
-		s.expected = map[types.NamespacedName]time.Time{}
+		s.expected = map[types.NamespacedName]string{}
 	}
-	s.expected[key] = s.Clock.Now()
+	s.expected[key] = rvBefore
 }
 
 // schedule moves one object from Pending to Scheduled. The update carries
@@ -162,7 +155,7 @@ func (s *Scheduler) schedule(ctx context.Context, nm *maintenancev1.NodeMaintena
 	nm.Status.ObservedGeneration = nm.Generation
 	// Expect before writing: the watch event may arrive before Update returns.
 	key := client.ObjectKeyFromObject(nm)
-	s.expect(key)
+	s.expect(key, nm.ResourceVersion)
 	if err := s.Client.Status().Update(ctx, nm); err != nil {
 		s.forget(key)
 		return fmt.Errorf("scheduling %s: %w", key, err)

@@ -333,3 +333,7 @@ func hasEvent(events []string, reason string) bool {
 func keyOf(name string) types.NamespacedName {
 	return types.NamespacedName{Namespace: "default", Name: name}
 }
+
+func keyIn(ns, name string) types.NamespacedName { return types.NamespacedName{Namespace: ns, Name: name} }
+
+func fmtSscan(s string, v *float64) (int, error) { return fmt.Sscan(s, v) }

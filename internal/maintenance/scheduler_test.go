@@ -1,0 +1,172 @@
+package maintenance
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/tools/events"
+	clocktesting "k8s.io/utils/clock/testing"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	maintenancev1 "github.com/gpufleet/gpufleet/api/maintenance/v1alpha1"
+)
+
+// laggingCache serves NodeMaintenance lists from a frozen copy, like an
+// informer cache that has not yet received the watch events of our writes.
+type laggingCache struct {
+	client.Client
+	frozen *maintenancev1.NodeMaintenanceList
+}
+
+func (c *laggingCache) List(ctx context.Context, list client.ObjectList, opts ...client.ListOption) error {
+	if l, ok := list.(*maintenancev1.NodeMaintenanceList); ok && c.frozen != nil {
+		c.frozen.DeepCopyInto(l)
+		return nil
+	}
+	return c.Client.List(ctx, list, opts...)
+}
+
+func TestSchedulerNeverSchedulesTwiceFromAStaleCache(t *testing.T) {
+	scheme := runtime.NewScheme()
+	_ = clientgoscheme.AddToScheme(scheme)
+	_ = maintenancev1.AddToScheme(scheme)
+	var objs []client.Object
+	for i := range 3 {
+		objs = append(objs, &corev1.Node{
+			ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("n%d", i)},
+			Status:     corev1.NodeStatus{Conditions: []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue}}},
+		})
+		objs = append(objs, &maintenancev1.NodeMaintenance{
+			ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: fmt.Sprintf("nm%d", i), Finalizers: []string{maintenancev1.Finalizer},
+				CreationTimestamp: metav1.NewTime(t0.Add(time.Duration(i) * time.Second))},
+			Spec: maintenancev1.NodeMaintenanceSpec{RequestorID: "r", NodeName: fmt.Sprintf("n%d", i)},
+		})
+	}
+	mpo := intstr.FromInt32(1)
+	objs = append(objs, &maintenancev1.MaintenanceOperatorConfig{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "ops", Name: "default"},
+		Spec:       maintenancev1.MaintenanceOperatorConfigSpec{MaxParallelOperations: &mpo},
+	})
+	api := fake.NewClientBuilder().WithScheme(scheme).WithObjects(objs...).WithStatusSubresource(&maintenancev1.NodeMaintenance{}).Build()
+	cache := &laggingCache{Client: api}
+	s := &Scheduler{Client: cache, Namespace: "ops", Clock: clocktesting.NewFakeClock(t0), Recorder: events.NewFakeRecorder(100)}
+	ctx := context.Background()
+
+	inProgress := func() []string {
+		var l maintenancev1.NodeMaintenanceList
+		if err := api.List(ctx, &l); err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for i := range l.Items {
+			if InProgress(&l.Items[i]) {
+				out = append(out, l.Items[i].Name)
+			}
+		}
+		return out
+	}
+
+	// Freeze the cache as it is before the first decision.
+	var before maintenancev1.NodeMaintenanceList
+	if err := api.List(ctx, &before); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Reconcile(ctx, reconcile.Request{}); err != nil {
+		t.Fatal(err)
+	}
+	if got := inProgress(); len(got) != 1 || got[0] != "nm0" {
+		t.Fatalf("first pass scheduled %v, want [nm0]", got)
+	}
+
+	// Events for other objects arrive while the cache has not seen nm0's
+	// update: every such pass must decide nothing.
+	cache.frozen = &before
+	for range 3 {
+		res, err := s.Reconcile(ctx, reconcile.Request{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.RequeueAfter == 0 {
+			t.Errorf("a pass on a stale cache did not ask to look again")
+		}
+	}
+	if got := inProgress(); len(got) != 1 {
+		t.Fatalf("scheduled from a stale cache: %v in progress with maxParallelOperations=1", got)
+	}
+
+	// The cache catches up: the slot is taken, still nothing new.
+	cache.frozen = nil
+	if _, err := s.Reconcile(ctx, reconcile.Request{}); err != nil {
+		t.Fatal(err)
+	}
+	if got := inProgress(); len(got) != 1 {
+		t.Fatalf("in progress %v after the cache caught up", got)
+	}
+	// And the waiting objects say why.
+	var nm maintenancev1.NodeMaintenance
+	if err := api.Get(ctx, client.ObjectKey{Namespace: "default", Name: "nm2"}, &nm); err != nil {
+		t.Fatal(err)
+	}
+	if c := findCondition(&nm, maintenancev1.ConditionTypeReady); c == nil || c.Message != "maxParallelOperations reached: 1/1 nodes in maintenance" {
+		t.Errorf("nm2 wait reason: %+v", c)
+	}
+}
+
+func TestSchedulerWritesNothingWhenNothingChanged(t *testing.T) {
+	scheme := runtime.NewScheme()
+	_ = clientgoscheme.AddToScheme(scheme)
+	_ = maintenancev1.AddToScheme(scheme)
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n0"},
+		Status: corev1.NodeStatus{Conditions: []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue}}}}
+	busy := &maintenancev1.NodeMaintenance{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "a", Finalizers: []string{maintenancev1.Finalizer}},
+		Spec:       maintenancev1.NodeMaintenanceSpec{RequestorID: "r", NodeName: "n0"},
+	}
+	waiting := busy.DeepCopy()
+	waiting.Name = "b"
+	api := fake.NewClientBuilder().WithScheme(scheme).WithObjects(node, busy, waiting).WithStatusSubresource(&maintenancev1.NodeMaintenance{}).Build()
+	counting := &countingClient{Client: api}
+	s := &Scheduler{Client: counting, Namespace: "ops", Clock: clocktesting.NewFakeClock(t0), Recorder: events.NewFakeRecorder(100)}
+	for range 2 {
+		if _, err := s.Reconcile(context.Background(), reconcile.Request{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	writes := counting.writes
+	for range 5 {
+		if _, err := s.Reconcile(context.Background(), reconcile.Request{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if counting.writes != writes {
+		t.Errorf("%d writes in passes where nothing changed", counting.writes-writes)
+	}
+}
+
+type countingClient struct {
+	client.Client
+	writes int
+}
+
+func (c *countingClient) Status() client.SubResourceWriter {
+	return &countingStatus{SubResourceWriter: c.Client.Status(), c: c}
+}
+
+type countingStatus struct {
+	client.SubResourceWriter
+	c *countingClient
+}
+
+func (s *countingStatus) Update(ctx context.Context, obj client.Object, opts ...client.SubResourceUpdateOption) error {
+	s.c.writes++
+	return s.SubResourceWriter.Update(ctx, obj, opts...)
+}
