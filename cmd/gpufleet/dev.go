@@ -88,15 +88,22 @@ func runDev(ctx context.Context, p devParams) error {
 		return err
 	}
 
+	opCtx, stopOperator := context.WithCancel(ctx)
+	defer stopOperator()
 	errc := make(chan error, 1)
 	if p.operator {
-		mgr, err := operator.New(cluster.Config, operator.Options{
+		// The operator runs with exactly the RBAC it declares, not as admin.
+		cfg, err := cluster.OperatorConfig(ctx)
+		if err != nil {
+			return err
+		}
+		mgr, err := operator.New(cfg, operator.Options{
 			Namespace: operator.DefaultNamespace, MetricsAddr: "127.0.0.1:8080", ProbeAddr: "0",
 		})
 		if err != nil {
 			return err
 		}
-		go func() { errc <- mgr.Start(ctx) }()
+		go func() { errc <- mgr.Start(opCtx) }()
 		say("operator running (capabilities: %v), metrics on http://127.0.0.1:8080/metrics", operator.CapabilityNames())
 	}
 
@@ -106,20 +113,30 @@ The local cluster is up. In another terminal:
   export KUBECONFIG=%s
   export PATH=%s:$PATH   # kubectl built by make tools
   kubectl get nodes -L gpufleet.dev/pool
-  kubectl get pods -A -o wide
+  kubectl apply -f examples/maintenance.yaml   # a MaintenanceOperatorConfig and two NodeMaintenance objects
+  kubectl get nodemaintenances -w
 
 Logs of the control plane are in %s. Press Ctrl-C to stop and clean up.
 `, cluster.Kubeconfig, binDirOf(p.binDir), cluster.Dir)
 
 	select {
 	case <-ctx.Done():
-		return nil
 	case err := <-errc:
 		if err != nil {
 			return fmt.Errorf("operator stopped: %w", err)
 		}
 		return nil
 	}
+	// Stop the operator before the cluster it talks to.
+	stopOperator()
+	if p.operator {
+		select {
+		case <-errc:
+		case <-time.After(15 * time.Second):
+			say("operator did not stop within 15s")
+		}
+	}
+	return nil
 }
 
 func binDirOf(dir string) string {
