@@ -302,3 +302,45 @@ func TestNodeDeletionReleasesItsObjects(t *testing.T) {
 	create(t, newNM("next", "gpu-001", "test.gpufleet.dev"))
 	waitPhase(t, "next", maintenancev1.PhaseReady, 20*time.Second)
 }
+
+func TestPodsStuckTerminatingOnUnreachableNodeDoNotBlock(t *testing.T) {
+	needCluster(t)
+	defer uncordonAll(t)
+	startOperator(t)
+	defer cleanupNMs(t)
+	setConfig(t, ios(2), nil)
+	node := "gpu-008"
+	deployment(t, "stuck", "orphan", 2, nil, node)
+	if len(podsOn(t, "stuck", "orphan", node)) == 0 {
+		t.Fatalf("no pod on %s", node)
+	}
+	if err := cluster.StopKubelet(t.Context(), node); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = cluster.StartKubelet(context.Background(), node) }()
+	err := wait.PollUntilContextTimeout(t.Context(), 200*time.Millisecond, 60*time.Second, true, func(context.Context) (bool, error) {
+		return !devcluster.NodeReady(getNode(t, node)), nil
+	})
+	if err != nil {
+		t.Fatalf("node never became NotReady")
+	}
+	nm := newNM("stuck", node, "test.gpufleet.dev")
+	nm.Spec.DrainSpec = &maintenancev1.DrainSpec{}
+	create(t, nm)
+	// Evicted pods stay Terminating (no kubelet removes them), yet the
+	// drain completes once they are past their grace period.
+	waitPhase(t, "stuck", maintenancev1.PhaseReady, 90*time.Second)
+	pods, err := cluster.Client.CoreV1().Pods("stuck").List(t.Context(), metav1.ListOptions{FieldSelector: "spec.nodeName=" + node})
+	if err != nil {
+		t.Fatal(err)
+	}
+	terminating := 0
+	for _, p := range pods.Items {
+		if p.DeletionTimestamp != nil {
+			terminating++
+		}
+	}
+	if terminating == 0 {
+		t.Errorf("no pod left Terminating: the scenario did not exercise the unreachable-node path")
+	}
+}

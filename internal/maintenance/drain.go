@@ -21,10 +21,10 @@ import (
 
 // Drain tuning.
 const (
-	// terminatingGrace: on a node that is not Ready, pods that have been
-	// terminating for longer are considered gone (the kubelet that would
-	// remove them is unreachable).
-	terminatingGrace = 60 * time.Second
+	// terminatingGrace: on a node that is not Ready, pods still terminating
+	// this long after their grace period ended are considered gone (the
+	// kubelet that would remove them is unreachable).
+	terminatingGrace = 10 * time.Second
 	maxDrainBackoff  = 30 * time.Second
 	maxNamesInStatus = 50
 )
@@ -118,15 +118,25 @@ func (r *Reconciler) drain(ctx context.Context, nm *maintenancev1.NodeMaintenanc
 		r.blocked(nm, node, ReasonDrainBlocked, fmt.Sprintf("drain of node %s not done after %s; blocking pods: %s",
 			node.Name, timeout, summarize(remaining, 10)))
 	}
-	if refused == 0 {
-		// Only terminating pods left: their deletion events bring us back;
-		// the timeout (if any) is the latest we look again.
-		if timeout > 0 && elapsed < timeout {
-			return reconcile.Result{RequeueAfter: timeout - elapsed}, nil
-		}
-		return reconcile.Result{RequeueAfter: maxDrainBackoff}, nil
+	if refused > 0 {
+		return reconcile.Result{RequeueAfter: backoff(elapsed)}, nil
 	}
-	return reconcile.Result{RequeueAfter: backoff(elapsed)}, nil
+	// Only terminating pods left: their deletion events bring us back. We
+	// also look again when the timeout is due and, on an unreachable node,
+	// when the first of them will be considered gone; never later than
+	// maxDrainBackoff while the drain is active.
+	next := maxDrainBackoff
+	if timeout > 0 && elapsed < timeout {
+		next = min(next, timeout-elapsed)
+	}
+	if !nodeReady(node) {
+		for i := range pods {
+			if dt := pods[i].DeletionTimestamp; dt != nil {
+				next = min(next, max(dt.Add(terminatingGrace+time.Second).Sub(now), time.Second))
+			}
+		}
+	}
+	return reconcile.Result{RequeueAfter: next}, nil
 }
 
 // blocked sets the DrainBlocked condition, with a Warning event when its

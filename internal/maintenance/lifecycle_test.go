@@ -18,7 +18,7 @@ import (
 func TestFullLifecycleDrainsAndReleases(t *testing.T) {
 	needCluster(t)
 	defer uncordonAll(t)
-	op := startOperator(t)
+	startOperator(t)
 	defer cleanupNMs(t)
 	setConfig(t, ios(1), nil)
 	node := "gpu-001"
@@ -71,7 +71,7 @@ func TestFullLifecycleDrainsAndReleases(t *testing.T) {
 	if err != nil {
 		t.Fatalf("node %s still cordoned after the NodeMaintenance was deleted", node)
 	}
-	op.stop()
+	waitGone(t, "lifecycle")
 }
 
 func TestPDBKeepsObjectDraining(t *testing.T) {
