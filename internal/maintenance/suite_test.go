@@ -334,6 +334,8 @@ func keyOf(name string) types.NamespacedName {
 	return types.NamespacedName{Namespace: "default", Name: name}
 }
 
-func keyIn(ns, name string) types.NamespacedName { return types.NamespacedName{Namespace: ns, Name: name} }
+func keyIn(ns, name string) types.NamespacedName {
+	return types.NamespacedName{Namespace: ns, Name: name}
+}
 
 func fmtSscan(s string, v *float64) (int, error) { return fmt.Sscan(s, v) }
