@@ -201,9 +201,14 @@ func TestWaitForPodCompletion(t *testing.T) {
 	nm := newNM("wait", node, "test.gpufleet.dev")
 	nm.Spec.WaitForPodCompletion = &maintenancev1.WaitForPodCompletionSpec{PodSelector: "role=training"}
 	create(t, nm)
-	w := waitPhase(t, "wait", maintenancev1.PhaseWaitForPodCompletion, 20*time.Second)
-	if len(w.Status.WaitForCompletion) != 1 || w.Status.WaitForCompletion[0] != ns+"/finishes" {
-		t.Errorf("waitForCompletion = %v, want [%s/finishes]", w.Status.WaitForCompletion, ns)
+	waitPhase(t, "wait", maintenancev1.PhaseWaitForPodCompletion, 20*time.Second)
+	var waiting []string
+	err := wait.PollUntilContextTimeout(t.Context(), 50*time.Millisecond, 3*time.Second, true, func(context.Context) (bool, error) {
+		waiting = getNM(t, "wait").Status.WaitForCompletion
+		return len(waiting) > 0, nil
+	})
+	if err != nil || len(waiting) != 1 || waiting[0] != ns+"/finishes" {
+		t.Errorf("waitForCompletion = %v, want [%s/finishes]", waiting, ns)
 	}
 	waitPhase(t, "wait", maintenancev1.PhaseReady, 20*time.Second)
 

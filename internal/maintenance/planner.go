@@ -139,8 +139,8 @@ func MakePlan(s Snapshot, l Limits) (Plan, error) {
 	}
 	p.InProgressNodes = len(busy)
 
-	// Step 1: availableSlots.
-	p.AvailableSlots = max(0, p.MaxParallel-p.InProgressNodes)
+	// Step 1: availableSlots (never more than there are nodes).
+	p.AvailableSlots = min(max(0, p.MaxParallel-p.InProgressNodes), p.TotalNodes)
 
 	// Step 2: canBecomeUnavailable; each node counted once.
 	for name, n := range nodes {

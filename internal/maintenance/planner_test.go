@@ -153,7 +153,7 @@ func TestMakePlan(t *testing.T) {
 				"a": "maxUnavailable budget exhausted: 2/0 nodes unavailable",
 				"d": "maxUnavailable budget exhausted: 2/0 nodes unavailable",
 			},
-			wantSlots: 10, wantBudget: 0,
+			wantSlots: 4, wantBudget: 0,
 		},
 		"unset maxUnavailable: no limit": {
 			nodes:         withUnavailable(nodes(3), 0, 1),
@@ -310,7 +310,43 @@ func TestMakePlan(t *testing.T) {
 			wantSlots:     0, wantBudget: 0,
 		},
 		"empty cluster": {
-			wantSlots: 1, wantBudget: -1,
+			wantSlots: 0, wantBudget: -1,
+		},
+		"slots never exceed the node count": {
+			nodes:         nodes(2),
+			limits:        Limits{MaxParallelOperations: num(50)},
+			objects:       []PlanObject{pending("a", "node-0", "r", 1)},
+			wantScheduled: []string{"a"},
+			wantSlots:     2, wantBudget: -1,
+		},
+		// Scenarios of the reference implementation's tests (5 nodes).
+		"reference: one in progress, one pending, 1 slot": {
+			nodes:         nodes(5),
+			limits:        Limits{MaxParallelOperations: num(2)},
+			objects:       []PlanObject{inProgress("nm-in-prog-0", "node-0", "test.nvidia.com"), pending("test-nm", "node-1", "test.nvidia.com", 1)},
+			wantScheduled: []string{"test-nm"},
+			wantSlots:     1, wantBudget: -1,
+		},
+		"reference: two in progress, maxUnavailable 50% of 5 = 2 leaves no budget": {
+			nodes:  nodes(5),
+			limits: Limits{MaxParallelOperations: num(5), MaxUnavailable: pct("50%")},
+			objects: []PlanObject{
+				inProgress("nm-0", "node-0", "r"), inProgress("nm-1", "node-1", "r"),
+				pending("nm-2", "node-2", "r", 2), pending("nm-3", "node-2", "r", 1),
+			},
+			wantScheduled: nil,
+			wantSlots:     3, wantBudget: 0,
+		},
+		"reference: budget 1 with one candidate node already unschedulable schedules two": {
+			nodes:  withUnavailable(nodes(5), 3),
+			limits: Limits{MaxParallelOperations: num(4), MaxUnavailable: num(4)},
+			objects: []PlanObject{
+				inProgress("p0", "node-0", "test.nvidia.com"), inProgress("p1", "node-1", "test.nvidia.com"),
+				pending("test-nm-2", "node-2", "test.nvidia.com", 5), pending("other-nm", "node-2", "other-test.nvidia.com", 5),
+				pending("test-nm-3", "node-3", "test.nvidia.com", 5), pending("test-nm-4", "node-4", "test.nvidia.com", 5),
+			},
+			wantScheduled: []string{"test-nm-2", "test-nm-3"},
+			wantSlots:     2, wantBudget: 1,
 		},
 	}
 	for name, tc := range tests {

@@ -1,0 +1,385 @@
+package gpustack
+
+import (
+	"bufio"
+	"bytes"
+	"embed"
+	"fmt"
+	"io"
+	"io/fs"
+	"maps"
+	"slices"
+	"sort"
+	"strings"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/serializer"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	nvidiav1 "github.com/gpufleet/gpufleet/api/nvidia/v1"
+)
+
+//go:embed assets/*.yaml
+var embeddedAssets embed.FS
+
+// Assets are the manifests compiled into the binary, one file per component.
+var Assets fs.FS = mustSub(embeddedAssets, "assets")
+
+func mustSub(f fs.FS, dir string) fs.FS {
+	sub, err := fs.Sub(f, dir)
+	if err != nil {
+		panic(err) // a build-time constant path; cannot fail at run time
+	}
+	return sub
+}
+
+// Labels gpufleet puts on every object it renders.
+const (
+	LabelManagedBy = "app.kubernetes.io/managed-by"
+	LabelComponent = "app.kubernetes.io/component"
+	LabelPartOf    = "app.kubernetes.io/part-of"
+	managedBy      = "gpufleet"
+	partOf         = "gpufleet-gpu-stack"
+	// LabelFlavour names the OS flavour or runtime of a per-node-kind DaemonSet.
+	LabelFlavour = "gpufleet.dev/flavour"
+)
+
+// Facts are what the renderer needs to know about the cluster.
+type Facts struct {
+	// Namespace to deploy into.
+	Namespace string
+	// OSFlavours found among GPU nodes, one driver DaemonSet each.
+	OSFlavours []OSFlavour
+	// Runtimes found among GPU nodes (containerd, docker, crio), one
+	// toolkit DaemonSet each.
+	Runtimes []string
+}
+
+// defaultImages are used when a policy leaves repository/image/version empty.
+var defaultImages = map[string][3]string{
+	Driver:             {"nvcr.io/nvidia", "driver", "550.127.08"},
+	ContainerToolkit:   {"nvcr.io/nvidia/k8s", "container-toolkit", "v1.17.0-ubuntu20.04"},
+	DevicePlugin:       {"nvcr.io/nvidia", "k8s-device-plugin", "v0.17.0"},
+	Validator:          {"nvcr.io/nvidia/cloud-native", "gpu-operator-validator", "v24.9.0"},
+	DCGM:               {"nvcr.io/nvidia/cloud-native", "dcgm", "3.3.9-1-ubuntu22.04"},
+	DCGMExporter:       {"nvcr.io/nvidia/k8s", "dcgm-exporter", "3.3.9-3.6.1-ubuntu22.04"},
+	GFD:                {"nvcr.io/nvidia", "k8s-device-plugin", "v0.17.0"},
+	MIGManager:         {"nvcr.io/nvidia/cloud-native", "k8s-mig-manager", "v0.10.0-ubuntu20.04"},
+	NodeStatusExporter: {"nvcr.io/nvidia/cloud-native", "gpu-operator-validator", "v24.9.0"},
+}
+
+// runtimePaths are the host paths and env of the toolkit per runtime.
+var runtimePaths = map[string]struct{ configDir, socketDir, configEnv, config, socketEnv, socket string }{
+	"containerd": {"/etc/containerd", "/run/containerd", "CONTAINERD_CONFIG", "/runtime/config-dir/config.toml", "CONTAINERD_SOCKET", "/runtime/sock-dir/containerd.sock"},
+	"docker":     {"/etc/docker", "/var/run", "DOCKER_CONFIG", "/runtime/config-dir/daemon.json", "DOCKER_SOCKET", "/runtime/sock-dir/docker.sock"},
+	"crio":       {"/etc/crio", "/var/run/crio", "CRIO_CONFIG", "/runtime/config-dir/crio.conf", "CRIO_SOCKET", "/runtime/sock-dir/crio.sock"},
+}
+
+// Render turns a ClusterPolicy and the cluster's facts into the objects of
+// every enabled component, in rollout order. It is pure: no client, no
+// clock. A malformed asset is an error, never a panic.
+func Render(policy *nvidiav1.ClusterPolicy, facts Facts, assets fs.FS) ([]client.Object, error) {
+	var out []client.Object
+	for _, c := range Components {
+		if !c.Enabled(&policy.Spec) {
+			continue
+		}
+		objs, err := decodeAsset(assets, c.Key+".yaml")
+		if err != nil {
+			return nil, fmt.Errorf("component %s: %w", c.Key, err)
+		}
+		spec := c.Spec(&policy.Spec)
+		image, err := imageRef(c.Key, spec)
+		if err != nil {
+			return nil, fmt.Errorf("component %s: %w", c.Key, err)
+		}
+		for _, o := range objs {
+			o.SetNamespace(facts.Namespace)
+			if isClusterScoped(o) {
+				o.SetNamespace("")
+			}
+			common(o, policy, c.Key)
+			switch obj := o.(type) {
+			case *rbacv1.ClusterRoleBinding:
+				for i := range obj.Subjects {
+					obj.Subjects[i].Namespace = facts.Namespace
+				}
+				out = append(out, obj)
+			case *appsv1.DaemonSet:
+				dss, err := daemonSets(obj, policy, facts, c, spec, image)
+				if err != nil {
+					return nil, fmt.Errorf("component %s: %w", c.Key, err)
+				}
+				out = append(out, dss...)
+			default:
+				out = append(out, o)
+			}
+		}
+	}
+	return out, nil
+}
+
+var codecs = serializer.NewCodecFactory(clientgoscheme.Scheme, serializer.EnableStrict)
+
+// decodeAsset reads a multi-document YAML asset into typed objects.
+func decodeAsset(assets fs.FS, name string) ([]client.Object, error) {
+	data, err := fs.ReadFile(assets, name)
+	if err != nil {
+		return nil, fmt.Errorf("reading asset %s: %w", name, err)
+	}
+	var out []client.Object
+	reader := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(data)))
+	for i := 0; ; i++ {
+		doc, err := reader.Read()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return nil, fmt.Errorf("asset %s document %d: %w", name, i, err)
+		}
+		if len(bytes.TrimSpace(stripComments(doc))) == 0 {
+			continue
+		}
+		obj, _, err := codecs.UniversalDeserializer().Decode(doc, nil, nil)
+		if err != nil {
+			return nil, fmt.Errorf("asset %s document %d: %w", name, i, err)
+		}
+		co, ok := obj.(client.Object)
+		if !ok {
+			return nil, fmt.Errorf("asset %s document %d: %T is not an object", name, i, obj)
+		}
+		out = append(out, co)
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("asset %s has no objects", name)
+	}
+	return out, nil
+}
+
+func stripComments(doc []byte) []byte {
+	var b bytes.Buffer
+	for _, line := range bytes.Split(doc, []byte("\n")) {
+		if t := bytes.TrimSpace(line); len(t) > 0 && t[0] != '#' {
+			b.Write(line)
+			b.WriteByte('\n')
+		}
+	}
+	return b.Bytes()
+}
+
+func isClusterScoped(o client.Object) bool {
+	switch o.(type) {
+	case *rbacv1.ClusterRole, *rbacv1.ClusterRoleBinding:
+		return true
+	}
+	return false
+}
+
+// common sets the labels and owner every rendered object carries.
+func common(o client.Object, policy *nvidiav1.ClusterPolicy, component string) {
+	labels := maps.Clone(o.GetLabels())
+	if labels == nil {
+		labels = map[string]string{}
+	}
+	labels[LabelManagedBy] = managedBy
+	labels[LabelPartOf] = partOf
+	labels[LabelComponent] = component
+	o.SetLabels(labels)
+	o.SetOwnerReferences([]metav1.OwnerReference{*metav1.NewControllerRef(policy, nvidiav1.GroupVersion.WithKind("ClusterPolicy"))})
+}
+
+// imageRef builds repository/image:version (or @digest).
+func imageRef(component string, spec *nvidiav1.ComponentSpec) (string, error) {
+	def := defaultImages[component]
+	repo, image, version := spec.Repository, spec.Image, spec.Version
+	if image == "" {
+		image = def[1]
+		if repo == "" {
+			repo = def[0]
+		}
+	}
+	if version == "" {
+		version = def[2]
+	}
+	if strings.ContainsAny(image, " \t") || strings.ContainsAny(version, " \t/") {
+		return "", fmt.Errorf("invalid image %q version %q", image, version)
+	}
+	ref := image
+	if repo != "" {
+		ref = strings.TrimSuffix(repo, "/") + "/" + image
+	}
+	if strings.HasPrefix(version, "sha256:") {
+		return ref + "@" + version, nil
+	}
+	return ref + ":" + version, nil
+}
+
+// daemonSets customises a component's DaemonSet from the policy: one per
+// OS flavour for the driver, one per runtime for the toolkit.
+func daemonSets(base *appsv1.DaemonSet, policy *nvidiav1.ClusterPolicy, facts Facts, c Component, spec *nvidiav1.ComponentSpec, image string) ([]client.Object, error) {
+	if len(base.Spec.Template.Spec.Containers) == 0 {
+		return nil, fmt.Errorf("DaemonSet %s has no containers", base.Name)
+	}
+	customise(base, policy, c, spec, image)
+	switch c.Key {
+	case Driver:
+		var out []client.Object
+		flavours := slices.Clone(facts.OSFlavours)
+		slices.SortFunc(flavours, func(a, b OSFlavour) int { return strings.Compare(a.String(), b.String()) })
+		for _, os := range slices.Compact(flavours) {
+			ds := base.DeepCopy()
+			setFlavour(ds, os.String())
+			ds.Spec.Template.Spec.NodeSelector[labelOSID] = os.ID
+			ds.Spec.Template.Spec.NodeSelector[labelOSVersion] = os.Version
+			if !strings.Contains(image, "@") {
+				ds.Spec.Template.Spec.Containers[0].Image = image + "-" + os.String()
+			}
+			// The driver is only ever replaced through NodeMaintenance.
+			ds.Spec.UpdateStrategy = appsv1.DaemonSetUpdateStrategy{Type: appsv1.OnDeleteDaemonSetStrategyType}
+			out = append(out, ds)
+		}
+		return out, nil
+	case ContainerToolkit:
+		var out []client.Object
+		for _, rt := range sorted(facts.Runtimes) {
+			paths, ok := runtimePaths[rt]
+			if !ok {
+				return nil, fmt.Errorf("unknown container runtime %q", rt)
+			}
+			ds := base.DeepCopy()
+			setFlavour(ds, rt)
+			ds.Spec.Template.Spec.NodeSelector[LabelRuntime] = rt
+			ctr := &ds.Spec.Template.Spec.Containers[0]
+			ctr.Env = mergeEnv(ctr.Env, []corev1.EnvVar{
+				{Name: "RUNTIME", Value: rt},
+				{Name: paths.configEnv, Value: paths.config},
+				{Name: paths.socketEnv, Value: paths.socket},
+			})
+			for i := range ds.Spec.Template.Spec.Volumes {
+				v := &ds.Spec.Template.Spec.Volumes[i]
+				switch v.Name {
+				case "runtime-config":
+					v.HostPath.Path = paths.configDir
+				case "runtime-socket":
+					v.HostPath.Path = paths.socketDir
+				}
+			}
+			out = append(out, ds)
+		}
+		return out, nil
+	default:
+		return []client.Object{base}, nil
+	}
+}
+
+// customise applies the policy's settings for the component.
+func customise(ds *appsv1.DaemonSet, policy *nvidiav1.ClusterPolicy, c Component, spec *nvidiav1.ComponentSpec, image string) {
+	common := policy.Spec.Daemonsets
+	selector := map[string]string{"app": ds.Name}
+	ds.Spec.Selector = &metav1.LabelSelector{MatchLabels: selector}
+	tpl := &ds.Spec.Template
+	tpl.Labels = maps.Clone(common.Labels)
+	if tpl.Labels == nil {
+		tpl.Labels = map[string]string{}
+	}
+	maps.Copy(tpl.Labels, selector)
+	tpl.Labels[LabelComponent] = c.Key
+	tpl.Labels[LabelManagedBy] = managedBy
+	if len(common.Annotations) > 0 {
+		tpl.Annotations = maps.Clone(common.Annotations)
+	}
+	ps := &tpl.Spec
+	ps.NodeSelector = map[string]string{c.DeployLabel: valueTrue}
+	for k, v := range spec.NodeSelector {
+		if k != LabelGPUPresent { // implied by the deploy label
+			ps.NodeSelector[k] = v
+		}
+	}
+	ps.Tolerations = append(append(slices.Clone(common.Tolerations), spec.Tolerations...),
+		corev1.Toleration{Key: "nvidia.com/gpu", Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoSchedule})
+	if common.PriorityClassName != "" {
+		ps.PriorityClassName = common.PriorityClassName
+	}
+	for _, s := range spec.ImagePullSecrets {
+		ps.ImagePullSecrets = append(ps.ImagePullSecrets, corev1.LocalObjectReference{Name: s})
+	}
+	for i := range ps.InitContainers {
+		ps.InitContainers[i].Image = image
+		ps.InitContainers[i].ImagePullPolicy = pullPolicy(spec)
+	}
+	ctr := &ps.Containers[0]
+	ctr.Image = image
+	ctr.ImagePullPolicy = pullPolicy(spec)
+	if len(spec.Args) > 0 {
+		ctr.Args = slices.Clone(spec.Args)
+	}
+	ctr.Env = mergeEnv(ctr.Env, componentEnv(policy, c.Key))
+	ctr.Env = mergeEnv(ctr.Env, spec.Env)
+	if spec.Resources != nil {
+		ctr.Resources = *spec.Resources.DeepCopy()
+	}
+	if common.UpdateStrategy == string(appsv1.OnDeleteDaemonSetStrategyType) {
+		ds.Spec.UpdateStrategy = appsv1.DaemonSetUpdateStrategy{Type: appsv1.OnDeleteDaemonSetStrategyType}
+	}
+}
+
+// componentEnv carries component-specific settings of the policy.
+func componentEnv(policy *nvidiav1.ClusterPolicy, key string) []corev1.EnvVar {
+	switch key {
+	case GFD:
+		var env []corev1.EnvVar
+		if s := policy.Spec.GFD.DiscoveryIntervalSeconds; s != nil {
+			env = append(env, corev1.EnvVar{Name: "GFD_SLEEP_INTERVAL", Value: fmt.Sprintf("%ds", *s)})
+		}
+		if m := policy.Spec.GFD.MigStrategy; m != "" {
+			env = append(env, corev1.EnvVar{Name: "GFD_MIG_STRATEGY", Value: m})
+		}
+		return env
+	case ContainerToolkit:
+		if d := policy.Spec.Toolkit.InstallDir; d != "" {
+			return []corev1.EnvVar{{Name: "ROOT", Value: d}}
+		}
+	}
+	return nil
+}
+
+func pullPolicy(spec *nvidiav1.ComponentSpec) corev1.PullPolicy {
+	if spec.ImagePullPolicy != "" {
+		return spec.ImagePullPolicy
+	}
+	return corev1.PullIfNotPresent
+}
+
+// mergeEnv overrides base entries by name and appends new ones.
+func mergeEnv(base, extra []corev1.EnvVar) []corev1.EnvVar {
+	out := slices.Clone(base)
+	for _, e := range extra {
+		if i := slices.IndexFunc(out, func(x corev1.EnvVar) bool { return x.Name == e.Name }); i >= 0 {
+			out[i] = e
+		} else {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+func setFlavour(ds *appsv1.DaemonSet, flavour string) {
+	ds.Name = ds.Name + "-" + flavour
+	ds.Labels[LabelFlavour] = flavour
+	ds.Spec.Selector = &metav1.LabelSelector{MatchLabels: map[string]string{"app": ds.Name}}
+	ds.Spec.Template.Labels["app"] = ds.Name
+	ds.Spec.Template.Labels[LabelFlavour] = flavour
+}
+
+
+func sorted(s []string) []string {
+	out := slices.Clone(s)
+	sort.Strings(out)
+	return slices.Compact(out)
+}
+
