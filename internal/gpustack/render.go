@@ -300,8 +300,13 @@ func customise(ds *appsv1.DaemonSet, policy *nvidiav1.ClusterPolicy, c Component
 			ps.NodeSelector[k] = v
 		}
 	}
-	ps.Tolerations = append(append(slices.Clone(common.Tolerations), spec.Tolerations...),
-		corev1.Toleration{Key: "nvidia.com/gpu", Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoSchedule})
+	ps.Tolerations = nil
+	for _, tol := range append(append(slices.Clone(common.Tolerations), spec.Tolerations...),
+		corev1.Toleration{Key: "nvidia.com/gpu", Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoSchedule}) {
+		if !slices.ContainsFunc(ps.Tolerations, func(x corev1.Toleration) bool { return x.MatchToleration(&tol) }) {
+			ps.Tolerations = append(ps.Tolerations, tol)
+		}
+	}
 	if common.PriorityClassName != "" {
 		ps.PriorityClassName = common.PriorityClassName
 	}

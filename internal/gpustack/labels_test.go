@@ -1,0 +1,150 @@
+package gpustack
+
+import (
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+
+	nvidiav1 "github.com/gpufleet/gpufleet/api/nvidia/v1"
+)
+
+func gpuNode(labels map[string]string, runtime string) *corev1.Node {
+	l := map[string]string{"feature.node.kubernetes.io/pci-10de.present": "true"}
+	for k, v := range labels {
+		l[k] = v
+	}
+	return &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n", Labels: l},
+		Status: corev1.NodeStatus{NodeInfo: corev1.NodeSystemInfo{ContainerRuntimeVersion: runtime}}}
+}
+
+func readyFor(components ...string) func(string) bool {
+	return func(c string) bool {
+		for _, x := range components {
+			if x == c {
+				return true
+			}
+		}
+		return false
+	}
+}
+
+// applied returns the labels after applying changes.
+func applied(n *corev1.Node, changes map[string]*string) map[string]string {
+	out := map[string]string{}
+	for k, v := range n.Labels {
+		out[k] = v
+	}
+	for k, v := range changes {
+		if v == nil {
+			delete(out, k)
+		} else {
+			out[k] = *v
+		}
+	}
+	return out
+}
+
+func deployLabels(labels map[string]string) map[string]string {
+	out := map[string]string{}
+	for _, c := range Components {
+		if v, ok := labels[c.DeployLabel]; ok {
+			out[c.Key] = v
+		}
+	}
+	return out
+}
+
+func TestNodeLabels(t *testing.T) {
+	spec := &nvidiav1.ClusterPolicySpec{}
+	tests := map[string]struct {
+		node        *corev1.Node
+		spec        *nvidiav1.ClusterPolicySpec
+		ready       func(string) bool
+		wantDeploy  map[string]string
+		wantRuntime string
+		wantPresent bool
+	}{
+		"new GPU node gets only the driver": {
+			node: gpuNode(nil, "containerd://1.7"), spec: spec, ready: readyFor(),
+			wantDeploy: map[string]string{Driver: "true"}, wantRuntime: "containerd", wantPresent: true,
+		},
+		"driver ready: toolkit next": {
+			node: gpuNode(map[string]string{"nvidia.com/gpu.deploy.driver": "true"}, "docker://27"), spec: spec, ready: readyFor(Driver),
+			wantDeploy: map[string]string{Driver: "true", ContainerToolkit: "true"}, wantRuntime: "docker", wantPresent: true,
+		},
+		"everything ready: full stack (default components)": {
+			node: gpuNode(nil, "cri-o://1.31"), spec: spec, ready: readyFor(Driver, ContainerToolkit, DevicePlugin, Validator, DCGMExporter, GFD),
+			wantDeploy: map[string]string{Driver: "true", ContainerToolkit: "true", DevicePlugin: "true", Validator: "true", DCGMExporter: "true", GFD: "true"},
+			wantRuntime: "crio", wantPresent: true,
+		},
+		"driver not ready: stays at the driver step": {
+			node: gpuNode(map[string]string{"nvidia.com/gpu.deploy.driver": "true"}, "containerd://1.7"), spec: spec, ready: readyFor(ContainerToolkit),
+			wantDeploy: map[string]string{Driver: "true"}, wantRuntime: "containerd", wantPresent: true,
+		},
+		"admin opt-out of the driver is kept and does not block the rest": {
+			node: gpuNode(map[string]string{"nvidia.com/gpu.deploy.driver": "false"}, "containerd://1.7"), spec: spec, ready: readyFor(),
+			wantDeploy: map[string]string{Driver: "false", ContainerToolkit: "true"}, wantRuntime: "containerd", wantPresent: true,
+		},
+		"admin's gpu.present=false is not overwritten": {
+			node: gpuNode(map[string]string{"nvidia.com/gpu.present": "false"}, "containerd://1.7"), spec: spec, ready: readyFor(),
+			wantDeploy: map[string]string{Driver: "true"}, wantRuntime: "containerd", wantPresent: false,
+		},
+		"labels stay once given (a restarting driver pod does not tear down the stack)": {
+			node: gpuNode(map[string]string{"nvidia.com/gpu.deploy.driver": "true", "nvidia.com/gpu.deploy.container-toolkit": "true"}, "containerd://1.7"),
+			spec: spec, ready: readyFor(),
+			wantDeploy: map[string]string{Driver: "true", ContainerToolkit: "true"}, wantRuntime: "containerd", wantPresent: true,
+		},
+		"disabled component loses its label and does not gate": {
+			node: gpuNode(map[string]string{"nvidia.com/gpu.deploy.driver": "true", "nvidia.com/gpu.deploy.container-toolkit": "true"}, "containerd://1.7"),
+			spec: &nvidiav1.ClusterPolicySpec{Toolkit: nvidiav1.ToolkitSpec{ComponentSpec: nvidiav1.ComponentSpec{Enabled: ptr.To(false)}}},
+			ready:      readyFor(Driver),
+			wantDeploy: map[string]string{Driver: "true", DevicePlugin: "true"}, wantRuntime: "containerd", wantPresent: true,
+		},
+		"unknown runtime falls back to the policy default": {
+			node: gpuNode(nil, "frobnicator://1"), spec: &nvidiav1.ClusterPolicySpec{Operator: nvidiav1.OperatorSpec{DefaultRuntime: "docker"}},
+			ready: readyFor(), wantDeploy: map[string]string{Driver: "true"}, wantRuntime: "docker", wantPresent: true,
+		},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			got := applied(tc.node, NodeLabels(tc.node, tc.spec, tc.ready))
+			if diff := cmp.Diff(tc.wantDeploy, deployLabels(got)); diff != "" {
+				t.Errorf("deploy labels (-want +got):\n%s", diff)
+			}
+			if got[LabelRuntime] != tc.wantRuntime {
+				t.Errorf("runtime label = %q, want %q", got[LabelRuntime], tc.wantRuntime)
+			}
+			if (got[LabelGPUPresent] == "true") != tc.wantPresent {
+				t.Errorf("gpu.present = %q", got[LabelGPUPresent])
+			}
+		})
+	}
+}
+
+func TestNodeLosingItsGPULosesOurLabels(t *testing.T) {
+	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n", Labels: map[string]string{
+		LabelGPUPresent: "true", "nvidia.com/gpu.deploy.driver": "true", "nvidia.com/gpu.deploy.dcgm": "false", LabelRuntime: "containerd",
+	}}}
+	got := applied(n, NodeLabels(n, &nvidiav1.ClusterPolicySpec{}, readyFor()))
+	want := map[string]string{"nvidia.com/gpu.deploy.dcgm": "false"}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("labels after the GPU disappeared (-want +got):\n%s", diff)
+	}
+}
+
+func TestNodeLabelsConverge(t *testing.T) {
+	// Applying the changes once leaves nothing more to change.
+	n := gpuNode(nil, "containerd://1.7")
+	all := readyFor(Driver, ContainerToolkit, DevicePlugin, Validator, DCGMExporter, GFD)
+	for range 10 {
+		changes := NodeLabels(n, &nvidiav1.ClusterPolicySpec{}, all)
+		if len(changes) == 0 {
+			return
+		}
+		n.Labels = applied(n, changes)
+	}
+	t.Fatalf("labels never converged: %v", n.Labels)
+}
