@@ -77,7 +77,7 @@ func TestNodeLabels(t *testing.T) {
 		},
 		"everything ready: full stack (default components)": {
 			node: gpuNode(nil, "cri-o://1.31"), spec: spec, ready: readyFor(Driver, ContainerToolkit, DevicePlugin, Validator, DCGMExporter, GFD),
-			wantDeploy: map[string]string{Driver: "true", ContainerToolkit: "true", DevicePlugin: "true", Validator: "true", DCGMExporter: "true", GFD: "true"},
+			wantDeploy:  map[string]string{Driver: "true", ContainerToolkit: "true", DevicePlugin: "true", Validator: "true", DCGMExporter: "true", GFD: "true"},
 			wantRuntime: "crio", wantPresent: true,
 		},
 		"driver not ready: stays at the driver step": {
@@ -98,8 +98,8 @@ func TestNodeLabels(t *testing.T) {
 			wantDeploy: map[string]string{Driver: "true", ContainerToolkit: "true"}, wantRuntime: "containerd", wantPresent: true,
 		},
 		"disabled component loses its label and does not gate": {
-			node: gpuNode(map[string]string{"nvidia.com/gpu.deploy.driver": "true", "nvidia.com/gpu.deploy.container-toolkit": "true"}, "containerd://1.7"),
-			spec: &nvidiav1.ClusterPolicySpec{Toolkit: nvidiav1.ToolkitSpec{ComponentSpec: nvidiav1.ComponentSpec{Enabled: ptr.To(false)}}},
+			node:       gpuNode(map[string]string{"nvidia.com/gpu.deploy.driver": "true", "nvidia.com/gpu.deploy.container-toolkit": "true"}, "containerd://1.7"),
+			spec:       &nvidiav1.ClusterPolicySpec{Toolkit: nvidiav1.ToolkitSpec{ComponentSpec: nvidiav1.ComponentSpec{Enabled: ptr.To(false)}}},
 			ready:      readyFor(Driver),
 			wantDeploy: map[string]string{Driver: "true", DevicePlugin: "true"}, wantRuntime: "containerd", wantPresent: true,
 		},

@@ -381,10 +381,8 @@ func setFlavour(ds *appsv1.DaemonSet, flavour string) {
 	ds.Spec.Template.Labels[LabelFlavour] = flavour
 }
 
-
 func sorted(s []string) []string {
 	out := slices.Clone(s)
 	sort.Strings(out)
 	return slices.Compact(out)
 }
-
