@@ -56,6 +56,9 @@ const (
 	AnnotationTerminateAfter = "sim.gpufleet.dev/terminate-after"
 	// AnnotationNeverReady "true" on a pod keeps it Running but not Ready.
 	AnnotationNeverReady = "sim.gpufleet.dev/never-ready"
+	// UnhealthyNodePrefix: pods on nodes whose name starts with it never
+	// become Ready (a node whose GPU stack cannot come up).
+	UnhealthyNodePrefix = "unhealthy-"
 )
 
 // Options configure a local cluster. The zero value is usable.

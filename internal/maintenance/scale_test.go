@@ -3,10 +3,7 @@ package maintenance_test
 import (
 	"context"
 	"fmt"
-	"net/http"
-	"sort"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -14,7 +11,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
-	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -23,101 +19,6 @@ import (
 	"github.com/gpufleet/gpufleet/internal/maintenance"
 	"github.com/gpufleet/gpufleet/internal/operator"
 )
-
-// requestCounter counts the operator's API requests by verb and resource.
-type requestCounter struct {
-	mu     sync.Mutex
-	counts map[string]int
-}
-
-func (c *requestCounter) wrap(cfg *rest.Config) *rest.Config {
-	cfg = rest.CopyConfig(cfg)
-	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper {
-		return roundTripFunc(func(r *http.Request) (*http.Response, error) {
-			c.add(describe(r))
-			return rt.RoundTrip(r)
-		})
-	})
-	return cfg
-}
-
-func (c *requestCounter) add(k string) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.counts == nil {
-		c.counts = map[string]int{}
-	}
-	c.counts[k]++
-}
-
-func (c *requestCounter) snapshot() map[string]int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	out := make(map[string]int, len(c.counts))
-	for k, v := range c.counts {
-		out[k] = v
-	}
-	return out
-}
-
-type roundTripFunc func(*http.Request) (*http.Response, error)
-
-func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
-
-// describe names a request "VERB resource[/subresource]", e.g. "PUT nodemaintenances/status".
-func describe(r *http.Request) string {
-	parts := strings.Split(strings.Trim(r.URL.Path, "/"), "/")
-	// /api/v1/... or /apis/group/version/...
-	if len(parts) > 0 && parts[0] == "apis" && len(parts) > 2 {
-		parts = parts[3:]
-	} else if len(parts) > 1 {
-		parts = parts[2:]
-	}
-	if len(parts) > 1 && parts[0] == "namespaces" {
-		parts = parts[2:]
-	}
-	res := ""
-	if len(parts) > 0 {
-		res = parts[0]
-	}
-	if len(parts) > 2 {
-		res += "/" + parts[2]
-	}
-	verb := r.Method
-	if r.Method == http.MethodGet && r.URL.Query().Get("watch") == "true" {
-		verb = "WATCH"
-	} else if r.Method == http.MethodGet && len(parts) == 1 {
-		verb = "LIST"
-	}
-	return verb + " " + res
-}
-
-func isWrite(k string) bool {
-	return strings.HasPrefix(k, "POST") || strings.HasPrefix(k, "PUT") || strings.HasPrefix(k, "PATCH") || strings.HasPrefix(k, "DELETE")
-}
-
-func diffCounts(a, b map[string]int) map[string]int {
-	out := map[string]int{}
-	for k, v := range b {
-		if d := v - a[k]; d != 0 {
-			out[k] = d
-		}
-	}
-	return out
-}
-
-func formatCounts(m map[string]int) string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	var b strings.Builder
-	for _, k := range keys {
-		fmt.Fprintf(&b, "  %-40s %d\n", k, m[k])
-	}
-	return b.String()
-}
 
 // BenchmarkRollout100 is the scale scenario of the maintenance issue: 100
 // simulated nodes with 10 pods each, one NodeMaintenance (with drain) per
@@ -174,8 +75,8 @@ func BenchmarkRollout100(b *testing.B) {
 		b.Fatalf("fleet never ready: %v", err)
 	}
 
-	counter := &requestCounter{}
-	mgr, err := operator.New(counter.wrap(operatorCfg), operator.Options{
+	countedCfg, counter := devcluster.CountRequests(operatorCfg)
+	mgr, err := operator.New(countedCfg, operator.Options{
 		Namespace: operatorNS, MetricsAddr: "0", ProbeAddr: "0", AllowRestart: true, Capabilities: []string{"maintenance"},
 	})
 	if err != nil {
@@ -194,7 +95,7 @@ func BenchmarkRollout100(b *testing.B) {
 		b.Fatal(err)
 	}
 	time.Sleep(2 * time.Second) // informers synced
-	start := counter.snapshot()
+	start := counter.Snapshot()
 	began := time.Now()
 	for _, node := range names {
 		nm := newNM("scale-"+node, node, "scale.requestor")
@@ -238,15 +139,15 @@ func BenchmarkRollout100(b *testing.B) {
 		err := k8s.List(ctx, &list, client.InNamespace("default"))
 		return err == nil && len(list.Items) == 0, nil
 	})
-	rollout := diffCounts(start, counter.snapshot())
-	idleStart := counter.snapshot()
+	rollout := counter.Since(start)
+	idleStart := counter.Snapshot()
 	time.Sleep(10 * time.Second)
-	idle := diffCounts(idleStart, counter.snapshot())
+	idle := counter.Since(idleStart)
 
 	writes, total := 0, 0
 	for k, v := range rollout {
 		total += v
-		if isWrite(k) {
+		if devcluster.IsWrite(k) {
 			writes += v
 		}
 	}
@@ -256,13 +157,13 @@ func BenchmarkRollout100(b *testing.B) {
 	b.ReportMetric(float64(maxInProgress), "max-in-progress")
 	b.Logf("100 nodes x %d pods, 100 NodeMaintenance with drain, maxParallelOperations=10: all Ready once after %s; max in progress seen %d",
 		podsPerNode, elapsed.Round(100*time.Millisecond), maxInProgress)
-	b.Logf("operator API requests during the rollout (%d total, %d writes):\n%s", total, writes, formatCounts(rollout))
-	b.Logf("operator API requests in 10 idle seconds afterwards:\n%s", formatCounts(idle))
+	b.Logf("operator API requests during the rollout (%d total, %d writes):\n%s", total, writes, devcluster.FormatCounts(rollout))
+	b.Logf("operator API requests in 10 idle seconds afterwards:\n%s", devcluster.FormatCounts(idle))
 	if maxInProgress > 10 {
 		b.Errorf("observed %d objects in progress with maxParallelOperations=10", maxInProgress)
 	}
 	for k := range idle {
-		if isWrite(k) || strings.HasPrefix(k, "LIST") {
+		if devcluster.IsWrite(k) || strings.HasPrefix(k, "LIST") {
 			b.Errorf("idle operator issued %s", k)
 		}
 	}

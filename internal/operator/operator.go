@@ -23,6 +23,8 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	maintenancev1 "github.com/gpufleet/gpufleet/api/maintenance/v1alpha1"
+	nvidiav1 "github.com/gpufleet/gpufleet/api/nvidia/v1"
+	"github.com/gpufleet/gpufleet/internal/gpustack"
 	"github.com/gpufleet/gpufleet/internal/maintenance"
 )
 
@@ -51,6 +53,9 @@ type Options struct {
 	PodName string
 	// Clock is injected into every controller; nil = real clock.
 	Clock clock.WithTicker
+	// GPUStackDegradedAfter: a GPU stack pod not Ready this long marks its
+	// node Degraded (0 = 2 minutes).
+	GPUStackDegradedAfter time.Duration
 	// AllowRestart lets one process build several managers (tests that
 	// stop and restart the operator): controller names are not checked
 	// for uniqueness across managers.
@@ -73,6 +78,13 @@ var registry = []Capability{
 		AddToScheme: maintenancev1.AddToScheme,
 		Setup: func(mgr manager.Manager, o Options) error {
 			return maintenance.Setup(mgr, maintenance.Options{Namespace: o.Namespace, PodName: o.PodName, Clock: o.Clock})
+		},
+	},
+	{
+		Name:        "gpustack",
+		AddToScheme: nvidiav1.AddToScheme,
+		Setup: func(mgr manager.Manager, o Options) error {
+			return gpustack.Setup(mgr, gpustack.Options{Namespace: o.Namespace, Clock: o.Clock, DegradedAfter: o.GPUStackDegradedAfter})
 		},
 	},
 }

@@ -1,0 +1,431 @@
+package gpustack
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io/fs"
+	"maps"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/events"
+	"k8s.io/utils/clock"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	nvidiav1 "github.com/gpufleet/gpufleet/api/nvidia/v1"
+)
+
+// Event reasons.
+const (
+	ReasonRenderFailed = "RenderFailed" // Warning
+	ReasonIgnored      = "Ignored"
+	ReasonNodeDegraded = "NodeDegraded" // Warning
+	ReasonStackReady   = "StackReady"
+	actionDeploy       = "Deploy"
+)
+
+// Reconciler deploys the active ClusterPolicy's GPU stack.
+type Reconciler struct {
+	Client    client.Client
+	Namespace string
+	Clock     clock.PassiveClock
+	Recorder  events.EventRecorder
+	// Assets are the component manifests (default: the embedded ones).
+	Assets fs.FS
+	// DegradedAfter: a component pod not Ready for this long marks its node
+	// Degraded (before that the rollout is just Progressing).
+	DegradedAfter time.Duration
+}
+
+// Reconcile converges one ClusterPolicy: objects, node labels, status.
+func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+	policy := &nvidiav1.ClusterPolicy{}
+	if err := r.Client.Get(ctx, req.NamespacedName, policy); err != nil {
+		return reconcile.Result{}, client.IgnoreNotFound(err)
+	}
+	if policy.DeletionTimestamp != nil {
+		return reconcile.Result{}, nil // owner references garbage-collect the stack
+	}
+	active, err := r.activePolicy(ctx)
+	if err != nil {
+		return reconcile.Result{}, err
+	}
+	if active != policy.Name {
+		return reconcile.Result{}, r.ignore(ctx, policy, active)
+	}
+	var nodes corev1.NodeList
+	if err := r.Client.List(ctx, &nodes); err != nil {
+		return reconcile.Result{}, fmt.Errorf("listing nodes: %w", err)
+	}
+	status := policy.Status.DeepCopy()
+	status.Namespace = r.Namespace
+	objs, err := Render(policy, factsOf(&nodes, r.Namespace), r.Assets)
+	if err != nil {
+		r.Recorder.Eventf(policy, nil, corev1.EventTypeWarning, ReasonRenderFailed, actionDeploy, "%v", err)
+		r.setConditions(policy, status, metav1.ConditionFalse, metav1.ConditionFalse, metav1.ConditionTrue, ReasonRenderFailed, err.Error())
+		status.State = nvidiav1.StateNotReady
+		return reconcile.Result{}, r.writeStatus(ctx, policy, status)
+	}
+	if err := r.apply(ctx, objs); err != nil {
+		return reconcile.Result{}, err
+	}
+	if err := r.prune(ctx, objs); err != nil {
+		return reconcile.Result{}, err
+	}
+	pods, err := r.componentPods(ctx)
+	if err != nil {
+		return reconcile.Result{}, err
+	}
+	if err := r.labelNodes(ctx, &nodes, policy, pods); err != nil {
+		return reconcile.Result{}, err
+	}
+	requeue := r.computeStatus(policy, status, &nodes, pods)
+	if err := r.writeStatus(ctx, policy, status); err != nil {
+		return reconcile.Result{}, err
+	}
+	return reconcile.Result{RequeueAfter: requeue}, nil
+}
+
+// activePolicy is the oldest ClusterPolicy (name breaks ties).
+func (r *Reconciler) activePolicy(ctx context.Context) (string, error) {
+	var list nvidiav1.ClusterPolicyList
+	if err := r.Client.List(ctx, &list); err != nil {
+		return "", fmt.Errorf("listing ClusterPolicies: %w", err)
+	}
+	items := slices.DeleteFunc(list.Items, func(p nvidiav1.ClusterPolicy) bool { return p.DeletionTimestamp != nil })
+	if len(items) == 0 {
+		return "", nil
+	}
+	slices.SortFunc(items, func(a, b nvidiav1.ClusterPolicy) int {
+		if c := a.CreationTimestamp.Compare(b.CreationTimestamp.Time); c != 0 {
+			return c
+		}
+		return strings.Compare(a.Name, b.Name)
+	})
+	return items[0].Name, nil
+}
+
+func (r *Reconciler) ignore(ctx context.Context, policy *nvidiav1.ClusterPolicy, active string) error {
+	status := policy.Status.DeepCopy()
+	status.State = nvidiav1.StateIgnored
+	status.Components = nil
+	msg := fmt.Sprintf("ClusterPolicy %s is active; only the oldest ClusterPolicy is used", active)
+	r.setConditions(policy, status, metav1.ConditionFalse, metav1.ConditionFalse, metav1.ConditionFalse, ReasonIgnored, msg)
+	if policy.Status.State != nvidiav1.StateIgnored {
+		r.Recorder.Eventf(policy, nil, corev1.EventTypeNormal, ReasonIgnored, actionDeploy, "%s", msg)
+	}
+	return r.writeStatus(ctx, policy, status)
+}
+
+// factsOf collects the OS flavours and runtimes of the GPU nodes.
+func factsOf(nodes *corev1.NodeList, ns string) Facts {
+	f := Facts{Namespace: ns}
+	seenOS, seenRT := map[OSFlavour]bool{}, map[string]bool{}
+	for i := range nodes.Items {
+		n := &nodes.Items[i]
+		if !HasNvidiaGPU(n.Labels) {
+			continue
+		}
+		if os, ok := NodeOS(n.Labels); ok && !seenOS[os] {
+			seenOS[os] = true
+			f.OSFlavours = append(f.OSFlavours, os)
+		}
+		if rt := n.Labels[LabelRuntime]; rt != "" && !seenRT[rt] {
+			seenRT[rt] = true
+			f.Runtimes = append(f.Runtimes, rt)
+		}
+	}
+	return f
+}
+
+// apply creates missing objects and reverts drift in existing ones; an
+// object that already matches is not written.
+func (r *Reconciler) apply(ctx context.Context, objs []client.Object) error {
+	for _, want := range objs {
+		have := want.DeepCopyObject().(client.Object)
+		err := r.Client.Get(ctx, client.ObjectKeyFromObject(want), have)
+		if apierrors.IsNotFound(err) {
+			if err := r.Client.Create(ctx, want.DeepCopyObject().(client.Object)); err != nil && !apierrors.IsAlreadyExists(err) {
+				return fmt.Errorf("creating %T %s: %w", want, want.GetName(), err)
+			}
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("getting %T %s: %w", want, want.GetName(), err)
+		}
+		if upToDate(want, have) {
+			continue
+		}
+		updated := want.DeepCopyObject().(client.Object)
+		updated.SetResourceVersion(have.GetResourceVersion())
+		labels := maps.Clone(have.GetLabels())
+		if labels == nil {
+			labels = map[string]string{}
+		}
+		maps.Copy(labels, want.GetLabels())
+		updated.SetLabels(labels)
+		updated.SetAnnotations(have.GetAnnotations())
+		if err := r.Client.Update(ctx, updated); err != nil {
+			return fmt.Errorf("updating %T %s: %w", want, want.GetName(), err)
+		}
+		ctrl.LoggerFrom(ctx).Info("reverted drift", "kind", fmt.Sprintf("%T", want), "name", want.GetName())
+	}
+	return nil
+}
+
+// upToDate reports whether have carries everything want sets (fields the
+// API server defaults are ignored).
+func upToDate(want, have client.Object) bool {
+	for k, v := range want.GetLabels() {
+		if have.GetLabels()[k] != v {
+			return false
+		}
+	}
+	if !equality.Semantic.DeepEqual(want.GetOwnerReferences(), have.GetOwnerReferences()) {
+		return false
+	}
+	switch w := want.(type) {
+	case *appsv1.DaemonSet:
+		return equality.Semantic.DeepDerivative(w.Spec, have.(*appsv1.DaemonSet).Spec)
+	case *corev1.Service:
+		return equality.Semantic.DeepDerivative(w.Spec, have.(*corev1.Service).Spec)
+	case *rbacv1.ClusterRole:
+		return equality.Semantic.DeepDerivative(w.Rules, have.(*rbacv1.ClusterRole).Rules)
+	case *rbacv1.ClusterRoleBinding:
+		h := have.(*rbacv1.ClusterRoleBinding)
+		return equality.Semantic.DeepDerivative(w.Subjects, h.Subjects) && w.RoleRef == h.RoleRef
+	default:
+		return true
+	}
+}
+
+// managedKinds are the kinds the stack is made of, for pruning.
+func managedKinds() []client.ObjectList {
+	return []client.ObjectList{&appsv1.DaemonSetList{}, &corev1.ServiceList{}, &corev1.ServiceAccountList{},
+		&rbacv1.ClusterRoleList{}, &rbacv1.ClusterRoleBindingList{}}
+}
+
+// prune deletes managed objects that are no longer desired (disabled
+// components, OS flavours or runtimes no GPU node has any more).
+func (r *Reconciler) prune(ctx context.Context, objs []client.Object) error {
+	want := map[string]bool{}
+	for _, o := range objs {
+		want[fmt.Sprintf("%T/%s/%s", o, o.GetNamespace(), o.GetName())] = true
+	}
+	sel := client.MatchingLabels{LabelManagedBy: managedBy, LabelPartOf: partOf}
+	for _, list := range managedKinds() {
+		if err := r.Client.List(ctx, list, sel); err != nil {
+			return fmt.Errorf("listing %T: %w", list, err)
+		}
+		items, err := meta.ExtractList(list)
+		if err != nil {
+			return err
+		}
+		for _, item := range items {
+			o := item.(client.Object)
+			if want[fmt.Sprintf("%T/%s/%s", o, o.GetNamespace(), o.GetName())] || o.GetDeletionTimestamp() != nil {
+				continue
+			}
+			if err := r.Client.Delete(ctx, o, client.PropagationPolicy(metav1.DeletePropagationBackground)); client.IgnoreNotFound(err) != nil {
+				return fmt.Errorf("deleting %T %s: %w", o, o.GetName(), err)
+			}
+			ctrl.LoggerFrom(ctx).Info("deleted object no longer desired", "kind", fmt.Sprintf("%T", o), "name", o.GetName())
+		}
+	}
+	return nil
+}
+
+// podState is one component pod on one node.
+type podState struct {
+	ready bool
+	since time.Time // creation time, for the Degraded threshold
+}
+
+// componentPods indexes the stack's pods by node and component.
+func (r *Reconciler) componentPods(ctx context.Context) (map[string]map[string]podState, error) {
+	var pods corev1.PodList
+	if err := r.Client.List(ctx, &pods, client.InNamespace(r.Namespace), client.MatchingLabels{LabelManagedBy: managedBy}); err != nil {
+		return nil, fmt.Errorf("listing stack pods: %w", err)
+	}
+	out := map[string]map[string]podState{}
+	for i := range pods.Items {
+		p := &pods.Items[i]
+		comp := p.Labels[LabelComponent]
+		if p.Spec.NodeName == "" || comp == "" || p.DeletionTimestamp != nil {
+			continue
+		}
+		if out[p.Spec.NodeName] == nil {
+			out[p.Spec.NodeName] = map[string]podState{}
+		}
+		st := podState{ready: podReady(p), since: p.CreationTimestamp.Time}
+		if prev, ok := out[p.Spec.NodeName][comp]; ok && prev.ready {
+			st = prev // any Ready pod of the component counts
+		}
+		out[p.Spec.NodeName][comp] = st
+	}
+	return out, nil
+}
+
+func podReady(p *corev1.Pod) bool {
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+// labelNodes applies the gated deploy labels, patching only what changes.
+func (r *Reconciler) labelNodes(ctx context.Context, nodes *corev1.NodeList, policy *nvidiav1.ClusterPolicy, pods map[string]map[string]podState) error {
+	for i := range nodes.Items {
+		n := &nodes.Items[i]
+		changes := NodeLabels(n, &policy.Spec, func(c string) bool { return pods[n.Name][c].ready })
+		if len(changes) == 0 {
+			continue
+		}
+		patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"labels": changes}})
+		if err != nil {
+			return err
+		}
+		if err := r.Client.Patch(ctx, n, client.RawPatch(types.MergePatchType, patch)); client.IgnoreNotFound(err) != nil {
+			return fmt.Errorf("labelling node %s: %w", n.Name, err)
+		}
+	}
+	return nil
+}
+
+// computeStatus fills the per-component status and conditions; it returns
+// when to look again for a pod that may cross the Degraded threshold.
+func (r *Reconciler) computeStatus(policy *nvidiav1.ClusterPolicy, status *nvidiav1.ClusterPolicyStatus, nodes *corev1.NodeList, pods map[string]map[string]podState) time.Duration {
+	now := r.Clock.Now()
+	var requeue time.Duration
+	status.Components = nil
+	allReady := true
+	var degraded []string
+	for _, c := range Components {
+		cs := nvidiav1.ComponentStatus{Name: c.Key, Enabled: c.Enabled(&policy.Spec)}
+		if !cs.Enabled {
+			status.Components = append(status.Components, cs)
+			continue
+		}
+		var waiting []string
+		for i := range nodes.Items {
+			n := &nodes.Items[i]
+			if !HasNvidiaGPU(n.Labels) {
+				continue
+			}
+			if v, ok := n.Labels[c.DeployLabel]; ok && v != valueTrue {
+				continue // opted out by an administrator
+			}
+			cs.NodesDesired++
+			st, hasPod := pods[n.Name][c.Key]
+			switch {
+			case hasPod && st.ready:
+				cs.NodesReady++
+			case !hasPod && n.Labels[c.DeployLabel] != valueTrue:
+				waiting = append(waiting, n.Name+" (waiting for earlier components)")
+			case hasPod && now.Sub(st.since) >= r.DegradedAfter:
+				waiting = append(waiting, n.Name+" (pod not Ready)")
+				degraded = append(degraded, c.Key+" on "+n.Name)
+			default:
+				waiting = append(waiting, n.Name+" (starting)")
+				if hasPod {
+					requeue = minPositive(requeue, r.DegradedAfter-now.Sub(st.since))
+				} else {
+					requeue = minPositive(requeue, r.DegradedAfter)
+				}
+			}
+		}
+		sort.Strings(waiting)
+		if len(waiting) > 0 {
+			allReady = false
+			cs.Message = summarize(waiting, 3)
+		}
+		status.Components = append(status.Components, cs)
+	}
+	sort.Strings(degraded)
+	switch {
+	case allReady:
+		if policy.Status.State != nvidiav1.StateReady {
+			r.Recorder.Eventf(policy, nil, corev1.EventTypeNormal, ReasonStackReady, actionDeploy, "GPU stack ready on every GPU node")
+		}
+		status.State = nvidiav1.StateReady
+		r.setConditions(policy, status, metav1.ConditionTrue, metav1.ConditionFalse, metav1.ConditionFalse, "AllComponentsReady", "every enabled component is Ready on every GPU node")
+	case len(degraded) > 0:
+		status.State = nvidiav1.StateNotReady
+		msg := "not Ready: " + summarize(degraded, 5)
+		if c := meta.FindStatusCondition(policy.Status.Conditions, nvidiav1.ConditionDegraded); c == nil || c.Message != msg {
+			r.Recorder.Eventf(policy, nil, corev1.EventTypeWarning, ReasonNodeDegraded, actionDeploy, "%s", msg)
+		}
+		r.setConditions(policy, status, metav1.ConditionFalse, metav1.ConditionTrue, metav1.ConditionTrue, "NodesDegraded", msg)
+	default:
+		status.State = nvidiav1.StateNotReady
+		r.setConditions(policy, status, metav1.ConditionFalse, metav1.ConditionTrue, metav1.ConditionFalse, "RollingOut", "components are rolling out")
+	}
+	return requeue
+}
+
+func minPositive(a, b time.Duration) time.Duration {
+	if b <= 0 {
+		b = time.Second
+	}
+	if a == 0 || b < a {
+		return b
+	}
+	return a
+}
+
+// setConditions sets Ready, Progressing and Degraded; the reason and
+// message go on the condition that explains the state.
+func (r *Reconciler) setConditions(policy *nvidiav1.ClusterPolicy, status *nvidiav1.ClusterPolicyStatus, ready, progressing, degraded metav1.ConditionStatus, reason, msg string) {
+	now := metav1.NewTime(r.Clock.Now())
+	set := func(typ string, s metav1.ConditionStatus, reason, msg string) {
+		meta.SetStatusCondition(&status.Conditions, metav1.Condition{
+			Type: typ, Status: s, Reason: reason, Message: msg, ObservedGeneration: policy.Generation, LastTransitionTime: now,
+		})
+	}
+	set(nvidiav1.ConditionReady, ready, reason, msg)
+	progReason, progMsg := "Converged", ""
+	if progressing == metav1.ConditionTrue {
+		progReason, progMsg = reason, msg
+	}
+	set(nvidiav1.ConditionProgressing, progressing, progReason, progMsg)
+	degReason, degMsg := "NoFailures", ""
+	if degraded == metav1.ConditionTrue {
+		degReason, degMsg = reason, msg
+	}
+	set(nvidiav1.ConditionDegraded, degraded, degReason, degMsg)
+	status.ObservedGeneration = policy.Generation
+}
+
+func (r *Reconciler) writeStatus(ctx context.Context, policy *nvidiav1.ClusterPolicy, status *nvidiav1.ClusterPolicyStatus) error {
+	if equality.Semantic.DeepEqual(&policy.Status, status) {
+		return nil
+	}
+	updated := policy.DeepCopy()
+	updated.Status = *status
+	if err := r.Client.Status().Update(ctx, updated); err != nil {
+		return fmt.Errorf("updating ClusterPolicy status: %w", err)
+	}
+	return nil
+}
+
+func summarize(items []string, n int) string {
+	if len(items) <= n {
+		return strings.Join(items, ", ")
+	}
+	return fmt.Sprintf("%s and %d more", strings.Join(items[:n], ", "), len(items)-n)
+}

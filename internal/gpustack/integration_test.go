@@ -1,0 +1,389 @@
+package gpustack_test
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/rest"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/yaml"
+
+	nvidiav1 "github.com/gpufleet/gpufleet/api/nvidia/v1"
+	"github.com/gpufleet/gpufleet/internal/devcluster"
+	"github.com/gpufleet/gpufleet/internal/gpustack"
+	"github.com/gpufleet/gpufleet/internal/operator"
+)
+
+const ns = "gpu-operator"
+
+var (
+	cluster     *devcluster.Cluster
+	k8s         client.Client
+	operatorCfg *rest.Config
+)
+
+func TestMain(m *testing.M) {
+	flag.Parse()
+	if testing.Short() {
+		os.Exit(m.Run())
+	}
+	os.Exit(run(m))
+}
+
+func run(m *testing.M) int {
+	ctx := context.Background()
+	var err error
+	if cluster, err = devcluster.Start(ctx, devcluster.Options{}); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer cluster.Stop()
+	// 8 GPU nodes: 5 ubuntu 22.04 + containerd, 2 ubuntu 20.04 + docker,
+	// 1 whose stack never comes up; plus 2 CPU-only nodes.
+	var specs []devcluster.NodeSpec
+	for i := range 5 {
+		specs = append(specs, devcluster.NodeSpec{Name: fmt.Sprintf("gpu-%03d", i), Pool: "a", GPUs: 8})
+	}
+	for i := 5; i < 7; i++ {
+		specs = append(specs, devcluster.NodeSpec{Name: fmt.Sprintf("gpu-%03d", i), Pool: "b", GPUs: 8,
+			OSVersion: "20.04", Runtime: devcluster.RuntimeDocker})
+	}
+	specs = append(specs, devcluster.NodeSpec{Name: devcluster.UnhealthyNodePrefix + "gpu-007", Pool: "b", GPUs: 8},
+		devcluster.NodeSpec{Name: "cpu-000", Pool: "cpu"}, devcluster.NodeSpec{Name: "cpu-001", Pool: "cpu"})
+	if err := cluster.AddNodes(ctx, specs...); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	if err := devcluster.InstallCRDs(ctx, cluster.Config); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	if err := devcluster.EnsureNamespace(ctx, cluster.Client, ns); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	scheme, _ := operator.Scheme()
+	if k8s, err = client.New(cluster.Config, client.Options{Scheme: scheme}); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	if operatorCfg, err = cluster.OperatorConfig(ctx); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	return m.Run()
+}
+
+func needCluster(t *testing.T) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("integration test: needs the local cluster (run without -short)")
+	}
+}
+
+// startOperator runs the gpustack capability with its own RBAC identity.
+func startOperator(t *testing.T, cfg *rest.Config) {
+	t.Helper()
+	mgr, err := operator.New(cfg, operator.Options{
+		Namespace: ns, MetricsAddr: "0", ProbeAddr: "0", AllowRestart: true,
+		Capabilities: []string{"gpustack"}, GPUStackDegradedAfter: 3 * time.Second,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- mgr.Start(ctx) }()
+	var once sync.Once
+	t.Cleanup(func() { once.Do(func() { cancel(); <-done }) })
+}
+
+func seedPolicy(t *testing.T) *nvidiav1.ClusterPolicy {
+	t.Helper()
+	data, err := os.ReadFile("testdata/seed-clusterpolicy.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &nvidiav1.ClusterPolicy{}
+	if err := yaml.Unmarshal(data, p); err != nil {
+		t.Fatal(err)
+	}
+	p.UID = ""
+	return p
+}
+
+func getPolicy(t *testing.T, name string) *nvidiav1.ClusterPolicy {
+	t.Helper()
+	p := &nvidiav1.ClusterPolicy{}
+	if err := k8s.Get(t.Context(), types.NamespacedName{Name: name}, p); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func component(p *nvidiav1.ClusterPolicy, name string) nvidiav1.ComponentStatus {
+	for _, c := range p.Status.Components {
+		if c.Name == name {
+			return c
+		}
+	}
+	return nvidiav1.ComponentStatus{}
+}
+
+// TestSeedPolicyDeploysTheStack is the main GPU stack scenario; the
+// sub-steps share the deployed stack.
+func TestSeedPolicyDeploysTheStack(t *testing.T) {
+	needCluster(t)
+	cfg, counter := devcluster.CountRequests(operatorCfg)
+	startOperator(t, cfg)
+	policy := seedPolicy(t)
+	if err := k8s.Create(t.Context(), policy); err != nil {
+		t.Fatalf("the seed ClusterPolicy was rejected: %v", err)
+	}
+	t.Cleanup(func() { _ = k8s.Delete(context.Background(), policy) })
+
+	// Healthy GPU nodes get the whole stack; the unhealthy node stays at the
+	// driver step and is reported Degraded.
+	healthy := []string{"gpu-000", "gpu-001", "gpu-002", "gpu-003", "gpu-004", "gpu-005", "gpu-006"}
+	var p *nvidiav1.ClusterPolicy
+	err := wait.PollUntilContextTimeout(t.Context(), 250*time.Millisecond, 90*time.Second, true, func(context.Context) (bool, error) {
+		p = getPolicy(t, "cluster-policy")
+		gfd := component(p, gpustack.GFD)
+		c := meta.FindStatusCondition(p.Status.Conditions, nvidiav1.ConditionDegraded)
+		return gfd.NodesReady == int32(len(healthy)) && c != nil && c.Status == metav1.ConditionTrue, nil
+	})
+	if err != nil {
+		t.Fatalf("stack not deployed on the healthy nodes with the broken one reported: status %+v", p.Status)
+	}
+	if p.Status.State != nvidiav1.StateNotReady || p.Status.Namespace != ns {
+		t.Errorf("state=%s namespace=%s, want notReady (one node is broken) in %s", p.Status.State, p.Status.Namespace, ns)
+	}
+	deg := meta.FindStatusCondition(p.Status.Conditions, nvidiav1.ConditionDegraded)
+	if !strings.Contains(deg.Message, "driver on unhealthy-gpu-007") {
+		t.Errorf("Degraded message %q does not name the driver on the broken node", deg.Message)
+	}
+	if d := component(p, gpustack.Driver); d.NodesDesired != 8 || d.NodesReady != 7 || !strings.Contains(d.Message, "unhealthy-gpu-007") {
+		t.Errorf("driver status %+v", d)
+	}
+
+	t.Run("components come up in order on each node", func(t *testing.T) {
+		pods, err := cluster.Client.CoreV1().Pods(ns).List(t.Context(), metav1.ListOptions{FieldSelector: "spec.nodeName=gpu-000"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		readyAt, created := map[string]time.Time{}, map[string]time.Time{}
+		for _, pod := range pods.Items {
+			c := pod.Labels[gpustack.LabelComponent]
+			created[c] = pod.CreationTimestamp.Time
+			for _, cond := range pod.Status.Conditions {
+				if cond.Type == "Ready" && cond.Status == "True" {
+					readyAt[c] = cond.LastTransitionTime.Time
+				}
+			}
+		}
+		order := []string{gpustack.Driver, gpustack.ContainerToolkit, gpustack.DevicePlugin, gpustack.Validator, gpustack.GFD}
+		for i := 1; i < len(order); i++ {
+			prev, next := order[i-1], order[i]
+			if created[next].IsZero() || readyAt[prev].IsZero() {
+				t.Fatalf("missing pods on gpu-000: created %v ready %v", created, readyAt)
+			}
+			if created[next].Before(readyAt[prev]) {
+				t.Errorf("%s pod created at %s, before the %s pod was Ready at %s", next, created[next], prev, readyAt[prev])
+			}
+		}
+	})
+
+	t.Run("only GPU nodes are labelled and get pods", func(t *testing.T) {
+		for _, n := range []string{"cpu-000", "cpu-001"} {
+			node, _ := cluster.Client.CoreV1().Nodes().Get(t.Context(), n, metav1.GetOptions{})
+			for k := range node.Labels {
+				if strings.HasPrefix(k, "nvidia.com/") {
+					t.Errorf("CPU node %s labelled %s", n, k)
+				}
+			}
+		}
+		pods, err := cluster.Client.CoreV1().Pods(ns).List(t.Context(), metav1.ListOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, pod := range pods.Items {
+			if strings.HasPrefix(pod.Spec.NodeName, "cpu-") {
+				t.Errorf("pod %s on CPU node %s", pod.Name, pod.Spec.NodeName)
+			}
+		}
+		bad, _ := cluster.Client.CoreV1().Nodes().Get(t.Context(), "unhealthy-gpu-007", metav1.GetOptions{})
+		if bad.Labels["nvidia.com/gpu.deploy.driver"] != "true" || bad.Labels["nvidia.com/gpu.deploy.container-toolkit"] != "" {
+			t.Errorf("broken node should be held at the driver step: %v", bad.Labels)
+		}
+	})
+
+	t.Run("two OS versions get two driver DaemonSets; runtimes get their toolkit", func(t *testing.T) {
+		want := map[string]string{
+			"nvidia-driver-daemonset-ubuntu22.04": "registry.cn-beijing.aliyuncs.com/happy365/nvidia-driver:450.102.04-ubuntu22.04",
+			"nvidia-driver-daemonset-ubuntu20.04": "registry.cn-beijing.aliyuncs.com/happy365/nvidia-driver:450.102.04-ubuntu20.04",
+		}
+		for name, img := range want {
+			ds, err := cluster.Client.AppsV1().DaemonSets(ns).Get(t.Context(), name, metav1.GetOptions{})
+			if err != nil {
+				t.Fatalf("driver DaemonSet %s: %v", name, err)
+			}
+			if got := ds.Spec.Template.Spec.Containers[0].Image; got != img {
+				t.Errorf("%s image %s, want %s", name, got, img)
+			}
+		}
+		for _, node := range []struct{ name, runtime string }{{"gpu-000", "containerd"}, {"gpu-005", "docker"}} {
+			pods, err := cluster.Client.CoreV1().Pods(ns).List(t.Context(), metav1.ListOptions{
+				LabelSelector: "app.kubernetes.io/component=container-toolkit", FieldSelector: "spec.nodeName=" + node.name,
+			})
+			if err != nil || len(pods.Items) != 1 {
+				t.Fatalf("toolkit pods on %s: %v %d", node.name, err, len(pods.Items))
+			}
+			env := map[string]string{}
+			for _, e := range pods.Items[0].Spec.Containers[0].Env {
+				env[e.Name] = e.Value
+			}
+			if env["RUNTIME"] != node.runtime {
+				t.Errorf("toolkit on %s configured for %q, want %q", node.name, env["RUNTIME"], node.runtime)
+			}
+		}
+	})
+
+	t.Run("drift is reverted and deleted objects come back", func(t *testing.T) {
+		name := "nvidia-device-plugin-daemonset"
+		ds, err := cluster.Client.AppsV1().DaemonSets(ns).Get(t.Context(), name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := ds.Spec.Template.Spec.Containers[0].Image
+		ds.Spec.Template.Spec.Containers[0].Image = "evil.example/plugin:latest"
+		if _, err := cluster.Client.AppsV1().DaemonSets(ns).Update(t.Context(), ds, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		err = wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, 20*time.Second, true, func(ctx context.Context) (bool, error) {
+			ds, err := cluster.Client.AppsV1().DaemonSets(ns).Get(ctx, name, metav1.GetOptions{})
+			return err == nil && ds.Spec.Template.Spec.Containers[0].Image == want, nil
+		})
+		if err != nil {
+			t.Fatalf("edited DaemonSet not reverted")
+		}
+		if err := cluster.Client.AppsV1().DaemonSets(ns).Delete(t.Context(), name, metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		err = wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, 20*time.Second, true, func(ctx context.Context) (bool, error) {
+			ds, err := cluster.Client.AppsV1().DaemonSets(ns).Get(ctx, name, metav1.GetOptions{})
+			return err == nil && ds.DeletionTimestamp == nil, nil
+		})
+		if err != nil {
+			t.Fatalf("deleted DaemonSet not recreated")
+		}
+	})
+
+	t.Run("disabling a component removes its objects", func(t *testing.T) {
+		p := getPolicy(t, "cluster-policy")
+		p.Spec.DCGMExporter.Enabled = ptr.To(false)
+		if err := k8s.Update(t.Context(), p); err != nil {
+			t.Fatal(err)
+		}
+		err := wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, 20*time.Second, true, func(ctx context.Context) (bool, error) {
+			_, errDS := cluster.Client.AppsV1().DaemonSets(ns).Get(ctx, "nvidia-dcgm-exporter", metav1.GetOptions{})
+			_, errSvc := cluster.Client.CoreV1().Services(ns).Get(ctx, "nvidia-dcgm-exporter", metav1.GetOptions{})
+			return apierrors.IsNotFound(errDS) && apierrors.IsNotFound(errSvc), nil
+		})
+		if err != nil {
+			t.Fatalf("dcgm-exporter objects not removed after disabling it")
+		}
+	})
+
+	t.Run("a second ClusterPolicy is ignored", func(t *testing.T) {
+		second := seedPolicy(t)
+		second.Name = "second-policy"
+		if err := k8s.Create(t.Context(), second); err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = k8s.Delete(context.Background(), second) }()
+		err := wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, 20*time.Second, true, func(context.Context) (bool, error) {
+			return getPolicy(t, "second-policy").Status.State == nvidiav1.StateIgnored, nil
+		})
+		if err != nil {
+			t.Fatalf("second ClusterPolicy not ignored: %+v", getPolicy(t, "second-policy").Status)
+		}
+		c := meta.FindStatusCondition(getPolicy(t, "second-policy").Status.Conditions, nvidiav1.ConditionReady)
+		if c == nil || !strings.Contains(c.Message, "cluster-policy is active") {
+			t.Errorf("ignored policy's Ready condition %+v does not name the active one", c)
+		}
+	})
+
+	t.Run("a node of a new OS gets its driver DaemonSet; removing it deletes it", func(t *testing.T) {
+		if err := cluster.AddNodes(t.Context(), devcluster.NodeSpec{Name: "gpu-rhel", Pool: "c", GPUs: 4, OSID: "rhel", OSVersion: "9.4", Runtime: devcluster.RuntimeCRIO}); err != nil {
+			t.Fatal(err)
+		}
+		name := "nvidia-driver-daemonset-rhel9.4"
+		err := wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+			ds, err := cluster.Client.AppsV1().DaemonSets(ns).Get(ctx, name, metav1.GetOptions{})
+			return err == nil && ds.Status.NumberReady == 1, nil
+		})
+		if err != nil {
+			t.Fatalf("no ready %s for the new rhel node", name)
+		}
+		if err := cluster.Client.CoreV1().Nodes().Delete(t.Context(), "gpu-rhel", metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		err = wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+			_, err := cluster.Client.AppsV1().DaemonSets(ns).Get(ctx, name, metav1.GetOptions{})
+			return apierrors.IsNotFound(err), nil
+		})
+		if err != nil {
+			t.Fatalf("%s not deleted after its last node went away", name)
+		}
+	})
+
+	t.Run("without the broken node the policy is ready", func(t *testing.T) {
+		if err := cluster.Client.CoreV1().Nodes().Delete(t.Context(), "unhealthy-gpu-007", metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		err := wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
+			return getPolicy(t, "cluster-policy").Status.State == nvidiav1.StateReady, nil
+		})
+		p := getPolicy(t, "cluster-policy")
+		if err != nil {
+			t.Fatalf("state %s, want ready: %+v", p.Status.State, p.Status)
+		}
+		for _, typ := range []string{nvidiav1.ConditionReady, nvidiav1.ConditionProgressing, nvidiav1.ConditionDegraded} {
+			c := meta.FindStatusCondition(p.Status.Conditions, typ)
+			want := metav1.ConditionFalse
+			if typ == nvidiav1.ConditionReady {
+				want = metav1.ConditionTrue
+			}
+			if c == nil || c.Status != want || c.ObservedGeneration != p.Generation {
+				t.Errorf("condition %s = %+v, want %s at generation %d", typ, c, want, p.Generation)
+			}
+		}
+	})
+
+	t.Run("converged: zero writes and no lists", func(t *testing.T) {
+		// Let the last changes settle, then watch the operator's requests
+		// while nothing changes (node heartbeats and leases keep coming).
+		time.Sleep(5 * time.Second)
+		before := counter.Snapshot()
+		time.Sleep(10 * time.Second)
+		idle := counter.Since(before)
+		for k := range idle {
+			if devcluster.IsWrite(k) || strings.HasPrefix(k, "LIST") {
+				t.Errorf("converged operator issued %s (%d times); all requests:\n%s", k, idle[k], devcluster.FormatCounts(idle))
+			}
+		}
+		t.Logf("requests in 10 idle seconds:\n%s", devcluster.FormatCounts(idle))
+	})
+}

@@ -1,0 +1,101 @@
+package gpustack
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/utils/clock"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	nvidiav1 "github.com/gpufleet/gpufleet/api/nvidia/v1"
+)
+
+// +kubebuilder:rbac:groups=nvidia.com,resources=clusterpolicies,verbs=get;list;watch
+// +kubebuilder:rbac:groups=nvidia.com,resources=clusterpolicies/status,verbs=get;update;patch
+// +kubebuilder:rbac:groups=apps,resources=daemonsets,verbs=get;list;watch;create;update;patch;delete
+// +kubebuilder:rbac:groups="",resources=serviceaccounts;services,verbs=get;list;watch;create;update;patch;delete
+// +kubebuilder:rbac:groups=rbac.authorization.k8s.io,resources=clusterroles;clusterrolebindings,verbs=get;list;watch;create;update;patch;delete
+// +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch;patch
+// +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch
+
+// Options configure the GPU stack controller.
+type Options struct {
+	Namespace     string
+	Clock         clock.PassiveClock
+	DegradedAfter time.Duration
+}
+
+// Setup registers the ClusterPolicy controller with mgr.
+func Setup(mgr manager.Manager, opts Options) error {
+	if opts.Clock == nil {
+		opts.Clock = clock.RealClock{}
+	}
+	if opts.DegradedAfter == 0 {
+		opts.DegradedAfter = 2 * time.Minute
+	}
+	r := &Reconciler{
+		Client: mgr.GetClient(), Namespace: opts.Namespace, Clock: opts.Clock, Assets: Assets,
+		DegradedAfter: opts.DegradedAfter, Recorder: mgr.GetEventRecorder("gpufleet-gpustack"),
+	}
+	allPolicies := handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, _ client.Object) []reconcile.Request {
+		var list nvidiav1.ClusterPolicyList
+		if err := mgr.GetClient().List(ctx, &list); err != nil {
+			return nil
+		}
+		reqs := make([]reconcile.Request, 0, len(list.Items))
+		for i := range list.Items {
+			reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&list.Items[i])})
+		}
+		return reqs
+	})
+	stackPod := predicate.NewPredicateFuncs(func(o client.Object) bool {
+		return o.GetNamespace() == opts.Namespace && o.GetLabels()[LabelManagedBy] == managedBy
+	})
+	err := builder.ControllerManagedBy(mgr).
+		Named("clusterpolicy").
+		For(&nvidiav1.ClusterPolicy{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
+		Owns(&appsv1.DaemonSet{}).
+		Owns(&corev1.ServiceAccount{}).
+		Owns(&corev1.Service{}).
+		Owns(&rbacv1.ClusterRole{}).
+		Owns(&rbacv1.ClusterRoleBinding{}).
+		Watches(&corev1.Node{}, allPolicies, builder.WithPredicates(nodeRelevant)).
+		Watches(&corev1.Pod{}, allPolicies, builder.WithPredicates(stackPod, podReadinessChanged)).
+		WithOptions(controller.Options{MaxConcurrentReconciles: 1}).
+		Complete(r)
+	if err != nil {
+		return fmt.Errorf("setting up the ClusterPolicy controller: %w", err)
+	}
+	return nil
+}
+
+// nodeRelevant passes node changes that affect labels or facts: labels,
+// container runtime, deletion — not heartbeats.
+var nodeRelevant = predicate.Funcs{
+	UpdateFunc: func(e event.UpdateEvent) bool {
+		o, n := e.ObjectOld.(*corev1.Node), e.ObjectNew.(*corev1.Node)
+		return !maps.Equal(o.Labels, n.Labels) ||
+			o.Status.NodeInfo.ContainerRuntimeVersion != n.Status.NodeInfo.ContainerRuntimeVersion ||
+			(o.DeletionTimestamp == nil) != (n.DeletionTimestamp == nil)
+	},
+}
+
+var podReadinessChanged = predicate.Funcs{
+	UpdateFunc: func(e event.UpdateEvent) bool {
+		o, n := e.ObjectOld.(*corev1.Pod), e.ObjectNew.(*corev1.Pod)
+		return podReady(o) != podReady(n) || o.Spec.NodeName != n.Spec.NodeName ||
+			(o.DeletionTimestamp == nil) != (n.DeletionTimestamp == nil)
+	},
+}
