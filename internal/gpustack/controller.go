@@ -48,6 +48,9 @@ type Reconciler struct {
 	// DegradedAfter: a component pod not Ready for this long marks its node
 	// Degraded (before that the rollout is just Progressing).
 	DegradedAfter time.Duration
+	// UpgradeTimeout: a node whose new driver is not Ready this long after
+	// its old driver pod was deleted fails its upgrade (0 = 10 minutes).
+	UpgradeTimeout time.Duration
 }
 
 // Reconcile converges one ClusterPolicy: objects, node labels, status.
@@ -92,7 +95,11 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	if err := r.labelNodes(ctx, &nodes, policy, pods); err != nil {
 		return reconcile.Result{}, err
 	}
-	requeue := r.computeStatus(policy, status, &nodes, pods)
+	upgradeRequeue, err := r.upgradeDrivers(ctx, policy, &nodes, driverImages(objs))
+	if err != nil {
+		return reconcile.Result{}, err
+	}
+	requeue := minPositive(r.computeStatus(policy, status, &nodes, pods), upgradeRequeue)
 	if err := r.writeStatus(ctx, policy, status); err != nil {
 		return reconcile.Result{}, err
 	}
@@ -296,13 +303,30 @@ func (r *Reconciler) labelNodes(ctx context.Context, nodes *corev1.NodeList, pol
 		if len(changes) == 0 {
 			continue
 		}
-		patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"labels": changes}})
-		if err != nil {
+		labels := make(map[string]any, len(changes))
+		for k, v := range changes {
+			if v == nil {
+				labels[k] = nil
+			} else {
+				labels[k] = *v
+			}
+		}
+		if err := r.patchNodeLabels(ctx, n.Name, labels); err != nil {
 			return err
 		}
-		if err := r.Client.Patch(ctx, n, client.RawPatch(types.MergePatchType, patch)); client.IgnoreNotFound(err) != nil {
-			return fmt.Errorf("labelling node %s: %w", n.Name, err)
-		}
+	}
+	return nil
+}
+
+// patchNodeLabels merges label changes (nil removes) into a node.
+func (r *Reconciler) patchNodeLabels(ctx context.Context, node string, labels map[string]any) error {
+	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"labels": labels}})
+	if err != nil {
+		return err
+	}
+	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}}
+	if err := r.Client.Patch(ctx, n, client.RawPatch(types.MergePatchType, patch)); client.IgnoreNotFound(err) != nil {
+		return fmt.Errorf("labelling node %s: %w", node, err)
 	}
 	return nil
 }
@@ -343,9 +367,7 @@ func (r *Reconciler) computeStatus(policy *nvidiav1.ClusterPolicy, status *nvidi
 			default:
 				waiting = append(waiting, n.Name+" (starting)")
 				if hasPod {
-					requeue = minPositive(requeue, r.DegradedAfter-now.Sub(st.since))
-				} else {
-					requeue = minPositive(requeue, r.DegradedAfter)
+					requeue = minPositive(requeue, max(r.DegradedAfter-now.Sub(st.since), time.Second))
 				}
 			}
 		}
@@ -378,14 +400,27 @@ func (r *Reconciler) computeStatus(policy *nvidiav1.ClusterPolicy, status *nvidi
 	return requeue
 }
 
+// minPositive is the earlier of two requeue delays; 0 means none.
 func minPositive(a, b time.Duration) time.Duration {
-	if b <= 0 {
-		b = time.Second
-	}
-	if a == 0 || b < a {
+	switch {
+	case a <= 0:
 		return b
+	case b <= 0:
+		return a
+	default:
+		return min(a, b)
 	}
-	return a
+}
+
+// driverImages maps each driver DaemonSet's pod "app" label to its image.
+func driverImages(objs []client.Object) map[string]string {
+	out := map[string]string{}
+	for _, o := range objs {
+		if ds, ok := o.(*appsv1.DaemonSet); ok && ds.Labels[LabelComponent] == Driver {
+			out[ds.Spec.Template.Labels["app"]] = ds.Spec.Template.Spec.Containers[0].Image
+		}
+	}
+	return out
 }
 
 // setConditions sets Ready, Progressing and Degraded; the reason and

@@ -14,12 +14,15 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
+	maintenancev1 "github.com/gpufleet/gpufleet/api/maintenance/v1alpha1"
 	nvidiav1 "github.com/gpufleet/gpufleet/api/nvidia/v1"
 	"github.com/gpufleet/gpufleet/internal/devcluster"
 	"github.com/gpufleet/gpufleet/internal/gpustack"
@@ -98,7 +101,8 @@ func startOperator(t *testing.T, cfg *rest.Config) {
 	t.Helper()
 	mgr, err := operator.New(cfg, operator.Options{
 		Namespace: ns, MetricsAddr: "0", ProbeAddr: "0", AllowRestart: true,
-		Capabilities: []string{"gpustack"}, GPUStackDegradedAfter: 3 * time.Second,
+		Capabilities: []string{"gpustack", "maintenance"}, GPUStackDegradedAfter: 3 * time.Second,
+		DriverUpgradeTimeout: 5 * time.Second,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -131,6 +135,20 @@ func getPolicy(t *testing.T, name string) *nvidiav1.ClusterPolicy {
 		t.Fatal(err)
 	}
 	return p
+}
+
+// updatePolicy changes the active ClusterPolicy, retrying on conflicts
+// with the operator's status writes.
+func updatePolicy(t *testing.T, change func(*nvidiav1.ClusterPolicy)) {
+	t.Helper()
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		p := getPolicy(t, "cluster-policy")
+		change(p)
+		return k8s.Update(t.Context(), p)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
 }
 
 func component(p *nvidiav1.ClusterPolicy, name string) nvidiav1.ComponentStatus {
@@ -291,11 +309,7 @@ func TestSeedPolicyDeploysTheStack(t *testing.T) {
 	})
 
 	t.Run("disabling a component removes its objects", func(t *testing.T) {
-		p := getPolicy(t, "cluster-policy")
-		p.Spec.DCGMExporter.Enabled = ptr.To(false)
-		if err := k8s.Update(t.Context(), p); err != nil {
-			t.Fatal(err)
-		}
+		updatePolicy(t, func(p *nvidiav1.ClusterPolicy) { p.Spec.DCGMExporter.Enabled = ptr.To(false) })
 		err := wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, 20*time.Second, true, func(ctx context.Context) (bool, error) {
 			_, errDS := cluster.Client.AppsV1().DaemonSets(ns).Get(ctx, "nvidia-dcgm-exporter", metav1.GetOptions{})
 			_, errSvc := cluster.Client.CoreV1().Services(ns).Get(ctx, "nvidia-dcgm-exporter", metav1.GetOptions{})
@@ -346,6 +360,96 @@ func TestSeedPolicyDeploysTheStack(t *testing.T) {
 		})
 		if err != nil {
 			t.Fatalf("%s not deleted after its last node went away", name)
+		}
+	})
+
+	t.Run("a driver version change rolls through NodeMaintenance within the limits", func(t *testing.T) {
+		ctx := t.Context()
+		// Cluster-wide limits allow 3; the upgrade policy allows 2.
+		cfg := &maintenancev1.MaintenanceOperatorConfig{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "default"},
+			Spec:       maintenancev1.MaintenanceOperatorConfigSpec{MaxParallelOperations: ptr.To(intstr.FromInt32(3))},
+		}
+		if err := k8s.Create(ctx, cfg); err != nil {
+			t.Fatal(err)
+		}
+		const limit = 2
+		// An independent checker: never more than the limit in progress or cordoned.
+		stop := make(chan struct{})
+		violations := make(chan string, 100)
+		var checked int
+		go func() {
+			for {
+				select {
+				case <-stop:
+					close(violations)
+					return
+				case <-time.After(50 * time.Millisecond):
+				}
+				var nms maintenancev1.NodeMaintenanceList
+				if err := k8s.List(context.Background(), &nms, client.InNamespace(ns)); err != nil {
+					continue
+				}
+				inProgress := 0
+				for i := range nms.Items {
+					if c := meta.FindStatusCondition(nms.Items[i].Status.Conditions, "Ready"); c != nil && c.Reason != "Pending" {
+						inProgress++
+					}
+				}
+				nodes, err := cluster.Client.CoreV1().Nodes().List(context.Background(), metav1.ListOptions{})
+				if err != nil {
+					continue
+				}
+				cordoned := 0
+				for _, n := range nodes.Items {
+					if n.Spec.Unschedulable {
+						cordoned++
+					}
+				}
+				checked++
+				if inProgress > limit || cordoned > limit {
+					violations <- fmt.Sprintf("%d upgrades in progress, %d nodes cordoned (limit %d)", inProgress, cordoned, limit)
+				}
+			}
+		}()
+		updatePolicy(t, func(p *nvidiav1.ClusterPolicy) {
+			p.Spec.Driver.Version = "550.54.15"
+			p.Spec.Driver.UpgradePolicy = &nvidiav1.DriverUpgradePolicySpec{MaxParallelUpgrades: ptr.To[int32](limit)}
+		})
+		healthy := []string{"gpu-000", "gpu-001", "gpu-002", "gpu-003", "gpu-004", "gpu-005", "gpu-006"}
+		err := wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, 3*time.Minute, true, func(ctx context.Context) (bool, error) {
+			for _, n := range healthy {
+				pods, err := cluster.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{
+					LabelSelector: "app.kubernetes.io/component=driver", FieldSelector: "spec.nodeName=" + n,
+				})
+				if err != nil || len(pods.Items) != 1 || !strings.Contains(pods.Items[0].Spec.Containers[0].Image, ":550.54.15-") || pods.Items[0].DeletionTimestamp != nil {
+					return false, nil
+				}
+			}
+			var nms maintenancev1.NodeMaintenanceList
+			if err := k8s.List(ctx, &nms, client.InNamespace(ns)); err != nil || len(nms.Items) != 0 {
+				return false, nil
+			}
+			bad, err := cluster.Client.CoreV1().Nodes().Get(ctx, "unhealthy-gpu-007", metav1.GetOptions{})
+			return err == nil && bad.Labels[gpustack.LabelUpgradeState] == "failed", nil
+		})
+		close(stop)
+		for v := range violations {
+			t.Error(v)
+		}
+		if err != nil {
+			t.Fatalf("rollout did not finish: %v", err)
+		}
+		t.Logf("limits checked %d times during the rollout", checked)
+		nodes, _ := cluster.Client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+		for _, n := range nodes.Items {
+			if n.Spec.Unschedulable {
+				t.Errorf("node %s left cordoned after the rollout", n.Name)
+			}
+		}
+		evs, _ := cluster.Client.EventsV1().Events("").List(ctx, metav1.ListOptions{FieldSelector: "reason=" + gpustack.ReasonUpgradeFailed})
+		if len(evs.Items) == 0 {
+			t.Errorf("no %s Warning event for the node whose new driver never became Ready", gpustack.ReasonUpgradeFailed)
 		}
 	})
 

@@ -19,6 +19,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
+	maintenancev1 "github.com/gpufleet/gpufleet/api/maintenance/v1alpha1"
 	nvidiav1 "github.com/gpufleet/gpufleet/api/nvidia/v1"
 )
 
@@ -28,13 +29,15 @@ import (
 // +kubebuilder:rbac:groups="",resources=serviceaccounts;services,verbs=get;list;watch;create;update;patch;delete
 // +kubebuilder:rbac:groups=rbac.authorization.k8s.io,resources=clusterroles;clusterrolebindings,verbs=get;list;watch;create;update;patch;delete
 // +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch;patch
-// +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch
+// +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch;delete
+// +kubebuilder:rbac:groups=maintenance.nvidia.com,resources=nodemaintenances,verbs=get;list;watch;create;delete;patch
 
 // Options configure the GPU stack controller.
 type Options struct {
-	Namespace     string
-	Clock         clock.PassiveClock
-	DegradedAfter time.Duration
+	Namespace      string
+	Clock          clock.PassiveClock
+	DegradedAfter  time.Duration
+	UpgradeTimeout time.Duration
 }
 
 // Setup registers the ClusterPolicy controller with mgr.
@@ -47,7 +50,7 @@ func Setup(mgr manager.Manager, opts Options) error {
 	}
 	r := &Reconciler{
 		Client: mgr.GetClient(), Namespace: opts.Namespace, Clock: opts.Clock, Assets: Assets,
-		DegradedAfter: opts.DegradedAfter, Recorder: mgr.GetEventRecorder("gpufleet-gpustack"),
+		DegradedAfter: opts.DegradedAfter, UpgradeTimeout: opts.UpgradeTimeout, Recorder: mgr.GetEventRecorder("gpufleet-gpustack"),
 	}
 	allPolicies := handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, _ client.Object) []reconcile.Request {
 		var list nvidiav1.ClusterPolicyList
@@ -73,6 +76,9 @@ func Setup(mgr manager.Manager, opts Options) error {
 		Owns(&rbacv1.ClusterRoleBinding{}).
 		Watches(&corev1.Node{}, allPolicies, builder.WithPredicates(nodeRelevant)).
 		Watches(&corev1.Pod{}, allPolicies, builder.WithPredicates(stackPod, podReadinessChanged)).
+		Watches(&maintenancev1.NodeMaintenance{}, allPolicies, builder.WithPredicates(predicate.NewPredicateFuncs(func(o client.Object) bool {
+			return o.(*maintenancev1.NodeMaintenance).Spec.RequestorID == UpgradeRequestor
+		}))).
 		WithOptions(controller.Options{MaxConcurrentReconciles: 1}).
 		Complete(r)
 	if err != nil {

@@ -56,6 +56,9 @@ type Options struct {
 	// GPUStackDegradedAfter: a GPU stack pod not Ready this long marks its
 	// node Degraded (0 = 2 minutes).
 	GPUStackDegradedAfter time.Duration
+	// DriverUpgradeTimeout: a node whose new driver is not Ready this long
+	// after the restart fails its upgrade (0 = 10 minutes).
+	DriverUpgradeTimeout time.Duration
 	// AllowRestart lets one process build several managers (tests that
 	// stop and restart the operator): controller names are not checked
 	// for uniqueness across managers.
@@ -84,7 +87,8 @@ var registry = []Capability{
 		Name:        "gpustack",
 		AddToScheme: nvidiav1.AddToScheme,
 		Setup: func(mgr manager.Manager, o Options) error {
-			return gpustack.Setup(mgr, gpustack.Options{Namespace: o.Namespace, Clock: o.Clock, DegradedAfter: o.GPUStackDegradedAfter})
+			return gpustack.Setup(mgr, gpustack.Options{Namespace: o.Namespace, Clock: o.Clock,
+				DegradedAfter: o.GPUStackDegradedAfter, UpgradeTimeout: o.DriverUpgradeTimeout})
 		},
 	},
 }

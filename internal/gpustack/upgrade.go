@@ -1,0 +1,297 @@
+package gpustack
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	maintenancev1 "github.com/gpufleet/gpufleet/api/maintenance/v1alpha1"
+	nvidiav1 "github.com/gpufleet/gpufleet/api/nvidia/v1"
+)
+
+// Driver upgrades go through NodeMaintenance so that the cluster's
+// maintenance limits apply to them like to any other disruption.
+const (
+	// UpgradeRequestor is the requestorID of gpufleet's driver upgrades.
+	UpgradeRequestor = "driver-upgrade.gpufleet.nvidia.com"
+	// LabelUpgradeState shows a node's driver upgrade on the node:
+	// upgrading, or failed (until the node's driver is current and Ready,
+	// or an administrator removes the label to retry).
+	LabelUpgradeState = "gpufleet.dev/driver-upgrade"
+	// annotationRestartedAt on the NodeMaintenance records when the old
+	// driver pod was deleted (the upgrade timeout counts from there).
+	annotationRestartedAt = "gpufleet.dev/driver-pod-restarted-at"
+
+	upgradeStateUpgrading = "upgrading"
+	upgradeStateFailed    = "failed"
+
+	ReasonUpgradeStarted  = "DriverUpgradeStarted"
+	ReasonUpgradeDone     = "DriverUpgraded"
+	ReasonUpgradeFailed   = "DriverUpgradeFailed" // Warning
+	actionUpgrade         = "UpgradeDriver"
+	defaultUpgradeTimeout = 10 * time.Minute
+)
+
+// UpgradeNode is what the upgrade planner knows about one GPU node.
+type UpgradeNode struct {
+	Name string
+	// DriverPod is the node's driver pod ("" = none); Current reports
+	// whether it runs the desired image, Ready whether it is Ready.
+	DriverPod         string
+	Current, Ready    bool
+	ValidatorReady    bool
+	Failed            bool // labelled failed by an earlier attempt
+	Maintenance       *maintenancev1.NodeMaintenance
+	MaintenanceIsOurs bool
+}
+
+// UpgradeAction is one step the controller takes.
+type UpgradeAction struct {
+	Kind string // Request, RestartDriver, Finish, Fail, ClearFailed
+	Node string
+}
+
+// Upgrade action kinds.
+const (
+	ActRequest       = "Request"       // create the NodeMaintenance
+	ActRestartDriver = "RestartDriver" // delete the old driver pod
+	ActFinish        = "Finish"        // delete the NodeMaintenance
+	ActFail          = "Fail"          // mark failed, release the node
+	ActClearFailed   = "ClearFailed"   // a failed node is fine again
+)
+
+// PlanUpgrades decides the next step of every node's driver upgrade. At
+// most limit nodes are in an upgrade at once (failed ones do not count);
+// a node whose new driver is not Ready within timeout of its restart fails.
+func PlanUpgrades(nodes []UpgradeNode, limit int, timeout time.Duration, now time.Time) []UpgradeAction {
+	sort.Slice(nodes, func(i, j int) bool { return nodes[i].Name < nodes[j].Name })
+	var acts []UpgradeAction
+	inFlight := 0
+	for _, n := range nodes {
+		if n.MaintenanceIsOurs {
+			inFlight++
+		}
+	}
+	for _, n := range nodes {
+		nm := n.Maintenance
+		switch {
+		case n.MaintenanceIsOurs && !maintenanceReady(nm):
+			// waiting for the maintenance scheduler and the drain
+		case n.MaintenanceIsOurs && !n.Current:
+			if nm.Annotations[annotationRestartedAt] == "" && n.DriverPod != "" {
+				acts = append(acts, UpgradeAction{ActRestartDriver, n.Name})
+			}
+		case n.MaintenanceIsOurs && n.Ready && n.ValidatorReady:
+			acts = append(acts, UpgradeAction{ActFinish, n.Name})
+		case n.MaintenanceIsOurs:
+			if restarted, err := time.Parse(time.RFC3339, nm.Annotations[annotationRestartedAt]); err == nil && now.Sub(restarted) >= timeout {
+				acts = append(acts, UpgradeAction{ActFail, n.Name})
+			}
+		case n.Failed && n.Current && n.Ready:
+			acts = append(acts, UpgradeAction{ActClearFailed, n.Name})
+		case !n.Current && n.DriverPod != "" && !n.Failed && n.Maintenance == nil && inFlight < limit:
+			acts = append(acts, UpgradeAction{ActRequest, n.Name})
+			inFlight++
+		}
+	}
+	return acts
+}
+
+func maintenanceReady(nm *maintenancev1.NodeMaintenance) bool {
+	c := meta.FindStatusCondition(nm.Status.Conditions, maintenancev1.ConditionTypeReady)
+	return c != nil && c.Status == metav1.ConditionTrue
+}
+
+// upgradeLimit resolves maxParallelUpgrades and maxUnavailable (of the GPU nodes).
+func upgradeLimit(p *nvidiav1.DriverUpgradePolicySpec, gpuNodes int) int {
+	limit := 1
+	if p != nil && p.MaxParallelUpgrades != nil {
+		limit = int(*p.MaxParallelUpgrades)
+	}
+	if p != nil && p.MaxUnavailable != nil {
+		if n, err := intstr.GetScaledValueFromIntOrPercent(p.MaxUnavailable, gpuNodes, false); err == nil && n < limit {
+			limit = n
+		}
+	}
+	return max(limit, 0)
+}
+
+func autoUpgrade(p *nvidiav1.DriverUpgradePolicySpec) bool {
+	return p == nil || p.AutoUpgrade == nil || *p.AutoUpgrade
+}
+
+// upgradeDrivers runs one step of the driver rollout. It returns when to
+// look again (for upgrade timeouts).
+func (r *Reconciler) upgradeDrivers(ctx context.Context, policy *nvidiav1.ClusterPolicy, nodes *corev1.NodeList, desiredImages map[string]string) (time.Duration, error) {
+	up := policy.Spec.Driver.UpgradePolicy
+	if !autoUpgrade(up) || !policy.Spec.Driver.IsEnabled() {
+		return 0, nil
+	}
+	var pods corev1.PodList
+	if err := r.Client.List(ctx, &pods, client.InNamespace(r.Namespace), client.MatchingLabels{LabelComponent: Driver}); err != nil {
+		return 0, fmt.Errorf("listing driver pods: %w", err)
+	}
+	var validators corev1.PodList
+	if err := r.Client.List(ctx, &validators, client.InNamespace(r.Namespace), client.MatchingLabels{LabelComponent: Validator}); err != nil {
+		return 0, fmt.Errorf("listing validator pods: %w", err)
+	}
+	var nms maintenancev1.NodeMaintenanceList
+	if err := r.Client.List(ctx, &nms, client.InNamespace(r.Namespace)); err != nil {
+		return 0, fmt.Errorf("listing NodeMaintenance: %w", err)
+	}
+	byNode := map[string]*UpgradeNode{}
+	gpuNodes := 0
+	for i := range nodes.Items {
+		n := &nodes.Items[i]
+		if !HasNvidiaGPU(n.Labels) {
+			continue
+		}
+		gpuNodes++
+		byNode[n.Name] = &UpgradeNode{Name: n.Name, Failed: n.Labels[LabelUpgradeState] == upgradeStateFailed,
+			ValidatorReady: !policy.Spec.Validator.IsEnabled()}
+	}
+	for i := range pods.Items {
+		p := &pods.Items[i]
+		n := byNode[p.Spec.NodeName]
+		if n == nil || p.DeletionTimestamp != nil {
+			continue
+		}
+		want, ok := desiredImages[p.Labels["app"]]
+		if !ok || len(p.Spec.Containers) == 0 {
+			continue
+		}
+		n.DriverPod = p.Name
+		n.Current = p.Spec.Containers[0].Image == want
+		n.Ready = podReady(p)
+	}
+	for i := range validators.Items {
+		if n := byNode[validators.Items[i].Spec.NodeName]; n != nil && podReady(&validators.Items[i]) {
+			n.ValidatorReady = true
+		}
+	}
+	for i := range nms.Items {
+		nm := &nms.Items[i]
+		if n := byNode[nm.Spec.NodeName]; n != nil && nm.Spec.RequestorID == UpgradeRequestor && nm.DeletionTimestamp == nil {
+			n.Maintenance, n.MaintenanceIsOurs = nm, true
+		}
+	}
+	list := make([]UpgradeNode, 0, len(byNode))
+	for _, n := range byNode {
+		list = append(list, *n)
+	}
+	now := r.Clock.Now()
+	timeout := r.UpgradeTimeout
+	if timeout == 0 {
+		timeout = defaultUpgradeTimeout
+	}
+	var requeue time.Duration
+	for _, a := range PlanUpgrades(list, upgradeLimit(up, gpuNodes), timeout, now) {
+		n := byNode[a.Node]
+		if err := r.act(ctx, policy, a, n, now); err != nil {
+			return 0, err
+		}
+	}
+	for _, n := range byNode {
+		if n.MaintenanceIsOurs && maintenanceReady(n.Maintenance) && !n.Ready {
+			requeue = minPositive(requeue, timeout)
+		}
+	}
+	return requeue, nil
+}
+
+func (r *Reconciler) act(ctx context.Context, policy *nvidiav1.ClusterPolicy, a UpgradeAction, n *UpgradeNode, now time.Time) error {
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: a.Node}}
+	switch a.Kind {
+	case ActRequest:
+		nm := upgradeMaintenance(policy, r.Namespace, a.Node)
+		if err := r.Client.Create(ctx, nm); err != nil && !apierrors.IsAlreadyExists(err) {
+			return fmt.Errorf("requesting maintenance of %s for the driver upgrade: %w", a.Node, err)
+		}
+		r.Recorder.Eventf(policy, node, corev1.EventTypeNormal, ReasonUpgradeStarted, actionUpgrade, "Driver upgrade of node %s requested", a.Node)
+		return r.setUpgradeLabel(ctx, a.Node, upgradeStateUpgrading)
+	case ActRestartDriver:
+		nm := n.Maintenance.DeepCopy()
+		patch := client.MergeFrom(n.Maintenance)
+		if nm.Annotations == nil {
+			nm.Annotations = map[string]string{}
+		}
+		nm.Annotations[annotationRestartedAt] = now.UTC().Format(time.RFC3339)
+		// Record first: a crash after the delete must not restart it twice.
+		if err := r.Client.Patch(ctx, nm, patch); err != nil {
+			return fmt.Errorf("recording the driver restart on %s: %w", a.Node, err)
+		}
+		pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: r.Namespace, Name: n.DriverPod}}
+		if err := r.Client.Delete(ctx, pod); client.IgnoreNotFound(err) != nil {
+			return fmt.Errorf("deleting the old driver pod on %s: %w", a.Node, err)
+		}
+		return nil
+	case ActFinish:
+		if err := r.Client.Delete(ctx, n.Maintenance); client.IgnoreNotFound(err) != nil {
+			return fmt.Errorf("releasing %s after its driver upgrade: %w", a.Node, err)
+		}
+		r.Recorder.Eventf(policy, node, corev1.EventTypeNormal, ReasonUpgradeDone, actionUpgrade, "Driver of node %s upgraded", a.Node)
+		return r.setUpgradeLabel(ctx, a.Node, "")
+	case ActFail:
+		r.Recorder.Eventf(policy, node, corev1.EventTypeWarning, ReasonUpgradeFailed, actionUpgrade,
+			"New driver on node %s not Ready in time; node marked %s=%s and released so the rollout continues", a.Node, LabelUpgradeState, upgradeStateFailed)
+		if err := r.setUpgradeLabel(ctx, a.Node, upgradeStateFailed); err != nil {
+			return err
+		}
+		if err := r.Client.Delete(ctx, n.Maintenance); client.IgnoreNotFound(err) != nil {
+			return fmt.Errorf("releasing %s after a failed driver upgrade: %w", a.Node, err)
+		}
+		return nil
+	case ActClearFailed:
+		return r.setUpgradeLabel(ctx, a.Node, "")
+	}
+	return nil
+}
+
+func (r *Reconciler) setUpgradeLabel(ctx context.Context, node, value string) error {
+	var v any = value
+	if value == "" {
+		v = nil
+	}
+	return r.patchNodeLabels(ctx, node, map[string]any{LabelUpgradeState: v})
+}
+
+// upgradeMaintenance is the NodeMaintenance of one node's driver upgrade:
+// cordon, and drain the pods that use GPUs (or what upgradePolicy.drain says).
+func upgradeMaintenance(policy *nvidiav1.ClusterPolicy, ns, node string) *maintenancev1.NodeMaintenance {
+	drain := &maintenancev1.DrainSpec{
+		Force: true, DeleteEmptyDir: true, TimeoutSeconds: ptr.To[int32](300),
+		PodEvictionFilters: []maintenancev1.PodEvictionFilterEntry{{ByResourceNameRegex: ptr.To(`^nvidia\.com/`)}},
+	}
+	if d := policyDrain(policy); d != nil {
+		if d.Enable != nil && !*d.Enable {
+			drain = nil
+		} else {
+			drain.Force, drain.DeleteEmptyDir = d.Force, d.DeleteEmptyDir
+			drain.PodSelector = maintenancev1.LabelSelectorString(d.PodSelector)
+			if d.TimeoutSeconds != nil {
+				drain.TimeoutSeconds = d.TimeoutSeconds
+			}
+		}
+	}
+	return &maintenancev1.NodeMaintenance{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "driver-upgrade-" + node,
+			Labels: map[string]string{LabelManagedBy: managedBy, LabelComponent: Driver}},
+		Spec: maintenancev1.NodeMaintenanceSpec{RequestorID: UpgradeRequestor, NodeName: node, Cordon: ptr.To(true), DrainSpec: drain},
+	}
+}
+
+func policyDrain(p *nvidiav1.ClusterPolicy) *nvidiav1.UpgradeDrainSpec {
+	if p.Spec.Driver.UpgradePolicy == nil {
+		return nil
+	}
+	return p.Spec.Driver.UpgradePolicy.Drain
+}
