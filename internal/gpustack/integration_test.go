@@ -13,6 +13,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -114,17 +115,31 @@ func startOperator(t *testing.T, cfg *rest.Config) {
 	t.Cleanup(func() { once.Do(func() { cancel(); <-done }) })
 }
 
-func seedPolicy(t *testing.T) *nvidiav1.ClusterPolicy {
-	t.Helper()
+func seedYAML(tb testing.TB) []byte {
+	tb.Helper()
 	data, err := os.ReadFile("testdata/seed-clusterpolicy.yaml")
 	if err != nil {
-		t.Fatal(err)
+		tb.Fatal(err)
 	}
-	p := &nvidiav1.ClusterPolicy{}
+	return data
+}
+
+func yamlUnmarshal(data []byte, p *nvidiav1.ClusterPolicy) error {
 	if err := yaml.Unmarshal(data, p); err != nil {
-		t.Fatal(err)
+		return err
 	}
 	p.UID = ""
+	return nil
+}
+
+func keyOf(name string) types.NamespacedName { return types.NamespacedName{Name: name} }
+
+func seedPolicy(t *testing.T) *nvidiav1.ClusterPolicy {
+	t.Helper()
+	p := &nvidiav1.ClusterPolicy{}
+	if err := yamlUnmarshal(seedYAML(t), p); err != nil {
+		t.Fatal(err)
+	}
 	return p
 }
 
@@ -184,6 +199,13 @@ func TestSeedPolicyDeploysTheStack(t *testing.T) {
 	})
 	if err != nil {
 		t.Fatalf("stack not deployed on the healthy nodes with the broken one reported: status %+v", p.Status)
+	}
+	// Nothing changed the policy: its objects were created once, never rewritten
+	// (a renderer field the API server defaults differently would show here).
+	for k, v := range counter.Snapshot() {
+		if strings.HasPrefix(k, "PUT ") && !strings.HasSuffix(k, "/status") {
+			t.Errorf("%d × %s during a rollout of an unchanged policy", v, k)
+		}
 	}
 	if p.Status.State != nvidiav1.StateNotReady || p.Status.Namespace != ns {
 		t.Errorf("state=%s namespace=%s, want notReady (one node is broken) in %s", p.Status.State, p.Status.Namespace, ns)
@@ -377,7 +399,7 @@ func TestSeedPolicyDeploysTheStack(t *testing.T) {
 		// An independent checker: never more than the limit in progress or cordoned.
 		stop := make(chan struct{})
 		violations := make(chan string, 100)
-		var checked int
+		var checked, maxSeen int
 		go func() {
 			for {
 				select {
@@ -407,6 +429,7 @@ func TestSeedPolicyDeploysTheStack(t *testing.T) {
 					}
 				}
 				checked++
+				maxSeen = max(maxSeen, inProgress)
 				if inProgress > limit || cordoned > limit {
 					violations <- fmt.Sprintf("%d upgrades in progress, %d nodes cordoned (limit %d)", inProgress, cordoned, limit)
 				}
@@ -440,7 +463,10 @@ func TestSeedPolicyDeploysTheStack(t *testing.T) {
 		if err != nil {
 			t.Fatalf("rollout did not finish: %v", err)
 		}
-		t.Logf("limits checked %d times during the rollout", checked)
+		t.Logf("limits checked %d times during the rollout; at most %d upgrades in progress at once", checked, maxSeen)
+		if maxSeen == 0 {
+			t.Errorf("the checker never saw an upgrade in progress")
+		}
 		nodes, _ := cluster.Client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
 		for _, n := range nodes.Items {
 			if n.Spec.Unschedulable {
@@ -490,4 +516,36 @@ func TestSeedPolicyDeploysTheStack(t *testing.T) {
 		}
 		t.Logf("requests in 10 idle seconds:\n%s", devcluster.FormatCounts(idle))
 	})
+}
+
+func TestClusterPolicySchema(t *testing.T) {
+	needCluster(t)
+	tests := map[string]struct{ spec, want string }{
+		"empty image while enabled":  {"  devicePlugin:\n    enabled: true\n    image: \"\"\n", "image must not be empty when the component is enabled"},
+		"bad pull policy":            {"  driver:\n    imagePullPolicy: Sometimes\n", "Unsupported value: \"Sometimes\""},
+		"bad default runtime":        {"  operator:\n    defaultRuntime: podman\n", "Unsupported value: \"podman\""},
+		"bad mig strategy":           {"  gfd:\n    migStrategy: some\n", "Unsupported value: \"some\""},
+		"bad update strategy":        {"  daemonsets:\n    updateStrategy: Sometimes\n", "Unsupported value: \"Sometimes\""},
+		"negative parallel upgrades": {"  driver:\n    upgradePolicy:\n      maxParallelUpgrades: -1\n", "maxParallelUpgrades: Invalid value: -1"},
+		"bad upgrade maxUnavailable": {"  driver:\n    upgradePolicy:\n      maxUnavailable: 120%\n", "maxUnavailable must be a non-negative integer or a percentage"},
+		"zero discovery interval":    {"  gfd:\n    discoveryIntervalSeconds: 0\n", "discoveryIntervalSeconds: Invalid value: 0"},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			doc := "apiVersion: nvidia.com/v1\nkind: ClusterPolicy\nmetadata:\n  generateName: bad-\nspec:\n" + tc.spec
+			// Untyped, as kubectl sends it (a typed Go client omits empty strings).
+			p := &unstructured.Unstructured{}
+			if err := yaml.Unmarshal([]byte(doc), &p.Object); err != nil {
+				t.Fatalf("test YAML: %v", err)
+			}
+			err := k8s.Create(t.Context(), p)
+			if err == nil {
+				_ = k8s.Delete(context.Background(), p)
+				t.Fatalf("accepted: %s", tc.spec)
+			}
+			if !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("error %q does not say %q", err, tc.want)
+			}
+		})
+	}
 }
