@@ -115,6 +115,8 @@ The local cluster is up. In another terminal:
   kubectl get nodes -L gpufleet.dev/pool
   kubectl apply -f examples/maintenance.yaml   # a MaintenanceOperatorConfig and two NodeMaintenance objects
   kubectl get nodemaintenances -w
+  kubectl apply -f examples/clusterpolicy.yaml # the GPU stack, deployed node by node
+  kubectl get clusterpolicy cluster-policy -o yaml; kubectl get pods -n gpufleet-system -o wide
 
 Logs of the control plane are in %s. Press Ctrl-C to stop and clean up.
 `, cluster.Kubeconfig, binDirOf(p.binDir), cluster.Dir)
