@@ -51,8 +51,17 @@ verify: generate ## Fail if generated files are stale, code is unformatted or go
 	go vet ./...
 
 .PHONY: bench
-bench: ## Planner micro-benchmarks.
-	go test -run '^$$' -bench . -benchmem ./internal/maintenance/...
+bench: tools ## Planner micro-benchmarks and scale scenarios on the local cluster; report in results/.
+	mkdir -p results
+	{ echo "# gpufleet bench $$(date -u +%FT%TZ) $$(git rev-parse --short HEAD)"; \
+	  go test -count=1 -run '^$$' -bench 'BenchmarkMakePlan' -benchmem ./internal/maintenance/; \
+	  go test -count=1 -run '^$$' -bench 'BenchmarkRollout100' -benchtime 1x -timeout 30m ./internal/maintenance/; \
+	  go test -count=1 -run '^$$' -bench 'BenchmarkClusterPolicy100' -benchtime 1x -timeout 30m ./internal/gpustack/; \
+	} 2>&1 | grep -v '^\s*>' | tee results/bench.txt
+
+.PHONY: chaos
+chaos: tools ## NodeMaintenance rollout of 50 objects with 15 operator SIGKILLs and a kube-apiserver restart.
+	go test -count=1 -v -timeout 30m ./test/chaos/ -args -chaos.objects=50 -chaos.kills=15
 
 .PHONY: clean
 clean:

@@ -48,3 +48,13 @@ func (c *Cluster) OperatorConfig(ctx context.Context) (*rest.Config, error) {
 	}
 	return c.ConfigFor(OperatorUser)
 }
+
+// OperatorKubeconfig writes a kubeconfig for OperatorUser (with the
+// generated RBAC installed, as OperatorConfig) for running the operator as
+// its own process.
+func (c *Cluster) OperatorKubeconfig(ctx context.Context) (string, error) {
+	if _, err := c.OperatorConfig(ctx); err != nil {
+		return "", err
+	}
+	return c.componentKubeconfig("operator", OperatorUser)
+}
