@@ -47,13 +47,6 @@ func TestMain(m *testing.M) {
 }
 
 func run(m *testing.M) int {
-	ctx := context.Background()
-	var err error
-	if cluster, err = devcluster.Start(ctx, devcluster.Options{}); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	defer cluster.Stop()
 	// 8 GPU nodes: 5 ubuntu 22.04 + containerd, 2 ubuntu 20.04 + docker,
 	// 1 whose stack never comes up; plus 2 CPU-only nodes.
 	var specs []devcluster.NodeSpec
@@ -66,27 +59,18 @@ func run(m *testing.M) int {
 	}
 	specs = append(specs, devcluster.NodeSpec{Name: devcluster.UnhealthyNodePrefix + "gpu-007", Pool: "b", GPUs: 8},
 		devcluster.NodeSpec{Name: "cpu-000", Pool: "cpu"}, devcluster.NodeSpec{Name: "cpu-001", Pool: "cpu"})
-	if err := cluster.AddNodes(ctx, specs...); err != nil {
+	scheme, err := operator.Scheme()
+	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	if err := devcluster.InstallCRDs(ctx, cluster.Config); err != nil {
-		fmt.Fprintln(os.Stderr, err)
+	env, err := devcluster.NewEnv(context.Background(), devcluster.Options{}, specs, ns, scheme)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "starting the local cluster:", err)
 		return 1
 	}
-	if err := devcluster.EnsureNamespace(ctx, cluster.Client, ns); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	scheme, _ := operator.Scheme()
-	if k8s, err = client.New(cluster.Config, client.Options{Scheme: scheme}); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	if operatorCfg, err = cluster.OperatorConfig(ctx); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
+	defer env.Stop()
+	cluster, k8s, operatorCfg = env.Cluster, env.Kube, env.OperatorConfig
 	return m.Run()
 }
 

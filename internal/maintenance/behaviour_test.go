@@ -78,11 +78,7 @@ func TestOperatorRestartMidDrainResumes(t *testing.T) {
 }
 
 func TestNVIDIAStyleClientWorksUnchanged(t *testing.T) {
-	needCluster(t)
-	defer uncordonAll(t)
-	startOperator(t)
-	defer cleanupNMs(t)
-	setConfig(t, ios(2), nil)
+	withOperator(t, ios(2), nil)
 	// Exactly what the NVIDIA network operator / driver upgrade library writes.
 	doc := `apiVersion: maintenance.nvidia.com/v1alpha1
 kind: NodeMaintenance
@@ -135,11 +131,7 @@ func hasFinalizerNamed(nm *maintenancev1.NodeMaintenance, f string) bool {
 }
 
 func TestAdditionalRequestorsHoldTheNode(t *testing.T) {
-	needCluster(t)
-	defer uncordonAll(t)
-	startOperator(t)
-	defer cleanupNMs(t)
-	setConfig(t, ios(2), nil)
+	withOperator(t, ios(2), nil)
 	node := "gpu-006"
 	nm := newNM("shared", node, "first.requestor")
 	nm.Spec.AdditionalRequestors = []string{"second.requestor"}
@@ -169,11 +161,7 @@ func TestAdditionalRequestorsHoldTheNode(t *testing.T) {
 }
 
 func TestWaitForPodCompletion(t *testing.T) {
-	needCluster(t)
-	defer uncordonAll(t)
-	startOperator(t)
-	defer cleanupNMs(t)
-	setConfig(t, ios(2), nil)
+	withOperator(t, ios(2), nil)
 	node := "gpu-007"
 	ns := "jobs"
 	if err := devcluster.EnsureNamespace(t.Context(), cluster.Client, ns); err != nil {
@@ -228,11 +216,7 @@ func TestWaitForPodCompletion(t *testing.T) {
 }
 
 func TestGarbageCollectionAfterMaxTime(t *testing.T) {
-	needCluster(t)
-	defer uncordonAll(t)
-	startOperator(t)
-	defer cleanupNMs(t)
-	setConfig(t, ios(2), nil)
+	withOperator(t, ios(2), nil)
 	cfg := &maintenancev1.MaintenanceOperatorConfig{}
 	if err := k8s.Get(t.Context(), keyIn(operatorNS, "default"), cfg); err != nil {
 		t.Fatal(err)
@@ -257,11 +241,7 @@ func TestGarbageCollectionAfterMaxTime(t *testing.T) {
 }
 
 func TestInvalidEvictionRegexEvictsNothing(t *testing.T) {
-	needCluster(t)
-	defer uncordonAll(t)
-	startOperator(t)
-	defer cleanupNMs(t)
-	setConfig(t, ios(2), nil)
+	withOperator(t, ios(2), nil)
 	node := "gpu-009"
 	deployment(t, "regex", "victim", 2, nil, node)
 	onNode := len(podsOn(t, "regex", "victim", node))
@@ -288,11 +268,7 @@ func TestInvalidEvictionRegexEvictsNothing(t *testing.T) {
 }
 
 func TestNodeDeletionReleasesItsObjects(t *testing.T) {
-	needCluster(t)
-	defer uncordonAll(t)
-	startOperator(t)
-	defer cleanupNMs(t)
-	setConfig(t, ios(1), nil)
+	withOperator(t, ios(1), nil)
 	spec := devcluster.NodeSpec{Name: "doomed", Pool: "pool-a", GPUs: 8}
 	if err := cluster.AddNodes(t.Context(), spec); err != nil {
 		t.Fatal(err)
@@ -309,11 +285,7 @@ func TestNodeDeletionReleasesItsObjects(t *testing.T) {
 }
 
 func TestPodsStuckTerminatingOnUnreachableNodeDoNotBlock(t *testing.T) {
-	needCluster(t)
-	defer uncordonAll(t)
-	startOperator(t)
-	defer cleanupNMs(t)
-	setConfig(t, ios(2), nil)
+	withOperator(t, ios(2), nil)
 	node := "gpu-008"
 	deployment(t, "stuck", "orphan", 2, nil, node)
 	if len(podsOn(t, "stuck", "orphan", node)) == 0 {

@@ -16,11 +16,7 @@ import (
 )
 
 func TestFullLifecycleDrainsAndReleases(t *testing.T) {
-	needCluster(t)
-	defer uncordonAll(t)
-	startOperator(t)
-	defer cleanupNMs(t)
-	setConfig(t, ios(1), nil)
+	withOperator(t, ios(1), nil)
 	node := "gpu-001"
 	deployment(t, "lifecycle", "trainer", 3, nil, node)
 	before := len(podsOn(t, "lifecycle", "trainer", node))
@@ -75,11 +71,7 @@ func TestFullLifecycleDrainsAndReleases(t *testing.T) {
 }
 
 func TestPDBKeepsObjectDraining(t *testing.T) {
-	needCluster(t)
-	defer uncordonAll(t)
-	startOperator(t)
-	defer cleanupNMs(t)
-	setConfig(t, ios(1), nil)
+	withOperator(t, ios(1), nil)
 	node := "gpu-002"
 	ns := "pdb"
 	deployment(t, ns, "guarded", 2, nil, node)
@@ -148,11 +140,7 @@ func TestPDBKeepsObjectDraining(t *testing.T) {
 }
 
 func TestAdminCordonSurvivesMaintenance(t *testing.T) {
-	needCluster(t)
-	defer uncordonAll(t)
-	startOperator(t)
-	defer cleanupNMs(t)
-	setConfig(t, ios(1), nil)
+	withOperator(t, ios(1), nil)
 	node := "gpu-003"
 	setUnschedulable(t, node, true)
 	create(t, newNM("admin-cordon", node, "test.gpufleet.dev"))

@@ -131,11 +131,7 @@ func TestSeedExampleUnavailableLimit(t *testing.T) {
 }
 
 func TestMaxUnavailableZeroOnlyAlreadyUnavailableNodes(t *testing.T) {
-	needCluster(t)
-	defer uncordonAll(t)
-	startOperator(t)
-	defer cleanupNMs(t)
-	setConfig(t, ios(10), ios(0))
+	withOperator(t, ios(10), ios(0))
 	setUnschedulable(t, "gpu-004", true)
 	create(t, newNM("zero-down", "gpu-004", "ops"), newNM("zero-up-1", "gpu-005", "ops"), newNM("zero-up-2", "gpu-006", "ops"))
 	got := settle(t, "zero-down", "zero-up-1", "zero-up-2")
@@ -150,11 +146,7 @@ func TestMaxUnavailableZeroOnlyAlreadyUnavailableNodes(t *testing.T) {
 }
 
 func TestSchedulerReactsToNodeAvailability(t *testing.T) {
-	needCluster(t)
-	defer uncordonAll(t)
-	startOperator(t)
-	defer cleanupNMs(t)
-	setConfig(t, ios(5), ios(1))
+	withOperator(t, ios(5), ios(1))
 	setUnschedulable(t, "gpu-007", true) // the one unavailable node uses the whole budget
 	create(t, newNM("avail", "gpu-001", "ops"))
 	if got := settle(t, "avail"); len(got) != 0 {
@@ -165,11 +157,7 @@ func TestSchedulerReactsToNodeAvailability(t *testing.T) {
 }
 
 func TestTwoRequestsForOneNode(t *testing.T) {
-	needCluster(t)
-	defer uncordonAll(t)
-	startOperator(t)
-	defer cleanupNMs(t)
-	setConfig(t, ios(5), nil)
+	withOperator(t, ios(5), nil)
 	older := newNM("same-node-a", "gpu-002", "requestor.a")
 	create(t, older)
 	time.Sleep(1100 * time.Millisecond) // creation timestamps have second resolution

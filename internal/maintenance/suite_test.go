@@ -53,39 +53,18 @@ func TestMain(m *testing.M) {
 }
 
 func runWithCluster(m *testing.M) int {
-	ctx := context.Background()
-	var err error
-	cluster, err = devcluster.Start(ctx, devcluster.Options{})
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "starting the local cluster:", err)
-		return 1
-	}
-	defer cluster.Stop()
-	if err := cluster.AddNodes(ctx, devcluster.GPUNodes(testNodes, 2)...); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	if err := devcluster.InstallCRDs(ctx, cluster.Config); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	if err := devcluster.EnsureNamespace(ctx, cluster.Client, operatorNS); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
 	scheme, err := operator.Scheme()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	if k8s, err = client.New(cluster.Config, client.Options{Scheme: scheme}); err != nil {
-		fmt.Fprintln(os.Stderr, err)
+	env, err := devcluster.NewEnv(context.Background(), devcluster.Options{}, devcluster.GPUNodes(testNodes, 2), operatorNS, scheme)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "starting the local cluster:", err)
 		return 1
 	}
-	if operatorCfg, err = cluster.OperatorConfig(ctx); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
+	defer env.Stop()
+	cluster, k8s, operatorCfg = env.Cluster, env.Kube, env.OperatorConfig
 	return m.Run()
 }
 
@@ -94,6 +73,18 @@ func needCluster(t *testing.T) {
 	if testing.Short() {
 		t.Skip("integration test: needs the local cluster (run without -short)")
 	}
+}
+
+// withOperator prepares a test that needs the operator: limits set, and on
+// cleanup every NodeMaintenance removed (while the operator still runs),
+// the operator stopped and every node uncordoned.
+func withOperator(t *testing.T, maxParallel, maxUnavailable *intstr.IntOrString) {
+	t.Helper()
+	needCluster(t)
+	t.Cleanup(func() { uncordonAll(t) })
+	startOperator(t)
+	t.Cleanup(func() { cleanupNMs(t) })
+	setConfig(t, maxParallel, maxUnavailable)
 }
 
 // runningOperator is an operator started in-process.

@@ -148,7 +148,8 @@ func TestRolloutSurvivesKills(t *testing.T) {
 		}
 		for i := range list.Items {
 			nm := &list.Items[i]
-			if c := meta.FindStatusCondition(nm.Status.Conditions, "Ready"); c != nil && c.Status == metav1.ConditionTrue && nm.DeletionTimestamp == nil {
+			if c := meta.FindStatusCondition(nm.Status.Conditions, "Ready"); c != nil && c.Status == metav1.ConditionTrue && nm.DeletionTimestamp == nil &&
+				chk.sawReady(nm.Namespace+"/"+nm.Name) {
 				_ = k8s.Delete(ctx, nm)
 			}
 		}
@@ -161,9 +162,9 @@ func TestRolloutSurvivesKills(t *testing.T) {
 	}
 	op.kill()
 	chk.final(t, ctx, *objects)
-	t.Logf("rollout of %d objects done in %s; survived %d SIGKILLs%s; invariants checked on %d events; max in progress %d (limit %d), max unavailable %d (limit %d)",
+	t.Logf("rollout of %d objects done in %s; survived %d SIGKILLs%s; invariants checked on %d events; max in progress %d (limit %d), max held or cordoned %d (limit %d), max NotReady %d",
 		*objects, elapsed.Round(100*time.Millisecond), killed, map[bool]string{true: " and a kube-apiserver restart", false: ""}[*restartAPIServer],
-		chk.events, chk.maxInProgress, maxParallel, chk.maxUnavailable, maxUnavail)
+		chk.events, chk.maxInProgress, maxParallel, chk.maxUnavailable, maxUnavail, chk.notReadySeen)
 	for _, v := range chk.violations() {
 		t.Error(v)
 	}

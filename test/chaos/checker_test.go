@@ -30,8 +30,9 @@ type checker struct {
 	mu             sync.Mutex
 	nms            map[string]nmState // namespace/name -> state
 	nodes          map[string]*corev1.Node
-	lastInProgress map[string]time.Time // node -> last time it had an in-progress object
+	drains         map[string]map[string]*window // node -> object -> drain window (server times)
 	readySeen      map[string]bool
+	notReadySeen   int
 	suspects       []suspect
 	problems       []string
 	events         int
@@ -45,16 +46,22 @@ type nmState struct {
 	ready      bool
 }
 
+// window is when an object's drain ran, from server-side timestamps:
+// status.drain.startTime to the Ready condition's transition.
+type window struct{ start, end time.Time }
+
 type suspect struct {
 	pod, node string
-	at        time.Time
+	// evictedAt is the server's time of the eviction: deletionTimestamp
+	// minus the grace period.
+	evictedAt time.Time
 }
 
 var nmGVR = schema.GroupVersionResource{Group: "maintenance.nvidia.com", Version: "v1alpha1", Resource: "nodemaintenances"}
 
 func newChecker(c *devcluster.Cluster, k8s client.Client, adminCordoned string) *checker {
 	return &checker{cluster: c, k8s: k8s, adminCordoned: adminCordoned,
-		nms: map[string]nmState{}, nodes: map[string]*corev1.Node{}, lastInProgress: map[string]time.Time{}, readySeen: map[string]bool{}}
+		nms: map[string]nmState{}, nodes: map[string]*corev1.Node{}, drains: map[string]map[string]*window{}, readySeen: map[string]bool{}}
 }
 
 func (c *checker) run(ctx context.Context) {
@@ -121,6 +128,23 @@ func (c *checker) onNM(o any, deleted bool) {
 		if st.ready {
 			c.readySeen[key] = true
 		}
+		if start, _, _ := unstructured.NestedString(u.Object, "status", "drain", "startTime"); start != "" {
+			if c.drains[node] == nil {
+				c.drains[node] = map[string]*window{}
+			}
+			w := c.drains[node][key]
+			if w == nil {
+				w = &window{}
+				c.drains[node][key] = w
+			}
+			w.start, _ = time.Parse(time.RFC3339, start)
+			for _, raw := range conds {
+				m, _ := raw.(map[string]any)
+				if m["type"] == "Ready" && m["status"] == "True" {
+					w.end, _ = time.Parse(time.RFC3339, fmt.Sprint(m["lastTransitionTime"]))
+				}
+			}
+		}
 	}
 	c.evaluate()
 }
@@ -140,7 +164,12 @@ func (c *checker) onPodDeleted(p *corev1.Pod) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.events++
-	c.suspects = append(c.suspects, suspect{pod: p.Namespace + "/" + p.Name, node: p.Spec.NodeName, at: time.Now()})
+	grace := int64(30)
+	if p.DeletionGracePeriodSeconds != nil {
+		grace = *p.DeletionGracePeriodSeconds
+	}
+	c.suspects = append(c.suspects, suspect{pod: p.Namespace + "/" + p.Name, node: p.Spec.NodeName,
+		evictedAt: p.DeletionTimestamp.Add(-time.Duration(grace) * time.Second)})
 }
 
 // evaluate checks the limits; the caller holds mu.
@@ -151,20 +180,27 @@ func (c *checker) evaluate() {
 	for _, st := range c.nms {
 		if st.inProgress {
 			inProgress[st.node] = true
-			c.lastInProgress[st.node] = now
 		}
 	}
+	// Nodes gpufleet holds or that are cordoned (the admin's cordon counts
+	// too); nodes NotReady through no action of gpufleet (the API server
+	// restart stops lease renewals) are reported, not counted.
 	unavailable := map[string]bool{}
 	for name := range inProgress {
 		if _, ok := c.nodes[name]; ok {
 			unavailable[name] = true
 		}
 	}
+	notReady := 0
 	for name, n := range c.nodes {
-		if n.Spec.Unschedulable || !devcluster.NodeReady(n) {
+		if n.Spec.Unschedulable {
 			unavailable[name] = true
 		}
+		if !devcluster.NodeReady(n) {
+			notReady++
+		}
 	}
+	c.notReadySeen = max(c.notReadySeen, notReady)
 	c.maxInProgress = max(c.maxInProgress, len(inProgress))
 	c.maxUnavailable = max(c.maxUnavailable, len(unavailable))
 	if len(inProgress) > maxParallel {
@@ -182,16 +218,26 @@ func (c *checker) readyCount() int {
 }
 
 // final checks the end state and resolves pod-deletion suspects: a pod may
-// only be evicted from a node that had an in-progress maintenance (seen
-// within 2 s of the eviction, for informer ordering).
+// only be evicted while a drain of its node runs (server timestamps, 1 s
+// resolution).
 func (c *checker) final(t *testing.T, ctx context.Context, objects int) {
 	t.Helper()
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for _, s := range c.suspects {
-		last, ok := c.lastInProgress[s.node]
-		if !ok || s.at.Sub(last) > 2*time.Second {
-			c.problems = append(c.problems, fmt.Sprintf("pod %s evicted from node %s without an in-progress NodeMaintenance", s.pod, s.node))
+		ok := false
+		for _, w := range c.drains[s.node] {
+			end := w.end
+			if end.IsZero() {
+				end = time.Now()
+			}
+			if !s.evictedAt.Before(w.start.Add(-time.Second)) && !s.evictedAt.After(end.Add(time.Second)) {
+				ok = true
+			}
+		}
+		if !ok {
+			c.problems = append(c.problems, fmt.Sprintf("pod %s evicted from node %s at %s outside any drain of that node (%v)",
+				s.pod, s.node, s.evictedAt.Format(time.RFC3339), c.drainsOf(s.node)))
 		}
 	}
 	if len(c.readySeen) != objects {
@@ -209,6 +255,23 @@ func (c *checker) final(t *testing.T, ctx context.Context, objects int) {
 			c.problems = append(c.problems, fmt.Sprintf("node %s left cordoned", n.Name))
 		}
 	}
+}
+
+func (c *checker) drainsOf(node string) []string {
+	var out []string
+	for k, w := range c.drains[node] {
+		out = append(out, fmt.Sprintf("%s %s..%s", k, w.start.Format(time.TimeOnly), w.end.Format(time.TimeOnly)))
+	}
+	return out
+}
+
+// sawReady reports whether the checker has seen the object Ready; the
+// simulated requestor deletes an object only then, so no Ready is missed
+// while the checker's watch reconnects.
+func (c *checker) sawReady(key string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.readySeen[key]
 }
 
 func (c *checker) violations() []string {
