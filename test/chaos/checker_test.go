@@ -33,6 +33,7 @@ type checker struct {
 	drains         map[string]map[string]*window // node -> object -> drain window (server times)
 	readySeen      map[string]bool
 	notReadySeen   int
+	transients     int // suspected violations that fresh reads did not confirm
 	suspects       []suspect
 	problems       []string
 	events         int
@@ -203,11 +204,53 @@ func (c *checker) evaluate() {
 	c.notReadySeen = max(c.notReadySeen, notReady)
 	c.maxInProgress = max(c.maxInProgress, len(inProgress))
 	c.maxUnavailable = max(c.maxUnavailable, len(unavailable))
-	if len(inProgress) > maxParallel {
-		c.problems = append(c.problems, fmt.Sprintf("%s: %d nodes in maintenance > maxParallelOperations %d", now.Format(time.RFC3339Nano), len(inProgress), maxParallel))
+	if len(inProgress) > maxParallel || len(unavailable) > maxUnavail {
+		// Two informers deliver events in no common order (a node's
+		// uncordon can arrive after its object's deletion): confirm from
+		// fresh reads before calling it a violation.
+		seen := fmt.Sprintf("%s: informers show %d in maintenance (limit %d), %d held or cordoned (limit %d)",
+			now.Format(time.RFC3339Nano), len(inProgress), maxParallel, len(unavailable), maxUnavail)
+		go c.confirm(seen)
 	}
-	if len(unavailable) > maxUnavail {
-		c.problems = append(c.problems, fmt.Sprintf("%s: %d nodes unavailable > maxUnavailable %d", now.Format(time.RFC3339Nano), len(unavailable), maxUnavail))
+}
+
+// confirm re-reads the API server shortly after a suspected violation.
+func (c *checker) confirm(seen string) {
+	time.Sleep(300 * time.Millisecond)
+	ctx := context.Background()
+	var nms unstructured.UnstructuredList
+	nms.SetAPIVersion("maintenance.nvidia.com/v1alpha1")
+	nms.SetKind("NodeMaintenanceList")
+	if err := c.k8s.List(ctx, &nms); err != nil {
+		return
+	}
+	nodes, err := c.cluster.Client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return
+	}
+	inProgress := map[string]bool{}
+	for _, u := range nms.Items {
+		conds, _, _ := unstructured.NestedSlice(u.Object, "status", "conditions")
+		for _, raw := range conds {
+			m, _ := raw.(map[string]any)
+			if m["type"] == "Ready" && m["reason"] != "" && m["reason"] != "Pending" {
+				node, _, _ := unstructured.NestedString(u.Object, "spec", "nodeName")
+				inProgress[node] = true
+			}
+		}
+	}
+	unavailable := map[string]bool{}
+	for _, n := range nodes.Items {
+		if n.Spec.Unschedulable || inProgress[n.Name] {
+			unavailable[n.Name] = true
+		}
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(inProgress) > maxParallel || len(unavailable) > maxUnavail {
+		c.problems = append(c.problems, fmt.Sprintf("%s; confirmed 300ms later: %d in maintenance, %d held or cordoned", seen, len(inProgress), len(unavailable)))
+	} else {
+		c.transients++
 	}
 }
 
