@@ -261,7 +261,7 @@ func (o *operatorProcess) isLeader() bool {
 		return false
 	}
 	data, _ := os.ReadFile(o.logPath)
-	return strings.Contains(string(data), "successfully acquired lease")
+	return strings.Contains(strings.ToLower(string(data)), "successfully acquired lease")
 }
 
 func (o *operatorProcess) kill() {

@@ -3,6 +3,8 @@ package chaos
 import (
 	"context"
 	"fmt"
+	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -71,6 +73,10 @@ func TestLeaderFailover(t *testing.T) {
 		return false, nil
 	})
 	if err != nil {
+		for _, r := range replicas {
+			data, _ := os.ReadFile(r.logPath)
+			t.Logf("%s log:\n%s", r.name, lastLines(string(data), 15))
+		}
 		t.Fatal("no replica became leader")
 	}
 	for i := range objects {
@@ -124,4 +130,12 @@ func TestLeaderFailover(t *testing.T) {
 	for _, v := range chk.violations() {
 		t.Error(v)
 	}
+}
+
+func lastLines(s string, n int) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
 }
