@@ -273,4 +273,3 @@ func (o *operatorProcess) kill() {
 		o.cmd = nil
 	}
 }
-
