@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
@@ -18,6 +19,7 @@ import (
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
@@ -141,7 +143,11 @@ func New(cfg *rest.Config, opts Options) (manager.Manager, error) {
 		Scheme: scheme,
 		// managedFields are never read; dropping them roughly halves the
 		// memory of cached nodes and pods.
-		Cache:                   cache.Options{DefaultTransform: cache.TransformStripManagedFields()},
+		// Pods are stripped to the fields the controllers read.
+		Cache: cache.Options{
+			DefaultTransform: cache.TransformStripManagedFields(),
+			ByObject:         map[client.Object]cache.ByObject{&corev1.Pod{}: {Transform: stripPod}},
+		},
 		Metrics:                 metricsserver.Options{BindAddress: orDefault(opts.MetricsAddr, ":8080")},
 		HealthProbeBindAddress:  orDefault(opts.ProbeAddr, ":8081"),
 		LeaderElection:          opts.LeaderElection,

@@ -183,12 +183,16 @@ func buildOperator(t *testing.T) string {
 		t.Fatal(err)
 	}
 	bin := filepath.Join(t.TempDir(), "gpufleet")
-	cmd := exec.Command("go", "build", "-o", bin, "./cmd/gpufleet")
-	cmd.Dir = root
-	if out, err := cmd.CombinedOutput(); err != nil {
+	if out, err := runIn(root, "go", "build", "-o", bin, "./cmd/gpufleet"); err != nil {
 		t.Fatalf("building gpufleet: %v\n%s", err, out)
 	}
 	return bin
+}
+
+func runIn(dir, name string, args ...string) ([]byte, error) {
+	cmd := exec.Command(name, args...)
+	cmd.Dir = dir
+	return cmd.CombinedOutput()
 }
 
 // workload spreads a Deployment over the nodes, some pods behind a PDB.
@@ -230,7 +234,20 @@ type operatorProcess struct {
 	logPath              string
 }
 
-func (o *operatorProcess) start(t *testing.T) {
+func (o *operatorProcess) start(t *testing.T) { o.startWith(t, "maintenance") }
+
+func (o *operatorProcess) startB(b *testing.B, capabilities string) { o.startWith(b, capabilities) }
+
+func (o *operatorProcess) pid() int {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.cmd == nil || o.cmd.Process == nil {
+		return 0
+	}
+	return o.cmd.Process.Pid
+}
+
+func (o *operatorProcess) startWith(t testing.TB, capabilities string) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	o.runs++
@@ -244,7 +261,7 @@ func (o *operatorProcess) start(t *testing.T) {
 		t.Fatal(err)
 	}
 	args := append([]string{"operator", "--kubeconfig", o.kubeconfig, "--namespace", ns,
-		"--metrics-bind-address", "0", "--health-probe-bind-address", "0", "--capabilities", "maintenance"}, o.extraArgs...)
+		"--metrics-bind-address", "0", "--health-probe-bind-address", "0", "--capabilities", capabilities}, o.extraArgs...)
 	o.cmd = exec.Command(o.bin, args...)
 	o.cmd.Stdout, o.cmd.Stderr = log, log
 	o.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
