@@ -1,0 +1,285 @@
+package v1alpha1
+
+import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+)
+
+// Action is one thing the node agent can do. The set is fixed: the API
+// never carries an arbitrary command.
+// +kubebuilder:validation:Enum=RestartKubelet;RestartContainerRuntime;RestartNTP;DeleteBrokenSandbox;Reboot
+type Action string
+
+// Actions.
+const (
+	ActionRestartKubelet          Action = "RestartKubelet"
+	ActionRestartContainerRuntime Action = "RestartContainerRuntime"
+	ActionRestartNTP              Action = "RestartNTP"
+	ActionDeleteBrokenSandbox     Action = "DeleteBrokenSandbox"
+	// ActionReboot runs only when the policy allows reboots, after a cordon
+	// and drain through NodeMaintenance.
+	ActionReboot Action = "Reboot"
+)
+
+// Risk of a fault.
+// +kubebuilder:validation:Enum=high;medium;low
+type Risk string
+
+// Rule says which node condition is a fault and how to repair it.
+type Rule struct {
+	// Name identifies the rule (in events and NodeRepair objects).
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`
+	// +kubebuilder:validation:MaxLength=63
+	Name string `json:"name"`
+	// ConditionType of the node condition, e.g. Ready, ReadonlyFilesystem.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=316
+	ConditionType string `json:"conditionType"`
+	// Status that makes it a fault.
+	// +kubebuilder:validation:Enum=True;False;Unknown
+	Status string `json:"status"`
+	// Reason, if set, must equal the condition's reason.
+	// +optional
+	Reason string `json:"reason,omitempty"`
+	// MessageContains, if set, must be a substring of the condition's message.
+	// +optional
+	MessageContains string `json:"messageContains,omitempty"`
+	// ThresholdSeconds: the fault counts once it has persisted this long,
+	// measured by gpufleet's own clock.
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=86400
+	ThresholdSeconds int32 `json:"thresholdSeconds"`
+	// Actions in order; Reboot, if present, must be last.
+	// +kubebuilder:validation:MinItems=1
+	// +kubebuilder:validation:MaxItems=5
+	// +kubebuilder:validation:XValidation:rule="self.all(a, a != 'Reboot') || self[size(self)-1] == 'Reboot'",message="Reboot must be the last action"
+	Actions []Action `json:"actions"`
+	// +optional
+	Risk Risk `json:"risk,omitempty"`
+}
+
+// DrainSpec of a repair that reboots.
+type DrainSpec struct {
+	// TimeoutSeconds; unset: max(600, the largest terminationGracePeriodSeconds
+	// of the node's pods), at most 1800. A drain that times out does not
+	// stop the repair.
+	// +optional
+	// +kubebuilder:validation:Minimum=1
+	TimeoutSeconds *int32 `json:"timeoutSeconds,omitempty"`
+	// +optional
+	Force bool `json:"force,omitempty"`
+	// +optional
+	DeleteEmptyDir bool `json:"deleteEmptyDir,omitempty"`
+}
+
+// NodeRepairPolicySpec configures auto-repair.
+type NodeRepairPolicySpec struct {
+	// NodeSelector chooses the nodes (empty: all).
+	// +optional
+	NodeSelector *metav1.LabelSelector `json:"nodeSelector,omitempty"`
+	// PoolLabel groups nodes into pools; repairs run one pool at a time.
+	// +optional
+	// +kubebuilder:default="gpufleet.dev/pool"
+	PoolLabel string `json:"poolLabel,omitempty"`
+	// Rules; empty: the defaults (see the documentation).
+	// +optional
+	// +listType=map
+	// +listMapKey=name
+	// +kubebuilder:validation:MaxItems=32
+	Rules []Rule `json:"rules,omitempty"`
+	// AllowReboot lets repairs cordon, drain and reboot a node.
+	// +optional
+	AllowReboot bool `json:"allowReboot,omitempty"`
+	// +optional
+	Drain DrainSpec `json:"drain,omitempty"`
+	// MaxUnhealthy: when more nodes of a pool are faulty at once (an int or
+	// a percentage of the pool), no repair starts there (storm protection).
+	// +optional
+	// +kubebuilder:validation:XIntOrString
+	// +kubebuilder:validation:XValidation:rule="type(self) == int ? self >= 0 : self.matches('^(100|[1-9]?[0-9])%$')",message="maxUnhealthy must be a non-negative integer or a percentage between 0% and 100%"
+	MaxUnhealthy *intstr.IntOrString `json:"maxUnhealthy,omitempty"`
+	// MaxParallelPools: pools repairing at the same time. Default 1.
+	// +optional
+	// +kubebuilder:default=1
+	// +kubebuilder:validation:Minimum=1
+	MaxParallelPools *int32 `json:"maxParallelPools,omitempty"`
+	// VerificationSeconds: after component actions, how long the fault may
+	// take to clear before the next rung of the ladder. Default 60.
+	// +optional
+	// +kubebuilder:default=60
+	// +kubebuilder:validation:Minimum=1
+	VerificationSeconds *int32 `json:"verificationSeconds,omitempty"`
+	// Paused stops new repairs (running ones finish).
+	// +optional
+	Paused bool `json:"paused,omitempty"`
+	// DryRun records and reports what would be repaired; no action runs.
+	// +optional
+	DryRun bool `json:"dryRun,omitempty"`
+}
+
+// SuspendedPool is a pool where repairs stopped.
+type SuspendedPool struct {
+	Pool string `json:"pool"`
+	// Node whose repair failed.
+	Node string `json:"node"`
+	// +optional
+	Reason string `json:"reason,omitempty"`
+}
+
+// NodeRepairPolicyStatus is the observed state.
+type NodeRepairPolicyStatus struct {
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+	// SuspendedPools lists pools held back by a failed repair until its
+	// fault clears (or an administrator removes the entry).
+	// +optional
+	// +listType=map
+	// +listMapKey=pool
+	SuspendedPools []SuspendedPool `json:"suspendedPools,omitempty"`
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+}
+
+// NodeRepairPolicy decides which node faults gpufleet repairs and how.
+//
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:scope=Cluster,shortName=nrp
+// +kubebuilder:printcolumn:name="Reboot",type="boolean",JSONPath=`.spec.allowReboot`
+// +kubebuilder:printcolumn:name="Paused",type="boolean",JSONPath=`.spec.paused`
+// +kubebuilder:printcolumn:name="DryRun",type="boolean",JSONPath=`.spec.dryRun`
+// +kubebuilder:printcolumn:name="Age",type="date",JSONPath=`.metadata.creationTimestamp`
+type NodeRepairPolicy struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	Spec   NodeRepairPolicySpec   `json:"spec,omitempty"`
+	Status NodeRepairPolicyStatus `json:"status,omitempty"`
+}
+
+// NodeRepairPolicyList is a list of NodeRepairPolicy.
+//
+// +kubebuilder:object:root=true
+type NodeRepairPolicyList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []NodeRepairPolicy `json:"items"`
+}
+
+// Phase of a NodeRepair.
+// +kubebuilder:validation:Enum=Repairing;Succeeded;RecoveryFailed;Ignored
+type Phase string
+
+// Phases.
+const (
+	PhaseRepairing      Phase = "Repairing"
+	PhaseSucceeded      Phase = "Succeeded"
+	PhaseRecoveryFailed Phase = "RecoveryFailed"
+	PhaseIgnored        Phase = "Ignored"
+)
+
+// Fault is the condition that triggered a repair.
+type Fault struct {
+	Rule          string `json:"rule"`
+	ConditionType string `json:"conditionType"`
+	Status        string `json:"status"`
+	// +optional
+	Reason string `json:"reason,omitempty"`
+	// +optional
+	Message string `json:"message,omitempty"`
+	// Since is when gpufleet first saw the fault.
+	Since metav1.Time `json:"since"`
+}
+
+// NodeRepairSpec is one repair.
+type NodeRepairSpec struct {
+	// NodeName is the node being repaired.
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="nodeName is immutable"
+	NodeName string `json:"nodeName"`
+	// +optional
+	Pool string `json:"pool,omitempty"`
+	// Policy that started it.
+	Policy string `json:"policy"`
+	Fault  Fault  `json:"fault"`
+	// Actions to run, in order (Reboot only when allowed).
+	Actions []Action `json:"actions"`
+	// +optional
+	DryRun bool `json:"dryRun,omitempty"`
+}
+
+// TimelineEntry is one thing that happened during a repair.
+type TimelineEntry struct {
+	Time metav1.Time `json:"time"`
+	// Step: Start, an Action, Verify, Maintenance, Done.
+	Step string `json:"step"`
+	// Outcome: Requested, Succeeded, Failed, Skipped, ...
+	Outcome string `json:"outcome"`
+	// +optional
+	Message string `json:"message,omitempty"`
+}
+
+// PendingAction is an action waiting for the node agent.
+type PendingAction struct {
+	Action      Action      `json:"action"`
+	RequestedAt metav1.Time `json:"requestedAt"`
+}
+
+// NodeRepairStatus records the repair's progress; the controller and the
+// agent resume from it after a restart.
+type NodeRepairStatus struct {
+	// +optional
+	Phase Phase `json:"phase,omitempty"`
+	// NextAction indexes spec.actions.
+	// +optional
+	NextAction int32 `json:"nextAction,omitempty"`
+	// Pending is the action the agent has to run now.
+	// +optional
+	Pending *PendingAction `json:"pending,omitempty"`
+	// VerifyUntil is the end of the current verification window.
+	// +optional
+	VerifyUntil *metav1.Time `json:"verifyUntil,omitempty"`
+	// BootIDBefore is the node's boot ID when the reboot was requested.
+	// +optional
+	BootIDBefore string `json:"bootIDBefore,omitempty"`
+	// MaintenanceName is the NodeMaintenance holding the node for a reboot.
+	// +optional
+	MaintenanceName string `json:"maintenanceName,omitempty"`
+	// +optional
+	Timeline []TimelineEntry `json:"timeline,omitempty"`
+	// +optional
+	Message string `json:"message,omitempty"`
+}
+
+// NodeRepair is one repair of one node, with its timeline.
+//
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:scope=Cluster,shortName=nr
+// +kubebuilder:printcolumn:name="Node",type="string",JSONPath=`.spec.nodeName`
+// +kubebuilder:printcolumn:name="Pool",type="string",JSONPath=`.spec.pool`
+// +kubebuilder:printcolumn:name="Fault",type="string",JSONPath=`.spec.fault.rule`
+// +kubebuilder:printcolumn:name="Phase",type="string",JSONPath=`.status.phase`
+// +kubebuilder:printcolumn:name="Message",type="string",JSONPath=`.status.message`,priority=1
+// +kubebuilder:printcolumn:name="Age",type="date",JSONPath=`.metadata.creationTimestamp`
+type NodeRepair struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	Spec   NodeRepairSpec   `json:"spec,omitempty"`
+	Status NodeRepairStatus `json:"status,omitempty"`
+}
+
+// NodeRepairList is a list of NodeRepair.
+//
+// +kubebuilder:object:root=true
+type NodeRepairList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []NodeRepair `json:"items"`
+}
+
+func init() {
+	SchemeBuilder.Register(&NodeRepairPolicy{}, &NodeRepairPolicyList{}, &NodeRepair{}, &NodeRepairList{})
+}
