@@ -26,8 +26,11 @@ import (
 
 	maintenancev1 "github.com/gpufleet/gpufleet/api/maintenance/v1alpha1"
 	nvidiav1 "github.com/gpufleet/gpufleet/api/nvidia/v1"
+	repairv1 "github.com/gpufleet/gpufleet/api/repair/v1alpha1"
+	"github.com/gpufleet/gpufleet/internal/agent"
 	"github.com/gpufleet/gpufleet/internal/gpustack"
 	"github.com/gpufleet/gpufleet/internal/maintenance"
+	"github.com/gpufleet/gpufleet/internal/repair"
 )
 
 // DefaultNamespace is where the operator runs when neither --namespace nor
@@ -61,6 +64,9 @@ type Options struct {
 	// DriverUpgradeTimeout: a node whose new driver is not Ready this long
 	// after the restart fails its upgrade (0 = 10 minutes).
 	DriverUpgradeTimeout time.Duration
+	// RepairExecutor runs the node agent in-process for every node (the
+	// simulated cluster of gpufleet dev and the tests); nil on real clusters.
+	RepairExecutor agent.Executor
 	// AllowRestart lets one process build several managers (tests that
 	// stop and restart the operator): controller names are not checked
 	// for uniqueness across managers.
@@ -83,6 +89,13 @@ var registry = []Capability{
 		AddToScheme: maintenancev1.AddToScheme,
 		Setup: func(mgr manager.Manager, o Options) error {
 			return maintenance.Setup(mgr, maintenance.Options{Namespace: o.Namespace, PodName: o.PodName, Clock: o.Clock})
+		},
+	},
+	{
+		Name:        "repair",
+		AddToScheme: repairv1.AddToScheme,
+		Setup: func(mgr manager.Manager, o Options) error {
+			return repair.Setup(mgr, repair.Options{Namespace: o.Namespace, Clock: o.Clock, Executor: o.RepairExecutor})
 		},
 	},
 	{

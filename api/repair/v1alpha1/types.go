@@ -203,8 +203,10 @@ type NodeRepairSpec struct {
 	// Policy that started it.
 	Policy string `json:"policy"`
 	Fault  Fault  `json:"fault"`
-	// Actions to run, in order (Reboot only when allowed).
-	Actions []Action `json:"actions"`
+	// Actions to run, in order (Reboot only when allowed); empty when the
+	// only remedy is a reboot the policy does not allow.
+	// +optional
+	Actions []Action `json:"actions,omitempty"`
 	// +optional
 	DryRun bool `json:"dryRun,omitempty"`
 }

@@ -1,0 +1,81 @@
+// Package agent is the node agent: it runs the repair actions a NodeRepair
+// asks for on its node. Actions are a fixed enumeration; the host side is
+// an Executor (systemd on the real host, or the simulation).
+package agent
+
+import (
+	"context"
+	"fmt"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/clock"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	repairv1 "github.com/gpufleet/gpufleet/api/repair/v1alpha1"
+)
+
+// Executor performs one action on a node's host.
+type Executor interface {
+	Execute(ctx context.Context, node *corev1.Node, action repairv1.Action) error
+}
+
+// Agent runs pending actions of the NodeRepairs of its node (NodeName; empty
+// means every node, for the simulation).
+type Agent struct {
+	Client   client.Client
+	NodeName string
+	Executor Executor
+	Clock    clock.PassiveClock
+}
+
+// Reconcile runs the pending action of one NodeRepair, at most once: it
+// records "Started" before running it, and after a restart it does not run
+// an action whose start is recorded (the repair controller verifies the
+// effect instead).
+func (a *Agent) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+	nr := &repairv1.NodeRepair{}
+	if err := a.Client.Get(ctx, req.NamespacedName, nr); err != nil {
+		return reconcile.Result{}, client.IgnoreNotFound(err)
+	}
+	p := nr.Status.Pending
+	if p == nil || (a.NodeName != "" && nr.Spec.NodeName != a.NodeName) {
+		return reconcile.Result{}, nil
+	}
+	outcome, msg := "Succeeded", ""
+	if last := lastEntry(nr); last != nil && last.Step == string(p.Action) && last.Outcome == "Started" {
+		outcome, msg = "Interrupted", "the agent restarted while running it; not run again"
+	} else {
+		nr.Status.Timeline = append(nr.Status.Timeline, entry(a.Clock, string(p.Action), "Started", ""))
+		if err := a.Client.Status().Update(ctx, nr); err != nil {
+			return reconcile.Result{}, fmt.Errorf("recording the start of %s: %w", p.Action, err)
+		}
+		node := &corev1.Node{}
+		if err := a.Client.Get(ctx, types.NamespacedName{Name: nr.Spec.NodeName}, node); err != nil {
+			return reconcile.Result{}, err
+		}
+		if err := a.Executor.Execute(ctx, node, p.Action); err != nil {
+			outcome, msg = "Failed", err.Error()
+		}
+	}
+	nr.Status.Timeline = append(nr.Status.Timeline, entry(a.Clock, string(p.Action), outcome, msg))
+	nr.Status.Pending = nil
+	nr.Status.NextAction++
+	if err := a.Client.Status().Update(ctx, nr); err != nil {
+		return reconcile.Result{}, fmt.Errorf("recording the outcome of %s: %w", p.Action, err)
+	}
+	return reconcile.Result{}, nil
+}
+
+func lastEntry(nr *repairv1.NodeRepair) *repairv1.TimelineEntry {
+	if n := len(nr.Status.Timeline); n > 0 {
+		return &nr.Status.Timeline[n-1]
+	}
+	return nil
+}
+
+func entry(c clock.PassiveClock, step, outcome, msg string) repairv1.TimelineEntry {
+	return repairv1.TimelineEntry{Time: metav1.NewTime(c.Now()), Step: step, Outcome: outcome, Message: msg}
+}

@@ -1,0 +1,61 @@
+package devcluster
+
+import (
+	"context"
+	"slices"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+
+	repairv1 "github.com/gpufleet/gpufleet/api/repair/v1alpha1"
+)
+
+// AnnotationFixedBy on a simulated node lists the repair actions that fix
+// its injected faults (comma separated, e.g. "RestartNTP" or "Reboot").
+const AnnotationFixedBy = "sim.gpufleet.dev/fixed-by"
+
+// standardConditions are the kubelet's own; everything else was injected.
+var standardConditions = []corev1.NodeConditionType{corev1.NodeReady, corev1.NodeMemoryPressure, corev1.NodeDiskPressure,
+	corev1.NodePIDPressure, corev1.NodeNetworkUnavailable}
+
+// SimExecutor is the node agent's host for simulated nodes: it applies each
+// action's effect to the kwok node. A reboot gives the node a new boot ID
+// and makes it NotReady for RebootDowntime; an action listed in the node's
+// AnnotationFixedBy clears its injected faults.
+type SimExecutor struct {
+	Cluster        *Cluster
+	RebootDowntime time.Duration
+}
+
+// Execute implements the agent's Executor.
+func (s SimExecutor) Execute(ctx context.Context, node *corev1.Node, a repairv1.Action) error {
+	if a == repairv1.ActionReboot {
+		down := s.RebootDowntime
+		if down == 0 {
+			down = 2 * time.Second
+		}
+		if err := s.Cluster.Reboot(ctx, node.Name, down); err != nil {
+			return err
+		}
+	}
+	if !slices.Contains(strings.Split(node.Annotations[AnnotationFixedBy], ","), string(a)) {
+		return nil
+	}
+	for _, c := range node.Status.Conditions {
+		if !slices.Contains(standardConditions, c.Type) {
+			if err := s.Cluster.ClearNodeCondition(ctx, node.Name, c.Type); err != nil {
+				return err
+			}
+		}
+	}
+	if node.Labels[LabelFrozen] != "" {
+		if err := s.Cluster.ClearNodeCondition(ctx, node.Name, corev1.NodeReady); err != nil {
+			return err
+		}
+	}
+	if node.Labels[LabelKubelet] == "stopped" {
+		return s.Cluster.StartKubelet(ctx, node.Name)
+	}
+	return nil
+}

@@ -1,0 +1,287 @@
+package repair_test
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	maintenancev1 "github.com/gpufleet/gpufleet/api/maintenance/v1alpha1"
+	repairv1 "github.com/gpufleet/gpufleet/api/repair/v1alpha1"
+	"github.com/gpufleet/gpufleet/internal/devcluster"
+	"github.com/gpufleet/gpufleet/internal/operator"
+	"github.com/gpufleet/gpufleet/internal/repair"
+)
+
+const ns = "gpufleet-system"
+
+var env *devcluster.Env
+
+func TestMain(m *testing.M) {
+	flag.Parse()
+	if testing.Short() {
+		os.Exit(m.Run())
+	}
+	os.Exit(run(m))
+}
+
+func run(m *testing.M) int {
+	var specs []devcluster.NodeSpec
+	for _, pool := range []string{"a", "b"} {
+		for i := range 3 {
+			specs = append(specs, devcluster.NodeSpec{Name: fmt.Sprintf("%s-%d", pool, i), Pool: pool, GPUs: 8})
+		}
+	}
+	scheme, err := operator.Scheme()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	if env, err = devcluster.NewEnv(context.Background(), devcluster.Options{}, specs, ns, scheme); err != nil {
+		fmt.Fprintln(os.Stderr, "starting the local cluster:", err)
+		return 1
+	}
+	defer env.Stop()
+	return m.Run()
+}
+
+// startOperator runs maintenance and repair with the simulated agent.
+func startOperator(t *testing.T) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("integration test: needs the local cluster (run without -short)")
+	}
+	mgr, err := operator.New(env.OperatorConfig, operator.Options{
+		Namespace: ns, MetricsAddr: "0", ProbeAddr: "0", AllowRestart: true,
+		Capabilities:   []string{"maintenance", "repair"},
+		RepairExecutor: devcluster.SimExecutor{Cluster: env.Cluster, RebootDowntime: time.Second},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- mgr.Start(ctx) }()
+	var once sync.Once
+	t.Cleanup(func() { once.Do(func() { cancel(); <-done }) })
+}
+
+// policy creates a NodeRepairPolicy with fast rules; removed at cleanup
+// together with every NodeRepair and injected fault.
+func policy(t *testing.T, allowReboot bool, rules ...repairv1.Rule) {
+	t.Helper()
+	p := &repairv1.NodeRepairPolicy{
+		ObjectMeta: metav1.ObjectMeta{Name: "test"},
+		Spec:       repairv1.NodeRepairPolicySpec{AllowReboot: allowReboot, Rules: rules, VerificationSeconds: ptr.To[int32](2)},
+	}
+	if err := env.Kube.Create(t.Context(), p); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx := context.Background()
+		_ = env.Kube.Delete(ctx, p)
+		_ = env.Kube.DeleteAllOf(ctx, &repairv1.NodeRepair{})
+		for _, pool := range []string{"a", "b"} {
+			for i := range 3 {
+				name := fmt.Sprintf("%s-%d", pool, i)
+				for _, c := range []corev1.NodeConditionType{"NTPProblem", "ReadonlyFilesystem"} {
+					_ = env.ClearNodeCondition(ctx, name, c)
+				}
+				patch := `{"metadata":{"labels":{"repair.gpufleet.dev/state":null},"annotations":{"sim.gpufleet.dev/fixed-by":null,"repair.gpufleet.dev/faults-since":null}},"spec":{"unschedulable":false}}`
+				_, _ = env.Client.CoreV1().Nodes().Patch(ctx, name, types.MergePatchType, []byte(patch), metav1.PatchOptions{})
+			}
+		}
+	})
+}
+
+func fault(t *testing.T, node string, typ corev1.NodeConditionType, fixedBy string) {
+	t.Helper()
+	if fixedBy != "" {
+		patch := fmt.Sprintf(`{"metadata":{"annotations":{%q:%q}}}`, devcluster.AnnotationFixedBy, fixedBy)
+		if _, err := env.Client.CoreV1().Nodes().Patch(t.Context(), node, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := env.SetNodeCondition(t.Context(), node, corev1.NodeCondition{Type: typ, Status: corev1.ConditionTrue, Reason: "Injected"}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// repairOf waits for the node's NodeRepair to reach phase.
+func repairOf(t *testing.T, node string, phase repairv1.Phase, timeout time.Duration) *repairv1.NodeRepair {
+	t.Helper()
+	var got *repairv1.NodeRepair
+	err := wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
+		var list repairv1.NodeRepairList
+		if err := env.Kube.List(ctx, &list); err != nil {
+			return false, nil //nolint:nilerr // keep polling
+		}
+		for i := range list.Items {
+			if list.Items[i].Spec.NodeName == node && list.Items[i].Status.Phase == phase {
+				got = &list.Items[i]
+				return true, nil
+			}
+		}
+		return false, nil
+	})
+	if err != nil {
+		var list repairv1.NodeRepairList
+		_ = env.Kube.List(context.Background(), &list)
+		t.Fatalf("no %s repair of %s; repairs: %+v", phase, node, list.Items)
+	}
+	return got
+}
+
+func timelineSteps(r *repairv1.NodeRepair) string {
+	var s []string
+	for _, e := range r.Status.Timeline {
+		s = append(s, e.Step+":"+e.Outcome)
+	}
+	return strings.Join(s, " ")
+}
+
+func nodeEvents(t *testing.T, node string) string {
+	t.Helper()
+	evs, err := env.Client.EventsV1().Events("").List(t.Context(), metav1.ListOptions{FieldSelector: "regarding.name=" + node})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, e := range evs.Items {
+		out = append(out, e.Reason)
+	}
+	return strings.Join(out, ",")
+}
+
+var ntpRule = repairv1.Rule{Name: "ntp-problem", ConditionType: "NTPProblem", Status: "True", ThresholdSeconds: 2,
+	Actions: []repairv1.Action{repairv1.ActionRestartNTP}}
+
+var roRule = repairv1.Rule{Name: "readonly-filesystem", ConditionType: "ReadonlyFilesystem", Status: "True", ThresholdSeconds: 2,
+	Actions: []repairv1.Action{repairv1.ActionReboot}}
+
+func TestComponentRestartFixesTheFault(t *testing.T) {
+	startOperator(t)
+	policy(t, true, ntpRule)
+	injected := time.Now()
+	fault(t, "a-0", "NTPProblem", string(repairv1.ActionRestartNTP))
+	r := repairOf(t, "a-0", repairv1.PhaseSucceeded, 30*time.Second)
+	if started := r.CreationTimestamp.Time; started.Before(injected.Add(2*time.Second - time.Second)) {
+		t.Errorf("repair created %s after the fault, before its 2s threshold", started.Sub(injected))
+	}
+	if got := timelineSteps(r); !strings.Contains(got, "RestartNTP:Started RestartNTP:Succeeded") || strings.Contains(got, "Reboot") {
+		t.Errorf("timeline %q", got)
+	}
+	if r.Status.MaintenanceName != "" {
+		t.Errorf("a component restart went through NodeMaintenance %s", r.Status.MaintenanceName)
+	}
+	var nms maintenancev1.NodeMaintenanceList
+	_ = env.Kube.List(t.Context(), &nms)
+	if len(nms.Items) != 0 {
+		t.Errorf("NodeMaintenance created for a component restart")
+	}
+	if evs := nodeEvents(t, "a-0"); !strings.Contains(evs, repair.ReasonStart) || !strings.Contains(evs, repair.ReasonAction) || !strings.Contains(evs, repair.ReasonSucceed) {
+		t.Errorf("events on the node: %s", evs)
+	}
+}
+
+func TestRebootRepairCordonsDrainsAndReleases(t *testing.T) {
+	startOperator(t)
+	policy(t, true, roRule)
+	before, err := env.Client.CoreV1().Nodes().Get(t.Context(), "a-1", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Watch that the node is cordoned at some point (through NodeMaintenance).
+	cordoned := make(chan bool, 1)
+	go func() {
+		_ = wait.PollUntilContextTimeout(t.Context(), 50*time.Millisecond, 60*time.Second, true, func(ctx context.Context) (bool, error) {
+			n, err := env.Client.CoreV1().Nodes().Get(ctx, "a-1", metav1.GetOptions{})
+			if err == nil && n.Spec.Unschedulable {
+				cordoned <- true
+				return true, nil
+			}
+			return false, nil
+		})
+	}()
+	fault(t, "a-1", "ReadonlyFilesystem", string(repairv1.ActionReboot))
+	r := repairOf(t, "a-1", repairv1.PhaseSucceeded, 60*time.Second)
+	select {
+	case <-cordoned:
+	case <-time.After(time.Second):
+		t.Errorf("the node was never cordoned before its reboot")
+	}
+	after, _ := env.Client.CoreV1().Nodes().Get(t.Context(), "a-1", metav1.GetOptions{})
+	if after.Status.NodeInfo.BootID == before.Status.NodeInfo.BootID || r.Status.BootIDBefore != before.Status.NodeInfo.BootID {
+		t.Errorf("boot ID before %s, recorded %s, after %s", before.Status.NodeInfo.BootID, r.Status.BootIDBefore, after.Status.NodeInfo.BootID)
+	}
+	err = wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, 20*time.Second, true, func(ctx context.Context) (bool, error) {
+		n, err := env.Client.CoreV1().Nodes().Get(ctx, "a-1", metav1.GetOptions{})
+		return err == nil && !n.Spec.Unschedulable && n.Labels[repair.LabelState] == "", nil
+	})
+	if err != nil {
+		t.Errorf("node not uncordoned / still labelled after a successful repair")
+	}
+	if got := timelineSteps(r); !strings.Contains(got, "Maintenance:Requested") || !strings.Contains(got, "Reboot:Succeeded") {
+		t.Errorf("timeline %q", got)
+	}
+}
+
+func TestFailedRepairSuspendsItsPoolOnly(t *testing.T) {
+	startOperator(t)
+	policy(t, false, roRule) // the only remedy, a reboot, is not allowed
+	fault(t, "a-2", "ReadonlyFilesystem", "")
+	failed := repairOf(t, "a-2", repairv1.PhaseRecoveryFailed, 30*time.Second)
+	if !strings.Contains(failed.Status.Message, "reboots are not allowed") {
+		t.Errorf("message %q", failed.Status.Message)
+	}
+	n, _ := env.Client.CoreV1().Nodes().Get(t.Context(), "a-2", metav1.GetOptions{})
+	if n.Labels[repair.LabelState] != string(repairv1.PhaseRecoveryFailed) || n.Spec.Unschedulable {
+		t.Errorf("failed node: labels %v unschedulable %t", n.Labels, n.Spec.Unschedulable)
+	}
+	if evs := nodeEvents(t, "a-2"); !strings.Contains(evs, repair.ReasonFailed) {
+		t.Errorf("no %s event: %s", repair.ReasonFailed, evs)
+	}
+	// Pool a is suspended: a new fault there waits; pool b is still repaired.
+	ntpAndRO := repairv1.Rule{Name: "ntp-problem", ConditionType: "NTPProblem", Status: "True", ThresholdSeconds: 1,
+		Actions: []repairv1.Action{repairv1.ActionRestartNTP}}
+	p := &repairv1.NodeRepairPolicy{}
+	if err := env.Kube.Get(t.Context(), client.ObjectKey{Name: "test"}, p); err != nil {
+		t.Fatal(err)
+	}
+	p.Spec.Rules = append(p.Spec.Rules, ntpAndRO)
+	if err := env.Kube.Update(t.Context(), p); err != nil {
+		t.Fatal(err)
+	}
+	fault(t, "a-0", "NTPProblem", string(repairv1.ActionRestartNTP))
+	fault(t, "b-0", "NTPProblem", string(repairv1.ActionRestartNTP))
+	repairOf(t, "b-0", repairv1.PhaseSucceeded, 30*time.Second)
+	var list repairv1.NodeRepairList
+	_ = env.Kube.List(t.Context(), &list)
+	for _, r := range list.Items {
+		if r.Spec.NodeName == "a-0" {
+			t.Errorf("pool a is suspended, yet a-0 got repair %s (%s)", r.Name, r.Status.Phase)
+		}
+	}
+	if err := env.Kube.Get(t.Context(), client.ObjectKey{Name: "test"}, p); err != nil {
+		t.Fatal(err)
+	}
+	if len(p.Status.SuspendedPools) != 1 || p.Status.SuspendedPools[0].Pool != "a" || p.Status.SuspendedPools[0].Node != "a-2" {
+		t.Errorf("suspended pools %+v, want pool a because of a-2", p.Status.SuspendedPools)
+	}
+	// The fault clears: the suspension lifts and a-0 is repaired.
+	if err := env.ClearNodeCondition(t.Context(), "a-2", "ReadonlyFilesystem"); err != nil {
+		t.Fatal(err)
+	}
+	repairOf(t, "a-0", repairv1.PhaseSucceeded, 30*time.Second)
+}
