@@ -99,6 +99,8 @@ func runDev(ctx context.Context, p devParams) error {
 		}
 		mgr, err := operator.New(cfg, operator.Options{
 			Namespace: operator.DefaultNamespace, MetricsAddr: "127.0.0.1:8080", ProbeAddr: "0",
+			// The simulated nodes' agent: repair actions change the kwok nodes.
+			RepairExecutor: devcluster.SimExecutor{Cluster: cluster},
 		})
 		if err != nil {
 			return err

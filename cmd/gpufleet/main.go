@@ -16,6 +16,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
+	"github.com/gpufleet/gpufleet/internal/agent"
 	"github.com/gpufleet/gpufleet/internal/operator"
 	"github.com/gpufleet/gpufleet/internal/version"
 )
@@ -34,7 +35,7 @@ func newRootCommand() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newOperatorCommand(), newDevCommand(), newVersionCommand())
+	root.AddCommand(newOperatorCommand(), newDevCommand(), newAgentCommand(), newVersionCommand())
 	return root
 }
 
@@ -118,4 +119,40 @@ func newVersionCommand() *cobra.Command {
 			fmt.Fprintln(cmd.OutOrStdout(), version.String())
 		},
 	}
+}
+
+func newAgentCommand() *cobra.Command {
+	var kubeconfig, nodeName string
+	cmd := &cobra.Command{
+		Use:   "agent",
+		Short: "Run the node agent: execute repair actions requested for this node",
+		Long: `agent runs on every node (a privileged DaemonSet with hostPID) and executes
+the repair actions that NodeRepair objects request for its node: restart the
+kubelet, the container runtime or the NTP daemon (systemd units, through
+nsenter into PID 1), delete broken pod sandboxes (crictl), reboot. The set of
+actions is fixed; nothing from the API is run as a command.`,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			setupLogging(false)
+			if nodeName == "" {
+				nodeName = os.Getenv("NODE_NAME")
+			}
+			if nodeName == "" {
+				return fmt.Errorf("--node-name or $NODE_NAME is required")
+			}
+			cfg, err := restConfig(kubeconfig)
+			if err != nil {
+				return err
+			}
+			mgr, err := agent.NewManager(cfg, nodeName, agent.HostExecutor{Runner: agent.ExecRunner{}})
+			if err != nil {
+				return err
+			}
+			ctx, cancel := signalContext()
+			defer cancel()
+			return mgr.Start(ctx)
+		},
+	}
+	cmd.Flags().StringVar(&kubeconfig, "kubeconfig", "", "path to a kubeconfig (default: in-cluster)")
+	cmd.Flags().StringVar(&nodeName, "node-name", "", "this node's name (default: $NODE_NAME)")
+	return cmd
 }

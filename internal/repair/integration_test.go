@@ -13,6 +13,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -175,6 +176,23 @@ func TestComponentRestartFixesTheFault(t *testing.T) {
 	policy(t, true, ntpRule)
 	injected := time.Now()
 	fault(t, "a-0", "NTPProblem", string(repairv1.ActionRestartNTP))
+	// Latency from the threshold crossing to the first action requested.
+	var firstAction time.Time
+	_ = wait.PollUntilContextTimeout(t.Context(), 10*time.Millisecond, 20*time.Second, true, func(ctx context.Context) (bool, error) {
+		var list repairv1.NodeRepairList
+		if err := env.Kube.List(ctx, &list); err != nil {
+			return false, nil //nolint:nilerr // keep polling
+		}
+		for _, r := range list.Items {
+			if r.Spec.NodeName == "a-0" && (r.Status.Pending != nil || r.Status.NextAction > 0) {
+				firstAction = time.Now()
+				return true, nil
+			}
+		}
+		return false, nil
+	})
+	t.Logf("first action requested %s after the fault was injected (threshold 2s): %s after the threshold",
+		firstAction.Sub(injected).Round(10*time.Millisecond), firstAction.Sub(injected.Add(2*time.Second)).Round(10*time.Millisecond))
 	r := repairOf(t, "a-0", repairv1.PhaseSucceeded, 30*time.Second)
 	if started := r.CreationTimestamp.Time; started.Before(injected.Add(2*time.Second - time.Second)) {
 		t.Errorf("repair created %s after the fault, before its 2s threshold", started.Sub(injected))
@@ -285,3 +303,82 @@ func TestFailedRepairSuspendsItsPoolOnly(t *testing.T) {
 	}
 	repairOf(t, "a-0", repairv1.PhaseSucceeded, 30*time.Second)
 }
+
+func TestDryRunRecordsWithoutActing(t *testing.T) {
+	startOperator(t)
+	policy(t, true, ntpRule)
+	p := &repairv1.NodeRepairPolicy{}
+	if err := env.Kube.Get(t.Context(), client.ObjectKey{Name: "test"}, p); err != nil {
+		t.Fatal(err)
+	}
+	p.Spec.DryRun = true
+	if err := env.Kube.Update(t.Context(), p); err != nil {
+		t.Fatal(err)
+	}
+	fault(t, "b-1", "NTPProblem", string(repairv1.ActionRestartNTP))
+	r := repairOf(t, "b-1", repairv1.PhaseIgnored, 30*time.Second)
+	if !strings.Contains(r.Status.Message, "dry run: would run [RestartNTP]") || strings.Contains(timelineSteps(r), "RestartNTP") {
+		t.Errorf("dry run repair: message %q timeline %q", r.Status.Message, timelineSteps(r))
+	}
+	n, _ := env.Client.CoreV1().Nodes().Get(t.Context(), "b-1", metav1.GetOptions{})
+	for _, c := range n.Status.Conditions {
+		if c.Type == "NTPProblem" && c.Status != corev1.ConditionTrue {
+			t.Errorf("dry run changed the node: %+v", c)
+		}
+	}
+	if evs := nodeEvents(t, "b-1"); !strings.Contains(evs, repair.ReasonStart) {
+		t.Errorf("dry run must still report: events %s", evs)
+	}
+}
+
+func TestStormProtection(t *testing.T) {
+	startOperator(t)
+	policy(t, true, ntpRule)
+	p := &repairv1.NodeRepairPolicy{}
+	if err := env.Kube.Get(t.Context(), client.ObjectKey{Name: "test"}, p); err != nil {
+		t.Fatal(err)
+	}
+	limit := intstrFrom(1)
+	p.Spec.MaxUnhealthy = &limit
+	if err := env.Kube.Update(t.Context(), p); err != nil {
+		t.Fatal(err)
+	}
+	fault(t, "b-0", "NTPProblem", string(repairv1.ActionRestartNTP))
+	fault(t, "b-2", "NTPProblem", string(repairv1.ActionRestartNTP))
+	var c *metav1.Condition
+	err := wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, 20*time.Second, true, func(ctx context.Context) (bool, error) {
+		if err := env.Kube.Get(ctx, client.ObjectKey{Name: "test"}, p); err != nil {
+			return false, nil //nolint:nilerr // keep polling
+		}
+		for i := range p.Status.Conditions {
+			if p.Status.Conditions[i].Type == "RepairsBlocked" && p.Status.Conditions[i].Status == metav1.ConditionTrue {
+				c = &p.Status.Conditions[i]
+			}
+		}
+		return c != nil && strings.Contains(c.Message, "storm protection"), nil
+	})
+	if err != nil {
+		t.Fatalf("no storm-protection condition: %+v", p.Status.Conditions)
+	}
+	var list repairv1.NodeRepairList
+	_ = env.Kube.List(t.Context(), &list)
+	if len(list.Items) != 0 {
+		t.Errorf("repairs started despite 2 unhealthy nodes with maxUnhealthy 1: %d", len(list.Items))
+	}
+}
+
+func TestAdminCordonSurvivesARebootRepair(t *testing.T) {
+	startOperator(t)
+	policy(t, true, roRule)
+	if _, err := env.Client.CoreV1().Nodes().Patch(t.Context(), "b-2", types.MergePatchType, []byte(`{"spec":{"unschedulable":true}}`), metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	fault(t, "b-2", "ReadonlyFilesystem", string(repairv1.ActionReboot))
+	repairOf(t, "b-2", repairv1.PhaseSucceeded, 60*time.Second)
+	time.Sleep(time.Second) // the NodeMaintenance's cleanup has run
+	if n, _ := env.Client.CoreV1().Nodes().Get(t.Context(), "b-2", metav1.GetOptions{}); !n.Spec.Unschedulable {
+		t.Errorf("a node cordoned before the repair was uncordoned by it")
+	}
+}
+
+func intstrFrom(v int) intstr.IntOrString { return intstr.FromInt32(int32(v)) }
