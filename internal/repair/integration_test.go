@@ -382,3 +382,94 @@ func TestAdminCordonSurvivesARebootRepair(t *testing.T) {
 }
 
 func intstrFrom(v int) intstr.IntOrString { return intstr.FromInt32(int32(v)) }
+
+func TestOperatorRestartMidRepairResumes(t *testing.T) {
+	if testing.Short() {
+		t.Skip("integration test: needs the local cluster (run without -short)")
+	}
+	// A first operator starts the repair; it is stopped once the node is
+	// held for its reboot; a second one finishes. No action runs twice.
+	first := startStoppable(t)
+	policy(t, true, roRule)
+	fault(t, "a-1", "ReadonlyFilesystem", string(repairv1.ActionReboot))
+	err := wait.PollUntilContextTimeout(t.Context(), 50*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		var list repairv1.NodeRepairList
+		if err := env.Kube.List(ctx, &list); err != nil {
+			return false, nil //nolint:nilerr // keep polling
+		}
+		for _, r := range list.Items {
+			if r.Spec.NodeName == "a-1" && r.Status.MaintenanceName != "" {
+				return true, nil
+			}
+		}
+		return false, nil
+	})
+	if err != nil {
+		t.Fatalf("repair never reached its maintenance step")
+	}
+	first()
+	startOperator(t)
+	r := repairOf(t, "a-1", repairv1.PhaseSucceeded, 60*time.Second)
+	starts := strings.Count(timelineSteps(r), "Reboot:Started")
+	if starts != 1 {
+		t.Errorf("Reboot started %d times: %s", starts, timelineSteps(r))
+	}
+}
+
+// startStoppable starts an operator and returns its stop function.
+func startStoppable(t *testing.T) func() {
+	t.Helper()
+	mgr, err := operator.New(env.OperatorConfig, operator.Options{
+		Namespace: ns, MetricsAddr: "0", ProbeAddr: "0", AllowRestart: true,
+		Capabilities:   []string{"maintenance", "repair"},
+		RepairExecutor: devcluster.SimExecutor{Cluster: env.Cluster, RebootDowntime: time.Second},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- mgr.Start(ctx) }()
+	var once sync.Once
+	stop := func() { once.Do(func() { cancel(); <-done }) }
+	t.Cleanup(stop)
+	return stop
+}
+
+func TestRepairsNeverOverlapAcrossPools(t *testing.T) {
+	startOperator(t)
+	policy(t, true, roRule)
+	stop := make(chan struct{})
+	overlaps := make(chan string, 10)
+	go func() {
+		defer close(overlaps)
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(50 * time.Millisecond):
+			}
+			var list repairv1.NodeRepairList
+			if err := env.Kube.List(context.Background(), &list); err != nil {
+				continue
+			}
+			pools := map[string]bool{}
+			for _, r := range list.Items {
+				if r.Status.Phase == repairv1.PhaseRepairing {
+					pools[r.Spec.Pool] = true
+				}
+			}
+			if len(pools) > 1 {
+				overlaps <- fmt.Sprintf("repairs in %d pools at once", len(pools))
+			}
+		}
+	}()
+	fault(t, "a-0", "ReadonlyFilesystem", string(repairv1.ActionReboot))
+	fault(t, "b-0", "ReadonlyFilesystem", string(repairv1.ActionReboot))
+	repairOf(t, "a-0", repairv1.PhaseSucceeded, 60*time.Second)
+	repairOf(t, "b-0", repairv1.PhaseSucceeded, 60*time.Second)
+	close(stop)
+	for o := range overlaps {
+		t.Error(o)
+	}
+}
