@@ -57,6 +57,7 @@ bench: tools ## Planner micro-benchmarks and scale scenarios on the local cluste
 	  go test -count=1 -run '^$$' -bench 'BenchmarkMakePlan' -benchmem ./internal/maintenance/; \
 	  go test -count=1 -run '^$$' -bench 'BenchmarkRollout100' -benchtime 1x -timeout 30m ./internal/maintenance/; \
 	  go test -count=1 -run '^$$' -bench 'BenchmarkClusterPolicy100' -benchtime 1x -timeout 30m ./internal/gpustack/; \
+	  go test -count=1 -run '^$$' -bench 'BenchmarkHealthyFleet500' -benchtime 1x -timeout 30m ./internal/repair/; \
 	  go test -count=1 -run '^$$' -bench 'BenchmarkOperatorMemory' -benchtime 1x -timeout 40m ./test/chaos/; \
 	} 2>&1 | grep -v '^\s*>' | tee results/bench.txt
 
