@@ -11,6 +11,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -471,5 +472,51 @@ func TestRepairsNeverOverlapAcrossPools(t *testing.T) {
 	close(stop)
 	for o := range overlaps {
 		t.Error(o)
+	}
+}
+
+func TestRebootRepairHonoursPDBAndGoesOnAfterTheDrainTimeout(t *testing.T) {
+	startOperator(t)
+	policy(t, true, roRule)
+	p := &repairv1.NodeRepairPolicy{}
+	if err := env.Kube.Get(t.Context(), client.ObjectKey{Name: "test"}, p); err != nil {
+		t.Fatal(err)
+	}
+	// Force is needed to evict a bare pod; without it the drain reports it.
+	p.Spec.Drain.TimeoutSeconds, p.Spec.Drain.Force = ptr.To[int32](3), true
+	if err := env.Kube.Update(t.Context(), p); err != nil {
+		t.Fatal(err)
+	}
+	// A pod on b-1 protected by a PDB that allows no disruption.
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "guarded", Labels: map[string]string{"app": "guarded"}},
+		Spec:       corev1.PodSpec{NodeName: "b-1", Containers: []corev1.Container{{Name: "main", Image: "registry.example/g:1"}}},
+	}
+	if _, err := env.Client.CoreV1().Pods("default").Create(t.Context(), pod, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = env.Client.CoreV1().Pods("default").Delete(context.Background(), "guarded", metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)})
+	})
+	pdb := &policyv1.PodDisruptionBudget{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "guarded"},
+		Spec: policyv1.PodDisruptionBudgetSpec{MaxUnavailable: ptr.To(intstr.FromInt32(0)),
+			Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "guarded"}}},
+	}
+	if _, err := env.Client.PolicyV1().PodDisruptionBudgets("default").Create(t.Context(), pdb, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = env.Client.PolicyV1().PodDisruptionBudgets("default").Delete(context.Background(), "guarded", metav1.DeleteOptions{})
+	})
+	fault(t, "b-1", "ReadonlyFilesystem", string(repairv1.ActionReboot))
+	r := repairOf(t, "b-1", repairv1.PhaseSucceeded, 60*time.Second)
+	if got := timelineSteps(r); !strings.Contains(got, "Maintenance:DrainTimedOut") || !strings.Contains(got, "Reboot:Succeeded") {
+		t.Errorf("timeline %q: want the drain to time out and the reboot to go on", got)
+	}
+	// The PDB held: the guarded pod was never evicted.
+	got, err := env.Client.CoreV1().Pods("default").Get(t.Context(), "guarded", metav1.GetOptions{})
+	if err != nil || got.DeletionTimestamp != nil {
+		t.Errorf("the PDB-protected pod was evicted: %v %v", err, got.DeletionTimestamp)
 	}
 }
