@@ -10,12 +10,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/util/wait"
+	clocktesting "k8s.io/utils/clock/testing"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -518,5 +520,105 @@ func TestRebootRepairHonoursPDBAndGoesOnAfterTheDrainTimeout(t *testing.T) {
 	got, err := env.Client.CoreV1().Pods("default").Get(t.Context(), "guarded", metav1.GetOptions{})
 	if err != nil || got.DeletionTimestamp != nil {
 		t.Errorf("the PDB-protected pod was evicted: %v %v", err, got.DeletionTimestamp)
+	}
+}
+
+// TestDefaultRulesFireAtTheirThreshold drives the default rules with a fake
+// clock: injected condition → no repair just before the threshold → the
+// repair starts at it, with the rule's actions in order and its events.
+func TestDefaultRulesFireAtTheirThreshold(t *testing.T) {
+	if testing.Short() {
+		t.Skip("integration test: needs the local cluster (run without -short)")
+	}
+	fake := clocktesting.NewFakeClock(time.Now())
+	mgr, err := operator.New(env.OperatorConfig, operator.Options{
+		Namespace: ns, MetricsAddr: "0", ProbeAddr: "0", AllowRestart: true, Clock: fake,
+		Capabilities:   []string{"repair"},
+		RepairExecutor: devcluster.SimExecutor{Cluster: env.Cluster, RebootDowntime: time.Second},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- mgr.Start(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	policy(t, true) // no rules: the defaults
+
+	tick := 0
+	// poke makes the detector look again (a label change passes its filter).
+	poke := func(node string) {
+		tick++
+		patch := fmt.Sprintf(`{"metadata":{"labels":{"test.gpufleet.dev/tick":"%d"}}}`, tick)
+		if _, err := env.Client.CoreV1().Nodes().Patch(t.Context(), node, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	repairsOf := func(node, rule string) []repairv1.NodeRepair {
+		var list repairv1.NodeRepairList
+		_ = env.Kube.List(t.Context(), &list)
+		var out []repairv1.NodeRepair
+		for _, r := range list.Items {
+			if r.Spec.NodeName == node && r.Spec.Fault.Rule == rule {
+				out = append(out, r)
+			}
+		}
+		return out
+	}
+	for _, rule := range repair.DefaultRules() {
+		t.Run(rule.Name, func(t *testing.T) {
+			node := "b-0"
+			c := corev1.NodeCondition{Type: corev1.NodeConditionType(rule.ConditionType), Status: corev1.ConditionStatus(rule.Status),
+				Reason: "Injected", Message: rule.MessageContains}
+			if err := env.SetNodeCondition(t.Context(), node, c); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() {
+				// Clear the fault first and wait for it to be gone, so that
+				// no new repair of it starts while cleaning up.
+				_ = env.ClearNodeCondition(context.Background(), node, c.Type)
+				_ = wait.PollUntilContextTimeout(context.Background(), 100*time.Millisecond, 20*time.Second, true, func(ctx context.Context) (bool, error) {
+					n, err := env.Client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+					if err != nil {
+						return false, nil //nolint:nilerr // keep polling
+					}
+					for _, x := range n.Status.Conditions {
+						if x.Type == c.Type {
+							return string(x.Status) != rule.Status || !strings.Contains(x.Message, rule.MessageContains), nil
+						}
+					}
+					return true, nil
+				})
+				_ = env.Kube.DeleteAllOf(context.Background(), &repairv1.NodeRepair{})
+				patch := `{"metadata":{"labels":{"repair.gpufleet.dev/state":null},"annotations":{"repair.gpufleet.dev/faults-since":null}},"spec":{"unschedulable":false}}`
+				_, _ = env.Client.CoreV1().Nodes().Patch(context.Background(), node, types.MergePatchType, []byte(patch), metav1.PatchOptions{})
+				time.Sleep(time.Second)
+			})
+			poke(node) // gpufleet's clock for this fault starts now
+			threshold := time.Duration(rule.ThresholdSeconds) * time.Second
+			fake.Step(threshold - time.Second)
+			poke(node)
+			if got := repairsOf(node, rule.Name); len(got) != 0 {
+				t.Fatalf("repair %s started 1s before the %s threshold", got[0].Name, threshold)
+			}
+			fake.Step(time.Second)
+			poke(node)
+			var got []repairv1.NodeRepair
+			err := wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
+				got = repairsOf(node, rule.Name)
+				return len(got) == 1, nil
+			})
+			if err != nil {
+				t.Fatalf("no repair at the threshold (%s)", threshold)
+			}
+			want := repair.PlannedActions(rule, true)
+			if diff := cmp.Diff(want, got[0].Spec.Actions); diff != "" || got[0].Spec.Fault.Rule != rule.Name {
+				t.Errorf("repair %s for rule %s, actions (-want +got):\n%s", got[0].Name, got[0].Spec.Fault.Rule, diff)
+			}
+			if evs := nodeEvents(t, node); !strings.Contains(evs, repair.ReasonStart) {
+				t.Errorf("no %s event: %s", repair.ReasonStart, evs)
+			}
+		})
 	}
 }
