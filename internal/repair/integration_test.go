@@ -17,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/utils/clock"
 	clocktesting "k8s.io/utils/clock/testing"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -66,19 +67,7 @@ func startOperator(t *testing.T) {
 	if testing.Short() {
 		t.Skip("integration test: needs the local cluster (run without -short)")
 	}
-	mgr, err := operator.New(env.OperatorConfig, operator.Options{
-		Namespace: ns, MetricsAddr: "0", ProbeAddr: "0", AllowRestart: true,
-		Capabilities:   []string{"maintenance", "repair"},
-		RepairExecutor: devcluster.SimExecutor{Cluster: env.Cluster, RebootDowntime: time.Second},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- mgr.Start(ctx) }()
-	var once sync.Once
-	t.Cleanup(func() { once.Do(func() { cancel(); <-done }) })
+	startStoppable(t, nil, "maintenance", "repair")
 }
 
 // policy creates a NodeRepairPolicy with fast rules; removed at cleanup
@@ -392,7 +381,7 @@ func TestOperatorRestartMidRepairResumes(t *testing.T) {
 	}
 	// A first operator starts the repair; it is stopped once the node is
 	// held for its reboot; a second one finishes. No action runs twice.
-	first := startStoppable(t)
+	first := startStoppable(t, nil, "maintenance", "repair")
 	policy(t, true, roRule)
 	fault(t, "a-1", "ReadonlyFilesystem", string(repairv1.ActionReboot))
 	err := wait.PollUntilContextTimeout(t.Context(), 50*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
@@ -419,12 +408,13 @@ func TestOperatorRestartMidRepairResumes(t *testing.T) {
 	}
 }
 
-// startStoppable starts an operator and returns its stop function.
-func startStoppable(t *testing.T) func() {
+// startStoppable starts an operator (clk nil: the real clock) with the
+// simulated agent and returns its stop function (also run at cleanup).
+func startStoppable(t *testing.T, clk clock.WithTicker, capabilities ...string) func() {
 	t.Helper()
 	mgr, err := operator.New(env.OperatorConfig, operator.Options{
-		Namespace: ns, MetricsAddr: "0", ProbeAddr: "0", AllowRestart: true,
-		Capabilities:   []string{"maintenance", "repair"},
+		Namespace: ns, MetricsAddr: "0", ProbeAddr: "0", AllowRestart: true, Clock: clk,
+		Capabilities:   capabilities,
 		RepairExecutor: devcluster.SimExecutor{Cluster: env.Cluster, RebootDowntime: time.Second},
 	})
 	if err != nil {
@@ -531,18 +521,7 @@ func TestDefaultRulesFireAtTheirThreshold(t *testing.T) {
 		t.Skip("integration test: needs the local cluster (run without -short)")
 	}
 	fake := clocktesting.NewFakeClock(time.Now())
-	mgr, err := operator.New(env.OperatorConfig, operator.Options{
-		Namespace: ns, MetricsAddr: "0", ProbeAddr: "0", AllowRestart: true, Clock: fake,
-		Capabilities:   []string{"repair"},
-		RepairExecutor: devcluster.SimExecutor{Cluster: env.Cluster, RebootDowntime: time.Second},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- mgr.Start(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
+	startStoppable(t, fake, "repair")
 	policy(t, true) // no rules: the defaults
 
 	tick := 0
