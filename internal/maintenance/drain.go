@@ -11,6 +11,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/kubectl/pkg/drain"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -142,19 +143,10 @@ func (r *Reconciler) drain(ctx context.Context, nm *maintenancev1.NodeMaintenanc
 // blocked sets the DrainBlocked condition, with a Warning event when its
 // message changes.
 func (r *Reconciler) blocked(nm *maintenancev1.NodeMaintenance, node *corev1.Node, reason, msg string) {
-	if c := findCondition(nm, maintenancev1.ConditionTypeDrainBlocked); c == nil || c.Message != msg {
+	if c := meta.FindStatusCondition(nm.Status.Conditions, maintenancev1.ConditionTypeDrainBlocked); c == nil || c.Message != msg {
 		r.Recorder.Eventf(nm, node, corev1.EventTypeWarning, reason, actionDrain, "%s", msg)
 	}
 	setCondition(nm, maintenancev1.ConditionTypeDrainBlocked, metav1.ConditionTrue, reason, msg, r.Clock.Now())
-}
-
-func findCondition(nm *maintenancev1.NodeMaintenance, typ string) *metav1.Condition {
-	for i := range nm.Status.Conditions {
-		if nm.Status.Conditions[i].Type == typ {
-			return &nm.Status.Conditions[i]
-		}
-	}
-	return nil
 }
 
 // skipOwnPod keeps the drain away from the operator's own pod.

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -116,7 +117,7 @@ func TestSchedulerNeverSchedulesTwiceFromAStaleCache(t *testing.T) {
 	if err := api.Get(ctx, client.ObjectKey{Namespace: "default", Name: "nm2"}, &nm); err != nil {
 		t.Fatal(err)
 	}
-	if c := findCondition(&nm, maintenancev1.ConditionTypeReady); c == nil || c.Message != "maxParallelOperations reached: 1/1 nodes in maintenance" {
+	if c := meta.FindStatusCondition(nm.Status.Conditions, maintenancev1.ConditionTypeReady); c == nil || c.Message != "maxParallelOperations reached: 1/1 nodes in maintenance" {
 		t.Errorf("nm2 wait reason: %+v", c)
 	}
 }
