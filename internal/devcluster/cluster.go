@@ -91,13 +91,11 @@ type Cluster struct {
 	// APIServerURL is the https URL of the API server.
 	APIServerURL string
 
-	pki       *pki
-	procs     []*process
-	stopOnce  sync.Once
-	logf      func(string, ...any)
-	kwokPort  int
-	etcdURL   string
-	nodeLease time.Duration
+	pki      *pki
+	procs    []*process
+	stopOnce sync.Once
+	logf     func(string, ...any)
+	etcdURL  string
 }
 
 // Start starts a cluster and waits until every part is healthy. On error
@@ -119,7 +117,7 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
 	if err := os.WriteFile(filepath.Join(dir, "owner.pid"), []byte(strconv.Itoa(os.Getpid())), 0o600); err != nil {
 		return nil, fmt.Errorf("writing owner pid: %w", err)
 	}
-	c := &Cluster{Dir: dir, logf: opts.Logf, nodeLease: opts.NodeLeaseDuration}
+	c := &Cluster{Dir: dir, logf: opts.Logf}
 	defer func() {
 		if err != nil {
 			c.Stop()
@@ -386,7 +384,6 @@ func (c *Cluster) startComponents(ctx context.Context, binDir string, opts Optio
 	if err := os.WriteFile(kwokCfgPath, []byte(kwokConfigYAML()), 0o600); err != nil {
 		return fmt.Errorf("writing kwok config: %w", err)
 	}
-	c.kwokPort = ports[2]
 	kwok, err := c.start(procKwok, binDir,
 		"--kubeconfig="+kwokConfig,
 		"--config="+kwokCfgPath,
@@ -440,23 +437,6 @@ func (c *Cluster) waitServiceAccounts(ctx context.Context) error {
 	}
 	return nil
 }
-
-// LogPath returns the log file of a part ("etcd", "kube-apiserver", …).
-func (c *Cluster) LogPath(name string) string { return filepath.Join(c.Dir, name+".log") }
-
-// PIDs returns the process ids of the running parts, by name.
-func (c *Cluster) PIDs() map[string]int {
-	out := map[string]int{}
-	for _, p := range c.procs {
-		if !p.exited() {
-			out[p.name] = p.cmd.Process.Pid
-		}
-	}
-	return out
-}
-
-// NodeLeaseDuration is the simulated kubelets' lease duration.
-func (c *Cluster) NodeLeaseDuration() time.Duration { return c.nodeLease }
 
 // RestartAPIServer stops and restarts kube-apiserver with the same flags,
 // for chaos tests. Clients reconnect on their own.

@@ -88,14 +88,14 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	if err := r.prune(ctx, objs); err != nil {
 		return reconcile.Result{}, err
 	}
-	pods, err := r.componentPods(ctx)
+	pods, stackPods, err := r.componentPods(ctx)
 	if err != nil {
 		return reconcile.Result{}, err
 	}
 	if err := r.labelNodes(ctx, &nodes, policy, pods); err != nil {
 		return reconcile.Result{}, err
 	}
-	upgradeRequeue, err := r.upgradeDrivers(ctx, policy, &nodes, driverImages(objs))
+	upgradeRequeue, err := r.upgradeDrivers(ctx, policy, &nodes, driverImages(objs), stackPods)
 	if err != nil {
 		return reconcile.Result{}, err
 	}
@@ -261,11 +261,11 @@ type podState struct {
 	since time.Time // creation time, for the Degraded threshold
 }
 
-// componentPods indexes the stack's pods by node and component.
-func (r *Reconciler) componentPods(ctx context.Context) (map[string]map[string]podState, error) {
+// componentPods lists the stack's pods and indexes them by node and component.
+func (r *Reconciler) componentPods(ctx context.Context) (map[string]map[string]podState, []corev1.Pod, error) {
 	var pods corev1.PodList
 	if err := r.Client.List(ctx, &pods, client.InNamespace(r.Namespace), client.MatchingLabels{LabelManagedBy: managedBy}); err != nil {
-		return nil, fmt.Errorf("listing stack pods: %w", err)
+		return nil, nil, fmt.Errorf("listing stack pods: %w", err)
 	}
 	out := map[string]map[string]podState{}
 	for i := range pods.Items {
@@ -283,7 +283,7 @@ func (r *Reconciler) componentPods(ctx context.Context) (map[string]map[string]p
 		}
 		out[p.Spec.NodeName][comp] = st
 	}
-	return out, nil
+	return out, pods.Items, nil
 }
 
 func podReady(p *corev1.Pod) bool {

@@ -131,18 +131,11 @@ func autoUpgrade(p *nvidiav1.DriverUpgradePolicySpec) bool {
 
 // upgradeDrivers runs one step of the driver rollout. It returns when to
 // look again (for upgrade timeouts).
-func (r *Reconciler) upgradeDrivers(ctx context.Context, policy *nvidiav1.ClusterPolicy, nodes *corev1.NodeList, desiredImages map[string]string) (time.Duration, error) {
+// stackPods are the stack's pods, as listed for the status.
+func (r *Reconciler) upgradeDrivers(ctx context.Context, policy *nvidiav1.ClusterPolicy, nodes *corev1.NodeList, desiredImages map[string]string, stackPods []corev1.Pod) (time.Duration, error) {
 	up := policy.Spec.Driver.UpgradePolicy
 	if !autoUpgrade(up) || !policy.Spec.Driver.IsEnabled() {
 		return 0, nil
-	}
-	var pods corev1.PodList
-	if err := r.Client.List(ctx, &pods, client.InNamespace(r.Namespace), client.MatchingLabels{LabelComponent: Driver}); err != nil {
-		return 0, fmt.Errorf("listing driver pods: %w", err)
-	}
-	var validators corev1.PodList
-	if err := r.Client.List(ctx, &validators, client.InNamespace(r.Namespace), client.MatchingLabels{LabelComponent: Validator}); err != nil {
-		return 0, fmt.Errorf("listing validator pods: %w", err)
 	}
 	var nms maintenancev1.NodeMaintenanceList
 	if err := r.Client.List(ctx, &nms, client.InNamespace(r.Namespace)); err != nil {
@@ -159,10 +152,19 @@ func (r *Reconciler) upgradeDrivers(ctx context.Context, policy *nvidiav1.Cluste
 		byNode[n.Name] = &UpgradeNode{Name: n.Name, Failed: n.Labels[LabelUpgradeState] == upgradeStateFailed,
 			ValidatorReady: !policy.Spec.Validator.IsEnabled()}
 	}
-	for i := range pods.Items {
-		p := &pods.Items[i]
+	for i := range stackPods {
+		p := &stackPods[i]
 		n := byNode[p.Spec.NodeName]
-		if n == nil || p.DeletionTimestamp != nil {
+		if n == nil {
+			continue
+		}
+		if p.Labels[LabelComponent] == Validator {
+			if podReady(p) {
+				n.ValidatorReady = true
+			}
+			continue
+		}
+		if p.Labels[LabelComponent] != Driver || p.DeletionTimestamp != nil {
 			continue
 		}
 		want, ok := desiredImages[p.Labels["app"]]
@@ -172,11 +174,6 @@ func (r *Reconciler) upgradeDrivers(ctx context.Context, policy *nvidiav1.Cluste
 		n.DriverPod = p.Name
 		n.Current = p.Spec.Containers[0].Image == want
 		n.Ready = podReady(p)
-	}
-	for i := range validators.Items {
-		if n := byNode[validators.Items[i].Spec.NodeName]; n != nil && podReady(&validators.Items[i]) {
-			n.ValidatorReady = true
-		}
 	}
 	for i := range nms.Items {
 		nm := &nms.Items[i]
