@@ -92,21 +92,29 @@ func newOperatorCommand() *cobra.Command {
 	f.DurationVar(&opts.RetryPeriod, "leader-elect-retry-period", 0, "leader-election retry period (0 = 2s)")
 	f.StringSliceVar(&opts.Capabilities, "capabilities", nil, "capabilities to run, comma separated (default: all)")
 	f.StringVar(&opts.PodName, "pod-name", "", "the operator's own pod, never evicted by a drain (default: $POD_NAME)")
+	f.BoolVar(&opts.Profiling, "profiling", false, "serve Go's pprof handlers under /debug/pprof/ on the metrics address")
 	f.BoolVar(&development, "dev-logging", false, "human-readable logs")
 	return cmd
 }
 
+// restConfig loads the credentials. Like controller-runtime's own loader,
+// it turns client-go's client-side rate limit (5 requests/s) off and relies
+// on the API server's priority and fairness: a 5/s limit would serialize a
+// large cluster's maintenance behind the limiter.
 func restConfig(kubeconfig string) (*rest.Config, error) {
-	if kubeconfig != "" {
-		cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	if kubeconfig == "" {
+		cfg, err := ctrl.GetConfig()
 		if err != nil {
-			return nil, fmt.Errorf("loading kubeconfig %s: %w", kubeconfig, err)
+			return nil, fmt.Errorf("finding cluster credentials: %w", err)
 		}
 		return cfg, nil
 	}
-	cfg, err := ctrl.GetConfig()
+	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
 	if err != nil {
-		return nil, fmt.Errorf("finding cluster credentials: %w", err)
+		return nil, fmt.Errorf("loading kubeconfig %s: %w", kubeconfig, err)
+	}
+	if cfg.QPS == 0 {
+		cfg.QPS = -1
 	}
 	return cfg, nil
 }

@@ -3,12 +3,13 @@ package devcluster
 import (
 	"fmt"
 	"maps"
-	"net/http"
 	"sort"
 	"strings"
 	"sync"
 
 	"k8s.io/client-go/rest"
+
+	"github.com/gpufleet/gpufleet/internal/apirequest"
 )
 
 // RequestCounter counts a client's API requests by "VERB resource", e.g.
@@ -22,14 +23,10 @@ type RequestCounter struct {
 // CountRequests returns a copy of cfg whose requests are counted.
 func CountRequests(cfg *rest.Config) (*rest.Config, *RequestCounter) {
 	c := &RequestCounter{counts: map[string]int{}}
-	cfg = rest.CopyConfig(cfg)
-	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper {
-		return roundTripFunc(func(r *http.Request) (*http.Response, error) {
-			c.mu.Lock()
-			c.counts[describeRequest(r)]++
-			c.mu.Unlock()
-			return rt.RoundTrip(r)
-		})
+	cfg = apirequest.Wrap(cfg, func(verb, resource string, _ int) {
+		c.mu.Lock()
+		c.counts[verb+" "+resource]++
+		c.mu.Unlock()
 	})
 	return cfg, c
 }
@@ -55,11 +52,7 @@ func (c *RequestCounter) Since(before map[string]int) map[string]int {
 // IsWrite reports whether a counted key is a mutating request.
 func IsWrite(key string) bool {
 	verb, _, _ := strings.Cut(key, " ")
-	switch verb {
-	case http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete:
-		return true
-	}
-	return false
+	return apirequest.IsWrite(verb)
 }
 
 // FormatCounts renders counts as sorted lines.
@@ -74,41 +67,4 @@ func FormatCounts(m map[string]int) string {
 		fmt.Fprintf(&b, "  %-40s %d\n", k, m[k])
 	}
 	return b.String()
-}
-
-type roundTripFunc func(*http.Request) (*http.Response, error)
-
-func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
-
-// describeRequest names a request "VERB resource[/subresource]".
-func describeRequest(r *http.Request) string {
-	parts := strings.Split(strings.Trim(r.URL.Path, "/"), "/")
-	switch {
-	case len(parts) > 3 && parts[0] == "apis":
-		parts = parts[3:]
-	case len(parts) > 2 && parts[0] == "api":
-		parts = parts[2:]
-	default:
-		return r.Method + " " + r.URL.Path
-	}
-	if len(parts) > 1 && parts[0] == "namespaces" {
-		parts = parts[2:]
-	}
-	res := ""
-	if len(parts) > 0 {
-		res = parts[0]
-	}
-	if len(parts) > 2 {
-		res += "/" + parts[2]
-	}
-	verb := r.Method
-	if r.Method == http.MethodGet {
-		switch {
-		case r.URL.Query().Get("watch") == "true":
-			verb = "WATCH"
-		case len(parts) == 1:
-			verb = "LIST"
-		}
-	}
-	return verb + " " + res
 }

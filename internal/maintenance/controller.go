@@ -25,6 +25,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	maintenancev1 "github.com/gpufleet/gpufleet/api/maintenance/v1alpha1"
+	"github.com/gpufleet/gpufleet/internal/podindex"
 )
 
 // Reconciler drives one NodeMaintenance through its lifecycle, one step per
@@ -357,11 +358,7 @@ func (r *Reconciler) invalidSpec(nm *maintenancev1.NodeMaintenance, msg string) 
 }
 
 func (r *Reconciler) podsOnNode(ctx context.Context, node string) ([]corev1.Pod, error) {
-	var pods corev1.PodList
-	if err := r.Client.List(ctx, &pods, client.MatchingFields{indexPodNodeName: node}); err != nil {
-		return nil, fmt.Errorf("listing pods on node %s: %w", node, err)
-	}
-	return pods.Items, nil
+	return podindex.OnNode(ctx, r.Client, node)
 }
 
 func isDaemonSetPod(p *corev1.Pod) bool {

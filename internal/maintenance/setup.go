@@ -21,8 +21,7 @@ import (
 
 // Cache indexes.
 const (
-	indexNodeName    = "spec.nodeName" // NodeMaintenance by node
-	indexPodNodeName = "spec.nodeName" // Pod by node
+	indexNodeName = "spec.nodeName" // NodeMaintenance by node
 )
 
 // +kubebuilder:rbac:groups=maintenance.nvidia.com,resources=nodemaintenances,verbs=get;list;watch;update;patch;delete
@@ -55,11 +54,6 @@ func Setup(mgr manager.Manager, opts Options) error {
 		return []string{o.(*maintenancev1.NodeMaintenance).Spec.NodeName}
 	}); err != nil {
 		return fmt.Errorf("indexing NodeMaintenance by node: %w", err)
-	}
-	if err := idx.IndexField(ctx, &corev1.Pod{}, indexPodNodeName, func(o client.Object) []string {
-		return []string{o.(*corev1.Pod).Spec.NodeName}
-	}); err != nil {
-		return fmt.Errorf("indexing pods by node: %w", err)
 	}
 	kube, err := kubernetes.NewForConfig(mgr.GetConfig())
 	if err != nil {

@@ -4,12 +4,18 @@
 package operator
 
 import (
+	"context"
+	"errors"
 	"fmt"
+	"maps"
+	"net/http"
+	"net/http/pprof"
 	"slices"
 	"sort"
 	"strings"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
@@ -22,14 +28,17 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	maintenancev1 "github.com/gpufleet/gpufleet/api/maintenance/v1alpha1"
 	nvidiav1 "github.com/gpufleet/gpufleet/api/nvidia/v1"
 	repairv1 "github.com/gpufleet/gpufleet/api/repair/v1alpha1"
 	"github.com/gpufleet/gpufleet/internal/agent"
+	"github.com/gpufleet/gpufleet/internal/apirequest"
 	"github.com/gpufleet/gpufleet/internal/gpustack"
 	"github.com/gpufleet/gpufleet/internal/maintenance"
+	"github.com/gpufleet/gpufleet/internal/podindex"
 	"github.com/gpufleet/gpufleet/internal/repair"
 )
 
@@ -67,6 +76,9 @@ type Options struct {
 	// RepairExecutor runs the node agent in-process for every node (the
 	// simulated cluster of gpufleet dev and the tests); nil on real clusters.
 	RepairExecutor agent.Executor
+	// Profiling serves Go's pprof handlers under /debug/pprof/ on the
+	// metrics address.
+	Profiling bool
 	// AllowRestart lets one process build several managers (tests that
 	// stop and restart the operator): controller names are not checked
 	// for uniqueness across managers.
@@ -80,6 +92,8 @@ type Capability struct {
 	AddToScheme func(*runtime.Scheme) error
 	// Setup registers the capability's controllers with the manager.
 	Setup func(mgr manager.Manager, opts Options) error
+	// Cache, if set, restricts what the manager caches of some kinds.
+	Cache func() map[client.Object]cache.ByObject
 }
 
 // registry lists every capability the binary has, in start order.
@@ -101,6 +115,7 @@ var registry = []Capability{
 	{
 		Name:        "gpustack",
 		AddToScheme: nvidiav1.AddToScheme,
+		Cache:       gpustack.CacheObjects,
 		Setup: func(mgr manager.Manager, o Options) error {
 			return gpustack.Setup(mgr, gpustack.Options{Namespace: o.Namespace, Clock: o.Clock,
 				DegradedAfter: o.GPUStackDegradedAfter, UpgradeTimeout: o.DriverUpgradeTimeout})
@@ -152,16 +167,36 @@ func New(cfg *rest.Config, opts Options) (manager.Manager, error) {
 	if err != nil {
 		return nil, err
 	}
+	// Every request the operator sends is counted by verb and resource
+	// (gpufleet_api_requests_total), so users can see what it asks of the
+	// API server.
+	cfg = apirequest.Instrument(cfg)
+	metricsOpts := metricsserver.Options{BindAddress: orDefault(opts.MetricsAddr, ":8080")}
+	if opts.Profiling {
+		metricsOpts.ExtraHandlers = map[string]http.Handler{
+			"/debug/pprof/":        http.HandlerFunc(pprof.Index),
+			"/debug/pprof/cmdline": http.HandlerFunc(pprof.Cmdline),
+			"/debug/pprof/profile": http.HandlerFunc(pprof.Profile),
+			"/debug/pprof/symbol":  http.HandlerFunc(pprof.Symbol),
+			"/debug/pprof/trace":   http.HandlerFunc(pprof.Trace),
+		}
+	}
+	// managedFields are never read; dropping them roughly halves the
+	// memory of cached nodes. Pods are stripped to the fields the
+	// controllers read.
+	byObject := map[client.Object]cache.ByObject{&corev1.Pod{}: {Transform: stripPods(opts.Namespace)}}
+	for _, c := range selected {
+		if c.Cache != nil {
+			maps.Copy(byObject, c.Cache())
+		}
+	}
 	mopts := ctrl.Options{
 		Scheme: scheme,
-		// managedFields are never read; dropping them roughly halves the
-		// memory of cached nodes and pods.
-		// Pods are stripped to the fields the controllers read.
 		Cache: cache.Options{
 			DefaultTransform: cache.TransformStripManagedFields(),
-			ByObject:         map[client.Object]cache.ByObject{&corev1.Pod{}: {Transform: stripPod}},
+			ByObject:         byObject,
 		},
-		Metrics:                 metricsserver.Options{BindAddress: orDefault(opts.MetricsAddr, ":8080")},
+		Metrics:                 metricsOpts,
 		HealthProbeBindAddress:  orDefault(opts.ProbeAddr, ":8081"),
 		LeaderElection:          opts.LeaderElection,
 		LeaderElectionID:        opts.LeaderElectionID,
@@ -191,12 +226,22 @@ func New(cfg *rest.Config, opts Options) (manager.Manager, error) {
 	if err := mgr.AddReadyzCheck("readyz", healthz.Ping); err != nil {
 		return nil, fmt.Errorf("adding ready check: %w", err)
 	}
+	// Shared by the capabilities that read one node's pods.
+	if err := podindex.Register(context.Background(), mgr.GetFieldIndexer()); err != nil {
+		return nil, err
+	}
 	for _, c := range selected {
 		if err := c.Setup(mgr, opts); err != nil {
 			return nil, fmt.Errorf("setting up %s: %w", c.Name, err)
 		}
 	}
 	return mgr, nil
+}
+
+func init() {
+	if err := metrics.Registry.Register(apirequest.Metric); err != nil && !errors.As(err, new(prometheus.AlreadyRegisteredError)) {
+		panic(err)
+	}
 }
 
 func selectCapabilities(names []string) ([]Capability, error) {

@@ -19,6 +19,7 @@ import (
 
 	maintenancev1 "github.com/gpufleet/gpufleet/api/maintenance/v1alpha1"
 	repairv1 "github.com/gpufleet/gpufleet/api/repair/v1alpha1"
+	"github.com/gpufleet/gpufleet/internal/podindex"
 )
 
 // Repairer walks one NodeRepair up the ladder, one step per reconcile:
@@ -153,19 +154,13 @@ func (r *Repairer) rebootRung(ctx context.Context, nr *repairv1.NodeRepair, node
 }
 
 func (r *Repairer) maintenance(ctx context.Context, nr *repairv1.NodeRepair, node *corev1.Node) (*maintenancev1.NodeMaintenance, error) {
-	var all corev1.PodList
-	if err := r.Client.List(ctx, &all); err != nil {
-		return nil, fmt.Errorf("listing pods: %w", err)
-	}
-	var pods corev1.PodList
-	for i := range all.Items {
-		if all.Items[i].Spec.NodeName == node.Name {
-			pods.Items = append(pods.Items, all.Items[i])
-		}
+	pods, err := podindex.OnNode(ctx, r.Client, node.Name)
+	if err != nil {
+		return nil, err
 	}
 	policy := &repairv1.NodeRepairPolicy{}
 	_ = r.Client.Get(ctx, types.NamespacedName{Name: nr.Spec.Policy}, policy)
-	timeout := int32(DrainTimeout(&policy.Spec.Drain, pods.Items) / time.Second)
+	timeout := int32(DrainTimeout(&policy.Spec.Drain, pods) / time.Second)
 	nm := &maintenancev1.NodeMaintenance{
 		ObjectMeta: metav1.ObjectMeta{Namespace: r.Namespace, Name: "repair-" + nr.Name},
 		Spec: maintenancev1.NodeMaintenanceSpec{RequestorID: Requestor, NodeName: node.Name, Cordon: ptr.To(true),

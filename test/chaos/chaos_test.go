@@ -47,6 +47,9 @@ const (
 	maxUnavail  = 4
 	requestor   = "chaos.gpufleet.dev"
 	bound       = 5 * time.Minute
+	// workloadNamespace holds the simulated workloads; the checker watches
+	// every pod eviction there.
+	workloadNamespace = "default"
 )
 
 func TestRolloutSurvivesKills(t *testing.T) {
@@ -104,7 +107,7 @@ func TestRolloutSurvivesKills(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	chk := newChecker(cluster, k8s, adminCordoned)
+	chk := newChecker(cluster, k8s, adminCordoned, maxParallel, maxUnavail)
 	checkCtx, stopChecker := context.WithCancel(ctx)
 	go chk.run(checkCtx)
 
@@ -228,6 +231,7 @@ type operatorProcess struct {
 	bin, kubeconfig, dir string
 	name                 string   // log file prefix
 	extraArgs            []string // e.g. leader election flags
+	metricsAddr          string   // serve metrics and pprof here ("" = off)
 	mu                   sync.Mutex
 	cmd                  *exec.Cmd
 	runs                 int
@@ -260,8 +264,13 @@ func (o *operatorProcess) startWith(t testing.TB, capabilities string) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	metrics := []string{"--metrics-bind-address", "0"}
+	if o.metricsAddr != "" {
+		metrics = []string{"--metrics-bind-address", o.metricsAddr, "--profiling"}
+	}
 	args := append([]string{"operator", "--kubeconfig", o.kubeconfig, "--namespace", ns,
-		"--metrics-bind-address", "0", "--health-probe-bind-address", "0", "--capabilities", capabilities}, o.extraArgs...)
+		"--health-probe-bind-address", "0", "--capabilities", capabilities}, metrics...)
+	args = append(args, o.extraArgs...)
 	o.cmd = exec.Command(o.bin, args...)
 	o.cmd.Stdout, o.cmd.Stderr = log, log
 	o.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}

@@ -3,6 +3,7 @@ package chaos
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -26,6 +27,10 @@ type checker struct {
 	cluster       *devcluster.Cluster
 	k8s           client.Client
 	adminCordoned string
+	// The resolved limits of the MaintenanceOperatorConfig.
+	limitParallel, limitUnavailable int
+	// onReady is called (outside the lock) the first time an object is seen Ready.
+	onReady func(key string)
 
 	mu             sync.Mutex
 	nms            map[string]nmState // namespace/name -> state
@@ -39,12 +44,22 @@ type checker struct {
 	events         int
 	maxInProgress  int
 	maxUnavailable int
+	// waitRewrites counts changes of a Pending object's wait reason.
+	waitRewrites int
+
+	// Scheduling latency: when each object was first seen, when it was
+	// first seen scheduled, and when slots or budget were released (an
+	// object gone, a node uncordoned), all as observed by this watch.
+	created   map[string]time.Time
+	scheduled map[string]time.Time
+	releases  []time.Time
 }
 
 type nmState struct {
 	node       string
 	inProgress bool
 	ready      bool
+	message    string // of the Ready condition
 }
 
 // window is when an object's drain ran, from server-side timestamps:
@@ -60,9 +75,10 @@ type suspect struct {
 
 var nmGVR = schema.GroupVersionResource{Group: "maintenance.nvidia.com", Version: "v1alpha1", Resource: "nodemaintenances"}
 
-func newChecker(c *devcluster.Cluster, k8s client.Client, adminCordoned string) *checker {
-	return &checker{cluster: c, k8s: k8s, adminCordoned: adminCordoned,
-		nms: map[string]nmState{}, nodes: map[string]*corev1.Node{}, drains: map[string]map[string]*window{}, readySeen: map[string]bool{}}
+func newChecker(c *devcluster.Cluster, k8s client.Client, adminCordoned string, limitParallel, limitUnavailable int) *checker {
+	return &checker{cluster: c, k8s: k8s, adminCordoned: adminCordoned, limitParallel: limitParallel, limitUnavailable: limitUnavailable,
+		nms: map[string]nmState{}, nodes: map[string]*corev1.Node{}, drains: map[string]map[string]*window{}, readySeen: map[string]bool{},
+		created: map[string]time.Time{}, scheduled: map[string]time.Time{}}
 }
 
 func (c *checker) run(ctx context.Context) {
@@ -89,7 +105,7 @@ func (c *checker) run(ctx context.Context) {
 	_, _ = podInf.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		UpdateFunc: func(old, o any) {
 			op, np := old.(*corev1.Pod), o.(*corev1.Pod)
-			if op.DeletionTimestamp == nil && np.DeletionTimestamp != nil && np.Labels["app"] == "train" {
+			if op.DeletionTimestamp == nil && np.DeletionTimestamp != nil && np.Namespace == workloadNamespace {
 				c.onPodDeleted(np)
 			}
 		},
@@ -100,20 +116,30 @@ func (c *checker) run(ctx context.Context) {
 }
 
 func (c *checker) onNM(o any, deleted bool) {
+	if key, first := c.recordNM(o, deleted); first && c.onReady != nil {
+		c.onReady(key)
+	}
+}
+
+// recordNM records an object's state and evaluates the limits; it reports
+// whether the object was seen Ready for the first time.
+func (c *checker) recordNM(o any, deleted bool) (key string, firstReady bool) {
 	u, ok := o.(*unstructured.Unstructured)
 	if !ok {
 		if tomb, ok := o.(cache.DeletedFinalStateUnknown); ok {
 			u, _ = tomb.Obj.(*unstructured.Unstructured)
 		}
 		if u == nil {
-			return
+			return "", false
 		}
 	}
-	key := u.GetNamespace() + "/" + u.GetName()
+	key = u.GetNamespace() + "/" + u.GetName()
+	now := time.Now()
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if deleted {
 		delete(c.nms, key)
+		c.releases = append(c.releases, now)
 	} else {
 		node, _, _ := unstructured.NestedString(u.Object, "spec", "nodeName")
 		st := nmState{node: node}
@@ -123,11 +149,22 @@ func (c *checker) onNM(o any, deleted bool) {
 			if m["type"] == "Ready" {
 				st.inProgress = m["reason"] != "" && m["reason"] != "Pending"
 				st.ready = m["status"] == "True"
+				st.message, _ = m["message"].(string)
 			}
 		}
+		if old, ok := c.nms[key]; ok && !old.inProgress && !st.inProgress && old.message != "" && old.message != st.message {
+			c.waitRewrites++
+		}
 		c.nms[key] = st
-		if st.ready {
+		if _, ok := c.created[key]; !ok {
+			c.created[key] = now
+		}
+		if _, ok := c.scheduled[key]; !ok && st.inProgress {
+			c.scheduled[key] = now
+		}
+		if st.ready && !c.readySeen[key] {
 			c.readySeen[key] = true
+			firstReady = true
 		}
 		if start, _, _ := unstructured.NestedString(u.Object, "status", "drain", "startTime"); start != "" {
 			if c.drains[node] == nil {
@@ -148,11 +185,15 @@ func (c *checker) onNM(o any, deleted bool) {
 		}
 	}
 	c.evaluate()
+	return key, firstReady
 }
 
 func (c *checker) onNode(n *corev1.Node, deleted bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if old := c.nodes[n.Name]; old != nil && old.Spec.Unschedulable && (deleted || !n.Spec.Unschedulable) {
+		c.releases = append(c.releases, time.Now())
+	}
 	if deleted {
 		delete(c.nodes, n.Name)
 	} else {
@@ -204,12 +245,12 @@ func (c *checker) evaluate() {
 	c.notReadySeen = max(c.notReadySeen, notReady)
 	c.maxInProgress = max(c.maxInProgress, len(inProgress))
 	c.maxUnavailable = max(c.maxUnavailable, len(unavailable))
-	if len(inProgress) > maxParallel || len(unavailable) > maxUnavail {
+	if len(inProgress) > c.limitParallel || len(unavailable) > c.limitUnavailable {
 		// Two informers deliver events in no common order (a node's
 		// uncordon can arrive after its object's deletion): confirm from
 		// fresh reads before calling it a violation.
 		seen := fmt.Sprintf("%s: informers show %d in maintenance (limit %d), %d held or cordoned (limit %d)",
-			now.Format(time.RFC3339Nano), len(inProgress), maxParallel, len(unavailable), maxUnavail)
+			now.Format(time.RFC3339Nano), len(inProgress), c.limitParallel, len(unavailable), c.limitUnavailable)
 		go c.confirm(seen)
 	}
 }
@@ -247,7 +288,7 @@ func (c *checker) confirm(seen string) {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if len(inProgress) > maxParallel || len(unavailable) > maxUnavail {
+	if len(inProgress) > c.limitParallel || len(unavailable) > c.limitUnavailable {
 		c.problems = append(c.problems, fmt.Sprintf("%s; confirmed 300ms later: %d in maintenance, %d held or cordoned", seen, len(inProgress), len(unavailable)))
 	} else {
 		c.transients++
@@ -263,7 +304,7 @@ func (c *checker) readyCount() int {
 // final checks the end state and resolves pod-deletion suspects: a pod may
 // only be evicted while a drain of its node runs (server timestamps, 1 s
 // resolution).
-func (c *checker) final(t *testing.T, ctx context.Context, objects int) {
+func (c *checker) final(t testing.TB, ctx context.Context, objects int) {
 	t.Helper()
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -321,4 +362,30 @@ func (c *checker) violations() []string {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return append([]string(nil), c.problems...)
+}
+
+// latencies returns, per scheduled object, the time from the later of its
+// creation and the last release of a slot or budget before it was
+// scheduled, to its scheduling: how long a free slot stayed unused.
+func (c *checker) latencies() []time.Duration {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	rel := slices.Clone(c.releases)
+	slices.SortFunc(rel, func(a, b time.Time) int { return a.Compare(b) })
+	out := make([]time.Duration, 0, len(c.scheduled))
+	for key, at := range c.scheduled {
+		from := c.created[key]
+		// the last release at or before the scheduling
+		if i, _ := slices.BinarySearchFunc(rel, at, func(e, t time.Time) int {
+			if e.After(t) {
+				return 1
+			}
+			return -1
+		}); i > 0 && rel[i-1].After(from) {
+			from = rel[i-1]
+		}
+		out = append(out, at.Sub(from))
+	}
+	slices.Sort(out)
+	return out
 }

@@ -49,7 +49,7 @@ func TestLeaderFailover(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	chk := newChecker(env.Cluster, env.Kube, "")
+	chk := newChecker(env.Cluster, env.Kube, "", maxParallel, maxUnavail)
 	checkCtx, stopChecker := context.WithCancel(ctx)
 	go chk.run(checkCtx)
 

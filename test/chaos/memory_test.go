@@ -2,10 +2,7 @@ package chaos
 
 import (
 	"context"
-	"fmt"
-	"os"
-	"strconv"
-	"strings"
+	"flag"
 	"testing"
 	"time"
 
@@ -22,6 +19,8 @@ import (
 // BenchmarkOperatorMemory measures the operator process's memory with
 // 1,000 nodes and 20,000 pods in the cluster (every capability on, caches
 // synced), after 30 idle seconds. Target: under 150 MB RSS.
+var heapProfile = flag.String("chaos.heap-profile", "", "write the operator's heap profile here (BenchmarkOperatorMemory)")
+
 func BenchmarkOperatorMemory(b *testing.B) {
 	ctx := context.Background()
 	const nodes, pods = 1000, 20000
@@ -65,16 +64,33 @@ func BenchmarkOperatorMemory(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	op := &operatorProcess{bin: buildOperatorB(b), kubeconfig: kubeconfig, dir: b.TempDir()}
-	op.startB(b, "maintenance,gpustack")
+	addr, err := freeAddr()
+	if err != nil {
+		b.Fatal(err)
+	}
+	op := &operatorProcess{bin: buildOperatorB(b), kubeconfig: kubeconfig, dir: b.TempDir(), metricsAddr: addr}
+	op.startB(b, "maintenance,gpustack,repair")
 	defer op.kill()
 	time.Sleep(30 * time.Second)
 	rss, hwm := memoryOf(op.pid())
 	cpu := cpuSecondsOf(op.pid())
+	fams, err := scrape(addr)
+	if err != nil {
+		b.Fatal(err)
+	}
+	heap := gauge(fams, "go_memstats_heap_inuse_bytes") / (1 << 20)
 	b.ReportMetric(float64(rss)/1024, "MB-rss")
 	b.ReportMetric(float64(hwm)/1024, "MB-peak-rss")
+	b.ReportMetric(heap, "MB-heap-inuse")
 	b.ReportMetric(cpu, "cpu-s")
-	b.Logf("operator with %d nodes and %d pods cached: RSS %d MB, peak %d MB, %.1f CPU seconds in its first 30 s", nodes, pods, rss/1024, hwm/1024, cpu)
+	b.Logf("operator with %d nodes and %d pods cached: RSS %d MB, peak %d MB, Go heap in use %.0f MB, %.1f CPU seconds in its first 30 s",
+		nodes, pods, rss/1024, hwm/1024, heap, cpu)
+	if *heapProfile != "" {
+		if err := saveHeapProfile(addr, *heapProfile); err != nil {
+			b.Fatal(err)
+		}
+		b.Logf("heap profile: %s", *heapProfile)
+	}
 }
 
 func buildOperatorB(b *testing.B) string {
@@ -87,38 +103,4 @@ func buildOperatorB(b *testing.B) string {
 		b.Fatalf("building gpufleet: %v\n%s", err, out)
 	}
 	return bin
-}
-
-// memoryOf reads VmRSS and VmHWM (KiB) of a process.
-func memoryOf(pid int) (rss, hwm int) {
-	data, _ := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	for _, line := range strings.Split(string(data), "\n") {
-		f := strings.Fields(line)
-		if len(f) < 2 {
-			continue
-		}
-		v, _ := strconv.Atoi(f[1])
-		switch f[0] {
-		case "VmRSS:":
-			rss = v
-		case "VmHWM:":
-			hwm = v
-		}
-	}
-	return rss, hwm
-}
-
-// cpuSecondsOf reads utime+stime of a process.
-func cpuSecondsOf(pid int) float64 {
-	data, _ := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	s := string(data)
-	if i := strings.LastIndexByte(s, ')'); i >= 0 {
-		f := strings.Fields(s[i+1:])
-		if len(f) > 12 {
-			u, _ := strconv.ParseFloat(f[11], 64)
-			st, _ := strconv.ParseFloat(f[12], 64)
-			return (u + st) / 100 // USER_HZ
-		}
-	}
-	return 0
 }

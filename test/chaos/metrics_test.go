@@ -1,0 +1,141 @@
+package chaos
+
+import (
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+)
+
+// freeAddr returns a free loopback address for the operator's metrics.
+func freeAddr() (string, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	defer l.Close()
+	return l.Addr().String(), nil
+}
+
+// scrape reads the operator's Prometheus metrics.
+func scrape(addr string) (map[string]*dto.MetricFamily, error) {
+	c := &http.Client{Timeout: 10 * time.Second}
+	resp, err := c.Get("http://" + addr + "/metrics")
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("GET /metrics: %s", resp.Status)
+	}
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	return parser.TextToMetricFamilies(resp.Body)
+}
+
+// apiRequests returns gpufleet_api_requests_total summed by "VERB
+// resource", with the status code appended when it is not 2xx
+// ("POST pods/eviction 429").
+func apiRequests(fams map[string]*dto.MetricFamily) map[string]int {
+	out := map[string]int{}
+	f := fams["gpufleet_api_requests_total"]
+	if f == nil {
+		return out
+	}
+	for _, m := range f.GetMetric() {
+		var verb, res, code string
+		for _, l := range m.GetLabel() {
+			switch l.GetName() {
+			case "verb":
+				verb = l.GetValue()
+			case "resource":
+				res = l.GetValue()
+			case "code":
+				code = l.GetValue()
+			}
+		}
+		key := verb + " " + res
+		if !strings.HasPrefix(code, "2") {
+			key += " " + code
+		}
+		out[key] += int(m.GetCounter().GetValue())
+	}
+	return out
+}
+
+// gauge returns a single-series gauge (e.g. go_memstats_heap_inuse_bytes).
+func gauge(fams map[string]*dto.MetricFamily, name string) float64 {
+	if f := fams[name]; f != nil && len(f.GetMetric()) > 0 {
+		return f.GetMetric()[0].GetGauge().GetValue()
+	}
+	return 0
+}
+
+// saveHeapProfile writes the operator's heap profile to path.
+func saveHeapProfile(addr, path string) error {
+	c := &http.Client{Timeout: 30 * time.Second}
+	resp, err := c.Get("http://" + addr + "/debug/pprof/heap?gc=1")
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	_, err = io.Copy(f, resp.Body)
+	return err
+}
+
+// diffCounts returns after-before per key, without zeros.
+func diffCounts(before, after map[string]int) map[string]int {
+	out := map[string]int{}
+	for k, v := range after {
+		if d := v - before[k]; d != 0 {
+			out[k] = d
+		}
+	}
+	return out
+}
+
+// memoryOf reads VmRSS and VmHWM (KiB) of a process.
+func memoryOf(pid int) (rss, hwm int) {
+	data, _ := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	for _, line := range strings.Split(string(data), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 2 {
+			continue
+		}
+		v, _ := strconv.Atoi(f[1])
+		switch f[0] {
+		case "VmRSS:":
+			rss = v
+		case "VmHWM:":
+			hwm = v
+		}
+	}
+	return rss, hwm
+}
+
+// cpuSecondsOf reads utime+stime of a process.
+func cpuSecondsOf(pid int) float64 {
+	data, _ := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	s := string(data)
+	if i := strings.LastIndexByte(s, ')'); i >= 0 {
+		f := strings.Fields(s[i+1:])
+		if len(f) > 12 {
+			u, _ := strconv.ParseFloat(f[11], 64)
+			st, _ := strconv.ParseFloat(f[12], 64)
+			return (u + st) / 100 // USER_HZ
+		}
+	}
+	return 0
+}

@@ -1,0 +1,404 @@
+package chaos
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"maps"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	maintenancev1 "github.com/gpufleet/gpufleet/api/maintenance/v1alpha1"
+	"github.com/gpufleet/gpufleet/internal/apirequest"
+	"github.com/gpufleet/gpufleet/internal/devcluster"
+	"github.com/gpufleet/gpufleet/internal/operator"
+)
+
+var (
+	scaleNodes          = flag.Int("scale.nodes", 500, "simulated nodes, one NodeMaintenance each (BenchmarkScaleRollout)")
+	scalePodsPerNode    = flag.Int("scale.pods-per-node", 4, "workload pods per node, in three Deployments, two behind PDBs")
+	scaleMaxParallel    = flag.String("scale.max-parallel", "10%", "MaintenanceOperatorConfig maxParallelOperations")
+	scaleMaxUnavailable = flag.String("scale.max-unavailable", "10%", "MaintenanceOperatorConfig maxUnavailable")
+	scaleIdle           = flag.Duration("scale.idle", time.Minute, "idle window after the rollout, for requests per minute")
+	scaleReport         = flag.String("scale.report", "", "directory for scale-<nodes>.json and .md (default: results/ in the source tree)")
+)
+
+// scaleRequestors share the NodeMaintenance objects.
+var scaleRequestors = []string{"upgrade.example.com", "firmware.example.com", "repair.example.com"}
+
+// scaleReportData is what BenchmarkScaleRollout writes.
+type scaleReportData struct {
+	Commit     string         `json:"commit"`
+	Date       string         `json:"date"`
+	Parameters map[string]any `json:"parameters"`
+	// Rollout: first object created to last object deleted.
+	RolloutSeconds float64 `json:"rolloutSeconds"`
+	ObjectsPerMin  float64 `json:"objectsPerMinute"`
+	// Latency from a free slot (the later of creation and the last
+	// release of a slot or budget) to the object seen scheduled.
+	LatencyMs map[string]float64 `json:"schedulingLatencyMs"`
+	// Limits seen by the independent checker.
+	MaxInProgress   int            `json:"maxInProgress"`
+	MaxUnavailable  int            `json:"maxHeldOrCordoned"`
+	CheckedEvents   int            `json:"checkedEvents"`
+	WaitRewrites    int            `json:"waitReasonRewrites"`
+	Violations      int            `json:"violations"`
+	StartupRequests map[string]int `json:"startupRequests"`
+	RolloutRequests map[string]int `json:"rolloutRequests"`
+	IdleRequests    map[string]int `json:"idleRequests"`
+	IdlePerMinute   float64        `json:"idleRequestsPerMinute"`
+	IdleWrites      int            `json:"idleWrites"`
+	IdleLists       int            `json:"idleLists"`
+	CPUSeconds      float64        `json:"operatorCPUSeconds"`
+	PeakRSSMB       float64        `json:"operatorPeakRSSMB"`
+	RSSMB           float64        `json:"operatorRSSMBAtEnd"`
+}
+
+// BenchmarkScaleRollout is the default scale scenario of `make bench`: N
+// kwok nodes with pods (two Deployments behind PDBs), one NodeMaintenance
+// per node from three requestors with drains, the limits of a
+// MaintenanceOperatorConfig, the real operator binary as its own process,
+// a simulated requestor that deletes each object once Ready, and the
+// independent checker of the chaos test watching the limits. It writes a
+// JSON and a markdown report with the parameters and figures.
+func BenchmarkScaleRollout(b *testing.B) {
+	ctx := context.Background()
+	nodes, perNode := *scaleNodes, *scalePodsPerNode
+	mpo, mu := intstr.Parse(*scaleMaxParallel), intstr.Parse(*scaleMaxUnavailable)
+	limitParallel, err := intstr.GetScaledValueFromIntOrPercent(&mpo, nodes, true)
+	if err != nil {
+		b.Fatal(err)
+	}
+	limitUnavailable, err := intstr.GetScaledValueFromIntOrPercent(&mu, nodes, false)
+	if err != nil {
+		b.Fatal(err)
+	}
+	scheme, _ := operator.Scheme()
+	// Longer node leases: hundreds of simulated kubelets renewing every
+	// few seconds would take the CPU the scenario measures.
+	env, err := devcluster.NewEnv(ctx, devcluster.Options{NodeLeaseDuration: 40 * time.Second, NodeMonitorGracePeriod: 60 * time.Second,
+		StartTimeout: 3 * time.Minute}, devcluster.GPUNodes(nodes, 10), ns, scheme)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer env.Stop()
+	adminCordoned := "gpu-000"
+	if _, err := env.Client.CoreV1().Nodes().Patch(ctx, adminCordoned, "application/merge-patch+json",
+		[]byte(`{"spec":{"unschedulable":true}}`), metav1.PatchOptions{}); err != nil {
+		b.Fatal(err)
+	}
+	setupBegan := time.Now()
+	scaleWorkloads(b, env, nodes*perNode)
+	b.Logf("%d nodes with %d pods running after %s", nodes, nodes*perNode, time.Since(setupBegan).Round(time.Second))
+
+	kubeconfig, err := env.OperatorKubeconfig(ctx)
+	if err != nil {
+		b.Fatal(err)
+	}
+	addr, err := freeAddr()
+	if err != nil {
+		b.Fatal(err)
+	}
+	op := &operatorProcess{bin: buildOperatorB(b), kubeconfig: kubeconfig, dir: b.TempDir(), metricsAddr: addr}
+	op.startB(b, strings.Join(operator.CapabilityNames(), ","))
+	defer op.kill()
+	startup := waitOperatorSettled(b, addr)
+
+	if err := env.Kube.Create(ctx, &maintenancev1.MaintenanceOperatorConfig{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "default"},
+		Spec:       maintenancev1.MaintenanceOperatorConfigSpec{MaxParallelOperations: &mpo, MaxUnavailable: &mu},
+	}); err != nil {
+		b.Fatal(err)
+	}
+	chk := newChecker(env.Cluster, env.Kube, adminCordoned, limitParallel, limitUnavailable)
+	ready := make(chan string, nodes)
+	chk.onReady = func(key string) { ready <- key }
+	checkCtx, stopChecker := context.WithCancel(ctx)
+	defer stopChecker()
+	go chk.run(checkCtx)
+	// The simulated requestors: delete each object once it is Ready.
+	var deleters sync.WaitGroup
+	for range 4 {
+		deleters.Go(func() {
+			for key := range ready {
+				namespace, name, _ := strings.Cut(key, "/")
+				nm := &maintenancev1.NodeMaintenance{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: name}}
+				if err := env.Kube.Delete(ctx, nm); err != nil && client.IgnoreNotFound(err) != nil {
+					b.Errorf("requestor deleting %s: %v", key, err)
+				}
+			}
+		})
+	}
+	defer func() { close(ready); deleters.Wait() }()
+
+	began := time.Now()
+	for i := range nodes {
+		r := scaleRequestors[i%len(scaleRequestors)]
+		nm := &maintenancev1.NodeMaintenance{
+			ObjectMeta: metav1.ObjectMeta{Namespace: workloadNamespace, Name: fmt.Sprintf("%s-gpu-%03d", strings.Split(r, ".")[0], i)},
+			Spec: maintenancev1.NodeMaintenanceSpec{RequestorID: r, NodeName: fmt.Sprintf("gpu-%03d", i),
+				DrainSpec: &maintenancev1.DrainSpec{TimeoutSeconds: ptr.To[int32](0), DeleteEmptyDir: true}},
+		}
+		if err := env.Kube.Create(ctx, nm); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.Logf("%d NodeMaintenance objects created in %s", nodes, time.Since(began).Round(time.Millisecond))
+	bound := 10*time.Minute + time.Duration(nodes)*2*time.Second
+	err = wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, bound, false, func(context.Context) (bool, error) {
+		chk.mu.Lock()
+		defer chk.mu.Unlock()
+		return len(chk.readySeen) == nodes && len(chk.nms) == 0, nil
+	})
+	rollout := time.Since(began)
+	if err != nil {
+		b.Fatalf("rollout not done within %s: %d/%d objects Ready once, %d still exist", bound, chk.readyCount(), nodes, func() int {
+			chk.mu.Lock()
+			defer chk.mu.Unlock()
+			return len(chk.nms)
+		}())
+	}
+	afterRollout := mustRequests(b, addr)
+	cpu := cpuSecondsOf(op.pid())
+	time.Sleep(*scaleIdle)
+	afterIdle := mustRequests(b, addr)
+	rss, hwm := memoryOf(op.pid())
+	stopChecker()
+	chk.final(b, ctx, nodes)
+
+	idle := diffCounts(afterRollout, afterIdle)
+	rep := scaleReportData{
+		Commit: gitCommit(), Date: time.Now().UTC().Format(time.RFC3339),
+		Parameters: map[string]any{"nodes": nodes, "podsPerNode": perNode, "pods": nodes * perNode,
+			"objects": nodes, "requestors": scaleRequestors, "maxParallelOperations": mpo.String(), "maxUnavailable": mu.String(),
+			"resolvedMaxParallel": limitParallel, "resolvedMaxUnavailable": limitUnavailable,
+			"pdbs": "train: maxUnavailable 10%; serve: minAvailable 80%; batch: none", "adminCordonedNodes": 1,
+			"podTerminationSeconds": 1, "idleWindow": scaleIdle.String(), "capabilities": operator.CapabilityNames()},
+		RolloutSeconds: rollout.Seconds(), ObjectsPerMin: float64(nodes) / rollout.Minutes(),
+		LatencyMs:     percentiles(chk.latencies()),
+		MaxInProgress: chk.maxInProgress, MaxUnavailable: chk.maxUnavailable, CheckedEvents: chk.events, WaitRewrites: chk.waitRewrites,
+		Violations:      len(chk.violations()),
+		StartupRequests: startup, RolloutRequests: diffCounts(startup, afterRollout), IdleRequests: idle,
+		IdlePerMinute: float64(sum(idle)) / scaleIdle.Minutes(),
+		CPUSeconds:    cpu, PeakRSSMB: float64(hwm) / 1024, RSSMB: float64(rss) / 1024,
+	}
+	for k, v := range idle {
+		verb, _, _ := strings.Cut(k, " ")
+		if apirequest.IsWrite(verb) {
+			rep.IdleWrites += v
+		}
+		if verb == "LIST" {
+			rep.IdleLists += v
+		}
+	}
+	md := rep.markdown()
+	b.Log("\n" + md)
+	writeScaleReport(b, rep, md)
+	b.ReportMetric(rollout.Seconds(), "s-rollout")
+	b.ReportMetric(rep.LatencyMs["p99"], "ms-p99-sched-latency")
+	b.ReportMetric(float64(sum(rep.RolloutRequests)), "requests")
+	b.ReportMetric(rep.IdlePerMinute, "idle-req/min")
+	b.ReportMetric(cpu, "cpu-s")
+	b.ReportMetric(rep.PeakRSSMB, "MB-peak-rss")
+	for _, v := range chk.violations() {
+		b.Error(v)
+	}
+	if rep.IdleWrites > 0 || rep.IdleLists > 0 {
+		b.Errorf("idle operator wrote %d times and listed %d times in %s: %v", rep.IdleWrites, rep.IdleLists, *scaleIdle, idle)
+	}
+}
+
+// scaleWorkloads runs three Deployments over the nodes: train behind a
+// maxUnavailable 10% PDB, serve behind a minAvailable 80% PDB, batch
+// unprotected. Pods take a second to terminate.
+func scaleWorkloads(b *testing.B, env *devcluster.Env, pods int) {
+	ctx := context.Background()
+	names := []string{"train", "serve", "batch"}
+	for i, name := range names {
+		replicas := int32(pods / len(names))
+		if i < pods%len(names) {
+			replicas++
+		}
+		labels := map[string]string{"app": name}
+		dep := &appsv1.Deployment{
+			ObjectMeta: metav1.ObjectMeta{Namespace: workloadNamespace, Name: name},
+			Spec: appsv1.DeploymentSpec{
+				Replicas: ptr.To(replicas),
+				Selector: &metav1.LabelSelector{MatchLabels: labels},
+				Template: corev1.PodTemplateSpec{
+					ObjectMeta: metav1.ObjectMeta{Labels: labels, Annotations: map[string]string{devcluster.AnnotationTerminateAfter: "1s"}},
+					Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "main", Image: "registry.example/" + name + ":1"}}},
+				},
+			},
+		}
+		if _, err := env.Client.AppsV1().Deployments(workloadNamespace).Create(ctx, dep, metav1.CreateOptions{}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	pdbs := map[string]policyv1.PodDisruptionBudgetSpec{
+		"train": {MaxUnavailable: ptr.To(intstr.FromString("10%"))},
+		"serve": {MinAvailable: ptr.To(intstr.FromString("80%"))},
+	}
+	for name, spec := range pdbs {
+		spec.Selector = &metav1.LabelSelector{MatchLabels: map[string]string{"app": name}}
+		pdb := &policyv1.PodDisruptionBudget{ObjectMeta: metav1.ObjectMeta{Namespace: workloadNamespace, Name: name}, Spec: spec}
+		if _, err := env.Client.PolicyV1().PodDisruptionBudgets(workloadNamespace).Create(ctx, pdb, metav1.CreateOptions{}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	err := wait.PollUntilContextTimeout(ctx, time.Second, 20*time.Minute, true, func(ctx context.Context) (bool, error) {
+		readyPods := int32(0)
+		for _, name := range names {
+			d, err := env.Client.AppsV1().Deployments(workloadNamespace).Get(ctx, name, metav1.GetOptions{})
+			if err != nil {
+				return false, nil //nolint:nilerr // retried
+			}
+			readyPods += d.Status.ReadyReplicas
+		}
+		return readyPods == int32(pods), nil
+	})
+	if err != nil {
+		b.Fatalf("%d workload pods never ready: %v", pods, err)
+	}
+}
+
+// waitOperatorSettled waits until the operator's metrics are served and
+// its request count has not moved for 5 s (caches synced, first
+// reconciles done); it returns the requests so far.
+func waitOperatorSettled(b *testing.B, addr string) map[string]int {
+	var last map[string]int
+	stableSince := time.Now()
+	err := wait.PollUntilContextTimeout(context.Background(), 500*time.Millisecond, 3*time.Minute, true, func(context.Context) (bool, error) {
+		fams, err := scrape(addr)
+		if err != nil {
+			return false, nil //nolint:nilerr // not serving yet
+		}
+		now := apiRequests(fams)
+		if last == nil || sum(now) != sum(last) {
+			last, stableSince = now, time.Now()
+			return false, nil
+		}
+		return time.Since(stableSince) >= 5*time.Second, nil
+	})
+	if err != nil {
+		b.Fatalf("operator never settled: %v", err)
+	}
+	return last
+}
+
+func mustRequests(b *testing.B, addr string) map[string]int {
+	fams, err := scrape(addr)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return apiRequests(fams)
+}
+
+func sum(m map[string]int) int {
+	n := 0
+	for _, v := range m {
+		n += v
+	}
+	return n
+}
+
+// percentiles of sorted durations, in milliseconds.
+func percentiles(d []time.Duration) map[string]float64 {
+	out := map[string]float64{"count": float64(len(d))}
+	if len(d) == 0 {
+		return out
+	}
+	at := func(p float64) float64 {
+		i := int(p * float64(len(d)-1))
+		return float64(d[i].Microseconds()) / 1000
+	}
+	out["p50"], out["p90"], out["p99"], out["max"] = at(0.5), at(0.9), at(0.99), at(1)
+	return out
+}
+
+func (r scaleReportData) markdown() string {
+	var s strings.Builder
+	p := r.Parameters
+	fmt.Fprintf(&s, "# gpufleet scale rollout (%s, %s)\n\n", r.Commit, r.Date)
+	fmt.Fprintf(&s, "Parameters: %v nodes, %v pods (%v per node; %v), %v NodeMaintenance objects from %d requestors with drains, "+
+		"maxParallelOperations %v (= %v), maxUnavailable %v (= %v), 1 node cordoned by an admin, capabilities %v; the operator is the real binary in its own process.\n\n",
+		p["nodes"], p["pods"], p["podsPerNode"], p["pdbs"], p["objects"], len(scaleRequestors),
+		p["maxParallelOperations"], p["resolvedMaxParallel"], p["maxUnavailable"], p["resolvedMaxUnavailable"], p["capabilities"])
+	fmt.Fprintf(&s, "| figure | value |\n|---|---|\n")
+	fmt.Fprintf(&s, "| every object Ready once and deleted | %.1f s (%.0f objects/min) |\n", r.RolloutSeconds, r.ObjectsPerMin)
+	fmt.Fprintf(&s, "| scheduling latency from a free slot (p50 / p90 / p99 / max, %v objects) | %.0f / %.0f / %.0f / %.0f ms |\n",
+		r.LatencyMs["count"], r.LatencyMs["p50"], r.LatencyMs["p90"], r.LatencyMs["p99"], r.LatencyMs["max"])
+	fmt.Fprintf(&s, "| max in progress (limit %v) / max held or cordoned (limit %v) | %d / %d |\n", p["resolvedMaxParallel"], p["resolvedMaxUnavailable"], r.MaxInProgress, r.MaxUnavailable)
+	fmt.Fprintf(&s, "| checker events / violations | %d / %d |\n", r.CheckedEvents, r.Violations)
+	fmt.Fprintf(&s, "| changes of a Pending object's wait reason | %d |\n", r.WaitRewrites)
+	fmt.Fprintf(&s, "| operator API requests: start-up / rollout | %d / %d |\n", sum(r.StartupRequests), sum(r.RolloutRequests))
+	fmt.Fprintf(&s, "| operator requests per minute after the rollout (%v window) | %.1f (%d writes, %d lists) |\n", p["idleWindow"], r.IdlePerMinute, r.IdleWrites, r.IdleLists)
+	fmt.Fprintf(&s, "| operator CPU during start-up and rollout | %.1f s |\n", r.CPUSeconds)
+	fmt.Fprintf(&s, "| operator peak RSS / RSS at the end | %.0f / %.0f MB |\n\n", r.PeakRSSMB, r.RSSMB)
+	fmt.Fprintf(&s, "Rollout requests by verb and resource:\n\n| request | count |\n|---|---|\n")
+	keys := make([]string, 0, len(r.RolloutRequests))
+	for k := range r.RolloutRequests {
+		keys = append(keys, k)
+	}
+	sort.Slice(keys, func(i, j int) bool {
+		return r.RolloutRequests[keys[i]] > r.RolloutRequests[keys[j]] || r.RolloutRequests[keys[i]] == r.RolloutRequests[keys[j]] && keys[i] < keys[j]
+	})
+	for _, k := range keys {
+		fmt.Fprintf(&s, "| %s | %d |\n", k, r.RolloutRequests[k])
+	}
+	if len(r.IdleRequests) > 0 {
+		fmt.Fprintf(&s, "\nIdle requests: %s\n", strings.Join(slices.Sorted(maps.Keys(r.IdleRequests)), ", "))
+	}
+	return s.String()
+}
+
+func writeScaleReport(b *testing.B, r scaleReportData, md string) {
+	dir := *scaleReport
+	if dir == "" {
+		root, err := devcluster.SourceRoot()
+		if err != nil {
+			b.Fatal(err)
+		}
+		dir = filepath.Join(root, "results")
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		b.Fatal(err)
+	}
+	data, _ := json.MarshalIndent(r, "", "  ")
+	base := filepath.Join(dir, fmt.Sprintf("scale-%d", r.Parameters["nodes"]))
+	if err := os.WriteFile(base+".json", append(data, '\n'), 0o644); err != nil {
+		b.Fatal(err)
+	}
+	if err := os.WriteFile(base+".md", []byte(md), 0o644); err != nil {
+		b.Fatal(err)
+	}
+	b.Logf("report: %s.json, %s.md", base, base)
+}
+
+func gitCommit() string {
+	root, err := devcluster.SourceRoot()
+	if err != nil {
+		return "unknown"
+	}
+	out, err := runIn(root, "git", "rev-parse", "--short", "HEAD")
+	if err != nil {
+		return "unknown"
+	}
+	return strings.TrimSpace(string(out))
+}
