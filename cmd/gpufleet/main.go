@@ -5,10 +5,12 @@ package main
 import (
 	"context"
 	"fmt"
+	"math"
 	"os"
 	"os/signal"
 	"syscall"
 
+	"github.com/KimMachineGun/automemlimit/memlimit"
 	"github.com/spf13/cobra"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -61,6 +63,7 @@ func newOperatorCommand() *cobra.Command {
 		Short: "Run the gpufleet controllers against a cluster",
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			setupLogging(development)
+			setMemoryLimit()
 			cfg, err := restConfig(kubeconfig)
 			if err != nil {
 				return err
@@ -95,6 +98,21 @@ func newOperatorCommand() *cobra.Command {
 	f.BoolVar(&opts.Profiling, "profiling", false, "serve Go's pprof handlers under /debug/pprof/ on the metrics address")
 	f.BoolVar(&development, "dev-logging", false, "human-readable logs")
 	return cmd
+}
+
+// setMemoryLimit gives the Go runtime a soft memory limit of 90% of the
+// container's memory limit (cgroup), so that the garbage collector works
+// harder before the kernel would kill the process. GOMEMLIMIT, if set,
+// wins; AUTOMEMLIMIT=off or a ratio (0.8) tunes it.
+func setMemoryLimit() {
+	log := ctrl.Log.WithName("memory")
+	limit, err := memlimit.Set(memlimit.WithRatio(0.9), memlimit.WithProvider(memlimit.FromCgroup))
+	switch {
+	case err != nil:
+		log.Info("no Go memory limit from the cgroup", "reason", err.Error())
+	case limit != math.MaxInt64:
+		log.Info("Go memory limit", "bytes", limit)
+	}
 }
 
 // restConfig loads the credentials. Like controller-runtime's own loader,

@@ -1,14 +1,17 @@
 package devcluster
 
 import (
+	"bytes"
 	"context"
+	"errors"
 	"fmt"
+	"io"
 
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/rest"
-	"sigs.k8s.io/yaml"
 
 	"github.com/gpufleet/gpufleet/config"
 )
@@ -16,37 +19,82 @@ import (
 // OperatorUser is the identity the operator runs as in the local cluster.
 const OperatorUser = "gpufleet-operator"
 
-// OperatorConfig installs the generated ClusterRole (config/rbac/role.yaml),
-// binds it to OperatorUser and returns credentials for that user, so the
-// operator runs with exactly the permissions it declares — a missing RBAC
-// marker fails the tests instead of passing as admin.
+// OperatorConfig installs the generated RBAC (config/rbac/role.yaml: the
+// ClusterRole and the namespaced leader-election Role), binds it to
+// OperatorUser and returns credentials for that user, so the operator runs
+// with exactly the permissions it declares — a missing RBAC marker fails
+// the tests instead of passing as admin.
 func (c *Cluster) OperatorConfig(ctx context.Context) (*rest.Config, error) {
 	data, err := config.RBAC.ReadFile("rbac/role.yaml")
 	if err != nil {
 		return nil, err
 	}
-	role := &rbacv1.ClusterRole{}
-	if err := yaml.Unmarshal(data, role); err != nil {
-		return nil, fmt.Errorf("decoding config/rbac/role.yaml: %w", err)
-	}
-	roles := c.Client.RbacV1().ClusterRoles()
-	if existing, err := roles.Get(ctx, role.Name, metav1.GetOptions{}); err == nil {
-		role.ResourceVersion = existing.ResourceVersion
-		if _, err := roles.Update(ctx, role, metav1.UpdateOptions{}); err != nil {
-			return nil, fmt.Errorf("updating ClusterRole %s: %w", role.Name, err)
+	subjects := []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: OperatorUser}}
+	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(data), 4096)
+	for {
+		var doc struct {
+			metav1.TypeMeta `json:",inline"`
+			Metadata        metav1.ObjectMeta   `json:"metadata"`
+			Rules           []rbacv1.PolicyRule `json:"rules"`
 		}
-	} else if _, err := roles.Create(ctx, role, metav1.CreateOptions{}); err != nil {
-		return nil, fmt.Errorf("creating ClusterRole %s: %w", role.Name, err)
-	}
-	binding := &rbacv1.ClusterRoleBinding{
-		ObjectMeta: metav1.ObjectMeta{Name: role.Name},
-		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: role.Name},
-		Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: OperatorUser}},
-	}
-	if _, err := c.Client.RbacV1().ClusterRoleBindings().Create(ctx, binding, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-		return nil, fmt.Errorf("binding ClusterRole %s: %w", role.Name, err)
+		if err := dec.Decode(&doc); errors.Is(err, io.EOF) {
+			break
+		} else if err != nil {
+			return nil, fmt.Errorf("decoding config/rbac/role.yaml: %w", err)
+		}
+		switch doc.Kind {
+		case "ClusterRole":
+			role := &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: doc.Metadata.Name}, Rules: doc.Rules}
+			if err := apply(ctx, c.Client.RbacV1().ClusterRoles(), role); err != nil {
+				return nil, err
+			}
+			binding := &rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: role.Name}, Subjects: subjects,
+				RoleRef: rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: role.Name}}
+			if err := apply(ctx, c.Client.RbacV1().ClusterRoleBindings(), binding); err != nil {
+				return nil, err
+			}
+		case "Role":
+			if err := EnsureNamespace(ctx, c.Client, doc.Metadata.Namespace); err != nil {
+				return nil, err
+			}
+			role := &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: doc.Metadata.Name, Namespace: doc.Metadata.Namespace}, Rules: doc.Rules}
+			if err := apply(ctx, c.Client.RbacV1().Roles(role.Namespace), role); err != nil {
+				return nil, err
+			}
+			binding := &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: role.Name, Namespace: role.Namespace}, Subjects: subjects,
+				RoleRef: rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: role.Name}}
+			if err := apply(ctx, c.Client.RbacV1().RoleBindings(role.Namespace), binding); err != nil {
+				return nil, err
+			}
+		case "":
+		default:
+			return nil, fmt.Errorf("config/rbac/role.yaml: unexpected kind %q", doc.Kind)
+		}
 	}
 	return c.ConfigFor(OperatorUser)
+}
+
+// rbacClient is what apply needs of a typed RBAC client.
+type rbacClient[T metav1.Object] interface {
+	Get(ctx context.Context, name string, opts metav1.GetOptions) (T, error)
+	Create(ctx context.Context, obj T, opts metav1.CreateOptions) (T, error)
+	Update(ctx context.Context, obj T, opts metav1.UpdateOptions) (T, error)
+}
+
+// apply creates obj or replaces the existing object with it.
+func apply[T metav1.Object](ctx context.Context, c rbacClient[T], obj T) error {
+	existing, err := c.Get(ctx, obj.GetName(), metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		_, err = c.Create(ctx, obj, metav1.CreateOptions{})
+	case err == nil:
+		obj.SetResourceVersion(existing.GetResourceVersion())
+		_, err = c.Update(ctx, obj, metav1.UpdateOptions{})
+	}
+	if err != nil {
+		return fmt.Errorf("applying %T %s: %w", obj, obj.GetName(), err)
+	}
+	return nil
 }
 
 // OperatorKubeconfig writes a kubeconfig for OperatorUser (with the

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -40,6 +41,35 @@ type Reconciler struct {
 	PodName  string
 	Clock    clock.PassiveClock
 	Recorder events.EventRecorder
+
+	// finalized remembers the objects whose finalizer this process removed
+	// (UID -> when), so that a reconcile from a cache that still shows
+	// them does not patch a deleted object again.
+	finalizedMu sync.Mutex
+	finalized   map[types.UID]time.Time
+}
+
+// finalizedRecently reports whether this process already removed uid's finalizer.
+func (r *Reconciler) finalizedRecently(uid types.UID) bool {
+	r.finalizedMu.Lock()
+	defer r.finalizedMu.Unlock()
+	_, ok := r.finalized[uid]
+	return ok
+}
+
+func (r *Reconciler) markFinalized(uid types.UID) {
+	r.finalizedMu.Lock()
+	defer r.finalizedMu.Unlock()
+	now := r.Clock.Now()
+	if r.finalized == nil {
+		r.finalized = map[types.UID]time.Time{}
+	}
+	for k, at := range r.finalized {
+		if now.Sub(at) > 5*time.Minute { // long after any cache caught up
+			delete(r.finalized, k)
+		}
+	}
+	r.finalized[uid] = now
 }
 
 // Reconcile advances one NodeMaintenance by one step.
@@ -259,7 +289,7 @@ func (r *Reconciler) nodeGone(ctx context.Context, nm *maintenancev1.NodeMainten
 // object still holds it, then remove the finalizer. While additional
 // requestors remain, the node stays held.
 func (r *Reconciler) finalize(ctx context.Context, nm *maintenancev1.NodeMaintenance, node *corev1.Node) error {
-	if !hasFinalizer(nm) {
+	if !hasFinalizer(nm) || r.finalizedRecently(nm.UID) {
 		return nil
 	}
 	if len(nm.Spec.AdditionalRequestors) > 0 && node != nil && InProgress(nm) {
@@ -291,6 +321,7 @@ func (r *Reconciler) finalize(ctx context.Context, nm *maintenancev1.NodeMainten
 	if err := r.Client.Patch(ctx, nm, patch); client.IgnoreNotFound(err) != nil {
 		return fmt.Errorf("removing finalizer: %w", err)
 	}
+	r.markFinalized(nm.UID)
 	return nil
 }
 

@@ -8,7 +8,6 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
@@ -33,6 +32,9 @@ type Scheduler struct {
 	Namespace string
 	Clock     clock.PassiveClock
 	Recorder  events.EventRecorder
+	// Reasons, if set, writes the wait reasons of Pending objects apart
+	// from the pass; nil writes them in the pass.
+	Reasons *WaitReasons
 
 	mu sync.Mutex
 	// expected: objects this scheduler moved to Scheduled that the cache
@@ -87,9 +89,13 @@ func (s *Scheduler) Reconcile(ctx context.Context, _ reconcile.Request) (reconci
 			return reconcile.Result{}, err
 		}
 	}
-	for key, reason := range plan.Waiting {
-		if err := s.explainWait(ctx, byKey[key], reason); err != nil {
-			return reconcile.Result{}, err
+	if s.Reasons != nil {
+		s.Reasons.Set(plan.Waiting, byKey)
+	} else {
+		for key, reason := range plan.Waiting {
+			if err := s.explainWait(ctx, byKey[key], reason); err != nil {
+				return reconcile.Result{}, err
+			}
 		}
 	}
 	if len(plan.Schedule) > 0 {
@@ -173,11 +179,7 @@ func (s *Scheduler) forget(key types.NamespacedName) {
 
 // explainWait writes why a Pending object waits, only when the reason changed.
 func (s *Scheduler) explainWait(ctx context.Context, nm *maintenancev1.NodeMaintenance, reason string) error {
-	if nm == nil || !hasFinalizer(nm) {
-		return nil // the lifecycle controller initialises it first
-	}
-	if c := meta.FindStatusCondition(nm.Status.Conditions, maintenancev1.ConditionTypeReady); c != nil &&
-		c.Reason == string(maintenancev1.PhasePending) && c.Message == reason {
+	if nm == nil || !needsReason(nm, reason) {
 		return nil
 	}
 	nm = nm.DeepCopy()

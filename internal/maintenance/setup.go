@@ -34,7 +34,6 @@ const (
 // +kubebuilder:rbac:groups=apps,resources=daemonsets,verbs=get
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 // +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
-// +kubebuilder:rbac:groups=coordination.k8s.io,resources=leases,verbs=get;list;watch;create;update;patch
 
 // Options configure the maintenance controllers.
 type Options struct {
@@ -60,9 +59,13 @@ func Setup(mgr manager.Manager, opts Options) error {
 		return fmt.Errorf("creating clientset: %w", err)
 	}
 
+	reasons := &WaitReasons{Client: mgr.GetClient(), Clock: opts.Clock}
+	if err := mgr.Add(reasons); err != nil {
+		return fmt.Errorf("adding the wait-reason writer: %w", err)
+	}
 	sched := &Scheduler{
 		Client: mgr.GetClient(), Namespace: opts.Namespace, Clock: opts.Clock,
-		Recorder: mgr.GetEventRecorder("gpufleet-maintenance-scheduler"),
+		Recorder: mgr.GetEventRecorder("gpufleet-maintenance-scheduler"), Reasons: reasons,
 	}
 	isDefaultConfig := predicate.NewPredicateFuncs(func(o client.Object) bool {
 		return o.GetNamespace() == opts.Namespace && o.GetName() == maintenancev1.DefaultConfigName

@@ -42,6 +42,10 @@ import (
 	"github.com/gpufleet/gpufleet/internal/repair"
 )
 
+// Leader election needs leases in the operator's own namespace only (a
+// namespaced Role; kustomize moves it with the namespace).
+// +kubebuilder:rbac:groups=coordination.k8s.io,resources=leases,verbs=get;list;watch;create;update;patch,namespace=gpufleet-system
+
 // DefaultNamespace is where the operator runs when neither --namespace nor
 // POD_NAMESPACE says otherwise.
 const DefaultNamespace = "gpufleet-system"

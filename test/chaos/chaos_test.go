@@ -232,6 +232,7 @@ type operatorProcess struct {
 	name                 string   // log file prefix
 	extraArgs            []string // e.g. leader election flags
 	metricsAddr          string   // serve metrics and pprof here ("" = off)
+	env                  []string // added to the environment
 	mu                   sync.Mutex
 	cmd                  *exec.Cmd
 	runs                 int
@@ -272,6 +273,7 @@ func (o *operatorProcess) startWith(t testing.TB, capabilities string) {
 		"--health-probe-bind-address", "0", "--capabilities", capabilities}, metrics...)
 	args = append(args, o.extraArgs...)
 	o.cmd = exec.Command(o.bin, args...)
+	o.cmd.Env = append(os.Environ(), o.env...)
 	o.cmd.Stdout, o.cmd.Stderr = log, log
 	o.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := o.cmd.Start(); err != nil {

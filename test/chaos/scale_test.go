@@ -198,10 +198,14 @@ func BenchmarkScaleRollout(b *testing.B) {
 		IdlePerMinute: float64(sum(idle)) / scaleIdle.Minutes(),
 		CPUSeconds:    cpu, PeakRSSMB: float64(hwm) / 1024, RSSMB: float64(rss) / 1024,
 	}
+	stateWrites := 0 // writes other than events
 	for k, v := range idle {
-		verb, _, _ := strings.Cut(k, " ")
+		verb, rest, _ := strings.Cut(k, " ")
 		if apirequest.IsWrite(verb) {
 			rep.IdleWrites += v
+			if !strings.HasPrefix(rest, "events") {
+				stateWrites += v
+			}
 		}
 		if verb == "LIST" {
 			rep.IdleLists += v
@@ -219,8 +223,12 @@ func BenchmarkScaleRollout(b *testing.B) {
 	for _, v := range chk.violations() {
 		b.Error(v)
 	}
-	if rep.IdleWrites > 0 || rep.IdleLists > 0 {
-		b.Errorf("idle operator wrote %d times and listed %d times in %s: %v", rep.IdleWrites, rep.IdleLists, *scaleIdle, idle)
+	// Event writes right after the rollout are client-go's event series
+	// (a repeated event is PATCHed, and a series' final count is written
+	// once, 6 minutes after its last occurrence); they are reported, not
+	// failed.
+	if stateWrites > 0 || rep.IdleLists > 0 {
+		b.Errorf("idle operator wrote %d times (besides events) and listed %d times in %s: %v", stateWrites, rep.IdleLists, *scaleIdle, idle)
 	}
 }
 

@@ -1,0 +1,99 @@
+package maintenance
+
+import (
+	"context"
+	"testing"
+
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	clocktesting "k8s.io/utils/clock/testing"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+
+	maintenancev1 "github.com/gpufleet/gpufleet/api/maintenance/v1alpha1"
+)
+
+func TestWaitReasonsWriteLatestReasonOnceAndNeverOverAScheduledObject(t *testing.T) {
+	scheme := runtime.NewScheme()
+	_ = clientgoscheme.AddToScheme(scheme)
+	_ = maintenancev1.AddToScheme(scheme)
+	mk := func(name string) *maintenancev1.NodeMaintenance {
+		return &maintenancev1.NodeMaintenance{
+			ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name, Finalizers: []string{maintenancev1.Finalizer}},
+			Spec:       maintenancev1.NodeMaintenanceSpec{RequestorID: "r", NodeName: "n-" + name},
+		}
+	}
+	a, b, fresh := mk("a"), mk("b"), mk("fresh")
+	fresh.Finalizers = nil // not yet initialised by the lifecycle controller
+	api := fake.NewClientBuilder().WithScheme(scheme).WithObjects(a, b, fresh).WithStatusSubresource(&maintenancev1.NodeMaintenance{}).Build()
+	counting := &countingClient{Client: api}
+	w := &WaitReasons{Client: counting, Clock: clocktesting.NewFakeClock(t0)}
+	ctx := context.Background()
+	run := func() {
+		for w.queue.Len() > 0 {
+			w.processNext(ctx)
+		}
+	}
+	byKey := map[string]*maintenancev1.NodeMaintenance{"default/a": a, "default/b": b, "default/fresh": fresh}
+	reasonOf := func(name string) string {
+		var nm maintenancev1.NodeMaintenance
+		if err := api.Get(ctx, client.ObjectKey{Namespace: "default", Name: name}, &nm); err != nil {
+			t.Fatal(err)
+		}
+		if c := meta.FindStatusCondition(nm.Status.Conditions, maintenancev1.ConditionTypeReady); c != nil {
+			return c.Reason + ": " + c.Message
+		}
+		return ""
+	}
+
+	// Two plans before the workers run: only the latest reason is written.
+	w.Set(map[string]string{"default/a": "first", "default/b": "slots", "default/fresh": "slots"}, byKey)
+	w.Set(map[string]string{"default/a": "second", "default/b": "slots", "default/fresh": "slots"}, byKey)
+	run()
+	if got := reasonOf("a"); got != "Pending: second" {
+		t.Errorf("a: %q", got)
+	}
+	if got := reasonOf("fresh"); got != "" {
+		t.Errorf("an object without the finalizer got a reason: %q", got)
+	}
+	if counting.writes != 2 {
+		t.Errorf("%d status writes, want 2 (a and b once each)", counting.writes)
+	}
+
+	// Unchanged reasons on objects that already show them: nothing queued.
+	for _, n := range []string{"a", "b"} {
+		_ = api.Get(ctx, client.ObjectKey{Namespace: "default", Name: n}, byKey["default/"+n])
+	}
+	w.Set(map[string]string{"default/a": "second", "default/b": "slots"}, byKey)
+	if w.queue.Len() != 0 {
+		t.Errorf("%d objects queued though their reasons did not change", w.queue.Len())
+	}
+
+	// b is scheduled meanwhile; a plan computed from an older copy still
+	// says it waits: the writer reads the object again and leaves it.
+	var nm maintenancev1.NodeMaintenance
+	_ = api.Get(ctx, client.ObjectKey{Namespace: "default", Name: "b"}, &nm)
+	stale := nm.DeepCopy()
+	setPhase(&nm, maintenancev1.PhaseScheduled, "scheduled for maintenance", t0)
+	if err := api.Status().Update(ctx, &nm); err != nil {
+		t.Fatal(err)
+	}
+	writes := counting.writes
+	w.Set(map[string]string{"default/b": "budget"}, map[string]*maintenancev1.NodeMaintenance{"default/b": stale})
+	run()
+	if got := reasonOf("b"); got != "Scheduled: scheduled for maintenance" {
+		t.Errorf("a scheduled object was overwritten: %q", got)
+	}
+	if counting.writes != writes {
+		t.Errorf("%d writes to a scheduled object", counting.writes-writes)
+	}
+	// a is no longer in the plan (scheduled or deleted): a queued key for
+	// it writes nothing.
+	w.queue.Add(client.ObjectKey{Namespace: "default", Name: "a"})
+	run()
+	if counting.writes != writes {
+		t.Errorf("wrote a reason no plan wants")
+	}
+}

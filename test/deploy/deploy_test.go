@@ -1,0 +1,249 @@
+// Package deploy checks the shipped manifests (config/default, built with
+// kustomize): they render, the real API server accepts every object with
+// strict field validation, and the operator running as the ServiceAccount
+// they define, with exactly the RBAC they grant, elects a leader and takes
+// a NodeMaintenance through to Ready.
+package deploy
+
+import (
+	"context"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+	"time"
+
+	authenticationv1 "k8s.io/api/authentication/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/discovery"
+	"k8s.io/client-go/discovery/cached/memory"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/restmapper"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/kustomize/api/krusty"
+	"sigs.k8s.io/kustomize/kyaml/filesys"
+
+	maintenancev1 "github.com/gpufleet/gpufleet/api/maintenance/v1alpha1"
+	"github.com/gpufleet/gpufleet/internal/devcluster"
+	"github.com/gpufleet/gpufleet/internal/operator"
+)
+
+const ns = "gpufleet-system"
+
+var crdGVR = schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"}
+
+// render builds config/default.
+func render(t *testing.T) []*unstructured.Unstructured {
+	t.Helper()
+	root, err := devcluster.SourceRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := krusty.MakeKustomizer(krusty.MakeDefaultOptions())
+	res, err := k.Run(filesys.MakeFsOnDisk(), filepath.Join(root, "config", "default"))
+	if err != nil {
+		t.Fatalf("kustomize build config/default: %v", err)
+	}
+	var out []*unstructured.Unstructured
+	for _, r := range res.Resources() {
+		m, err := r.Map()
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, &unstructured.Unstructured{Object: m})
+	}
+	return out
+}
+
+func TestManifestsRender(t *testing.T) {
+	objs := render(t)
+	kinds := map[string][]string{}
+	for _, o := range objs {
+		kinds[o.GetKind()] = append(kinds[o.GetKind()], o.GetName())
+		if o.GetKind() != "Namespace" && o.GetNamespace() != "" && o.GetNamespace() != ns {
+			t.Errorf("%s %s in namespace %q", o.GetKind(), o.GetName(), o.GetNamespace())
+		}
+	}
+	// Every generated CRD is shipped.
+	root, _ := devcluster.SourceRoot()
+	files, _ := fs.Glob(os.DirFS(filepath.Join(root, "config")), "crd/bases/*.yaml")
+	if len(kinds["CustomResourceDefinition"]) != len(files) || len(files) == 0 {
+		t.Errorf("config/crd/kustomization.yaml lists %d CRDs, config/crd/bases has %d", len(kinds["CustomResourceDefinition"]), len(files))
+	}
+	for kind, want := range map[string][]string{
+		"Deployment":         {"gpufleet-operator"},
+		"DaemonSet":          {"gpufleet-agent"},
+		"ServiceAccount":     {"gpufleet-agent", "gpufleet-operator"},
+		"ClusterRole":        {"gpufleet-agent", "gpufleet-operator"},
+		"ClusterRoleBinding": {"gpufleet-agent", "gpufleet-operator"},
+		"Role":               {"gpufleet-operator"},
+		"RoleBinding":        {"gpufleet-operator"},
+		"Namespace":          {ns},
+	} {
+		got := slices.Sorted(slices.Values(kinds[kind]))
+		if !slices.Equal(got, want) {
+			t.Errorf("%s: got %v, want %v", kind, got, want)
+		}
+	}
+}
+
+// TestOperatorRunsAsItsServiceAccount applies config/default to the local
+// cluster and runs the operator with a token of the ServiceAccount it
+// defines, with leader election as the Deployment runs it.
+func TestOperatorRunsAsItsServiceAccount(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs the local cluster (run without -short)")
+	}
+	ctx := t.Context()
+	cluster, err := devcluster.Start(ctx, devcluster.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cluster.Stop)
+	if err := cluster.AddNodes(ctx, devcluster.GPUNodes(2, 1)...); err != nil {
+		t.Fatal(err)
+	}
+	apply(t, cluster.Config, render(t))
+
+	// A token of the operator's ServiceAccount: the operator gets exactly
+	// what config/default grants it.
+	tok, err := cluster.Client.CoreV1().ServiceAccounts(ns).CreateToken(ctx, "gpufleet-operator",
+		&authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptr.To[int64](3600)}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	saCfg := rest.AnonymousClientConfig(cluster.Config)
+	saCfg.BearerToken = tok.Status.Token
+	mgr, err := operator.New(saCfg, operator.Options{Namespace: ns, MetricsAddr: "0", ProbeAddr: "0", LeaderElection: true,
+		LeaseDuration: 4 * time.Second, RenewDeadline: 3 * time.Second, RetryPeriod: 500 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	opCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- mgr.Start(opCtx) }()
+	t.Cleanup(func() {
+		stop()
+		if err := <-done; err != nil {
+			t.Errorf("operator: %v", err)
+		}
+	})
+	select {
+	case <-mgr.Elected():
+	case err := <-done:
+		t.Fatalf("operator stopped before it was elected: %v", err)
+	case <-time.After(time.Minute):
+		t.Fatal("operator never acquired its lease")
+	}
+
+	scheme, _ := operator.Scheme()
+	kube, err := client.New(cluster.Config, client.Options{Scheme: scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	nm := &maintenancev1.NodeMaintenance{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "deploy-check"},
+		Spec:       maintenancev1.NodeMaintenanceSpec{RequestorID: "deploy.gpufleet.dev", NodeName: "gpu-000", DrainSpec: &maintenancev1.DrainSpec{}},
+	}
+	if err := kube.Create(ctx, nm); err != nil {
+		t.Fatal(err)
+	}
+	err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		if err := kube.Get(ctx, client.ObjectKeyFromObject(nm), nm); err != nil {
+			return false, err
+		}
+		c := meta.FindStatusCondition(nm.Status.Conditions, maintenancev1.ConditionTypeReady)
+		return c != nil && c.Status == metav1.ConditionTrue, nil
+	})
+	if err != nil {
+		t.Fatalf("NodeMaintenance never Ready under the shipped RBAC: %v; status %+v", err, nm.Status)
+	}
+	if err := kube.Delete(ctx, nm); err != nil {
+		t.Fatal(err)
+	}
+	err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		n, err := cluster.Client.CoreV1().Nodes().Get(ctx, "gpu-000", metav1.GetOptions{})
+		return err == nil && !n.Spec.Unschedulable, nil
+	})
+	if err != nil {
+		t.Fatalf("node not uncordoned after the NodeMaintenance was deleted: %v", err)
+	}
+}
+
+// apply creates every object with strict field validation (an unknown or
+// misspelt field fails), CRDs first.
+func apply(t *testing.T, cfg *rest.Config, objs []*unstructured.Unstructured) {
+	t.Helper()
+	ctx := t.Context()
+	dyn := dynamic.NewForConfigOrDie(cfg)
+	slices.SortStableFunc(objs, func(a, b *unstructured.Unstructured) int { return order(a) - order(b) })
+	// Discovery is re-read when a kind is not known yet (a CRD just created).
+	mapper := restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(discovery.NewDiscoveryClientForConfigOrDie(cfg)))
+	for _, o := range objs {
+		gvk := o.GroupVersionKind()
+		var m *meta.RESTMapping
+		err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
+			var err error
+			m, err = mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
+			if err != nil {
+				mapper.Reset()
+				return false, nil
+			}
+			return true, nil
+		})
+		if err != nil {
+			t.Fatalf("no API for %s: %v", gvk, err)
+		}
+		var ri dynamic.ResourceInterface = dyn.Resource(m.Resource)
+		if m.Scope.Name() == meta.RESTScopeNameNamespace {
+			ri = dyn.Resource(m.Resource).Namespace(o.GetNamespace())
+		}
+		if _, err := ri.Create(ctx, o, metav1.CreateOptions{FieldValidation: "Strict"}); err != nil {
+			t.Fatalf("creating %s %s: %v", o.GetKind(), o.GetName(), err)
+		}
+		if o.GetKind() == "CustomResourceDefinition" {
+			waitEstablished(t, cfg, o.GetName())
+		}
+	}
+}
+
+// order puts namespaces and CRDs before the objects that need them.
+func order(o *unstructured.Unstructured) int {
+	switch o.GetKind() {
+	case "Namespace":
+		return 0
+	case "CustomResourceDefinition":
+		return 1
+	}
+	return 2
+}
+
+func waitEstablished(t *testing.T, cfg *rest.Config, name string) {
+	t.Helper()
+	dyn := dynamic.NewForConfigOrDie(cfg)
+	crds := dyn.Resource(crdGVR)
+	err := wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		u, err := crds.Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return false, nil //nolint:nilerr // retried
+		}
+		conds, _, _ := unstructured.NestedSlice(u.Object, "status", "conditions")
+		for _, c := range conds {
+			m, _ := c.(map[string]any)
+			if m["type"] == "Established" && m["status"] == "True" {
+				return true, nil
+			}
+		}
+		return false, nil
+	})
+	if err != nil {
+		t.Fatalf("CRD %s never established: %v", name, err)
+	}
+}
