@@ -84,14 +84,24 @@ func (s *Scheduler) Reconcile(ctx context.Context, _ reconcile.Request) (reconci
 		nm := &list.Items[i]
 		byKey[nm.Namespace+"/"+nm.Name] = nm
 	}
+	// The wait-reason writer learns the plan first, so it no longer
+	// writes the objects about to be scheduled.
+	if s.Reasons != nil {
+		s.Reasons.Set(plan.Waiting, byKey)
+	}
 	for _, o := range plan.Schedule {
 		if err := s.schedule(ctx, byKey[o.Key()]); err != nil {
+			if apierrors.IsConflict(err) {
+				// Our copy is stale: its watch event brings a new pass
+				// (the requeue is a safety net, without error backoff).
+				// The objects scheduled so far were all in the plan.
+				log.V(1).Info("conflict while scheduling; planning again", "error", err.Error())
+				return reconcile.Result{RequeueAfter: 100 * time.Millisecond}, nil
+			}
 			return reconcile.Result{}, err
 		}
 	}
-	if s.Reasons != nil {
-		s.Reasons.Set(plan.Waiting, byKey)
-	} else {
+	if s.Reasons == nil {
 		for key, reason := range plan.Waiting {
 			if err := s.explainWait(ctx, byKey[key], reason); err != nil {
 				return reconcile.Result{}, err
