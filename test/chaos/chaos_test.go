@@ -178,6 +178,29 @@ func gap(rng *rand.Rand) time.Duration {
 	return *minGap + time.Duration(rng.Int64N(int64(*maxGap-*minGap)+1))
 }
 
+// largeCluster is for hundreds of simulated nodes: longer node leases, or
+// their renewals alone would take the CPU the scenarios measure.
+var largeCluster = devcluster.Options{NodeLeaseDuration: 40 * time.Second, NodeMonitorGracePeriod: 60 * time.Second,
+	StartTimeout: 3 * time.Minute}
+
+// startEnv starts a cluster with GPU nodes prepared for the operator (CRDs,
+// namespace, RBAC) and returns it with a kubeconfig of the operator's
+// identity; the cluster stops at cleanup.
+func startEnv(tb testing.TB, opts devcluster.Options, nodes, pools int) (*devcluster.Env, string) {
+	tb.Helper()
+	scheme, _ := operator.Scheme()
+	env, err := devcluster.NewEnv(context.Background(), opts, devcluster.GPUNodes(nodes, pools), ns, scheme)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(env.Stop)
+	kubeconfig, err := env.OperatorKubeconfig(context.Background())
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return env, kubeconfig
+}
+
 // buildOperator builds the real binary: the operator runs as its own process.
 func buildOperator(t *testing.T) string {
 	t.Helper()

@@ -47,6 +47,9 @@ type checker struct {
 	maxUnavailable int
 	// waitRewrites counts changes of a Pending object's wait reason.
 	waitRewrites int
+	// phases: per object, the phases (Ready condition reason, then
+	// Deleting and Gone) in the order first seen, with when.
+	phases map[string][]phaseSeen
 
 	// Scheduling latency: when each object was first seen, when it was
 	// first seen scheduled, and when slots or budget were released (an
@@ -54,6 +57,41 @@ type checker struct {
 	created   map[string]time.Time
 	scheduled map[string]time.Time
 	releases  []time.Time
+}
+
+type phaseSeen struct {
+	phase string
+	at    time.Time
+}
+
+// enterPhase records a phase the first time it follows another; the
+// caller holds mu.
+func (c *checker) enterPhase(key, phase string, at time.Time) {
+	if c.phases == nil {
+		c.phases = map[string][]phaseSeen{}
+	}
+	seen := c.phases[key]
+	if len(seen) > 0 && seen[len(seen)-1].phase == phase {
+		return
+	}
+	c.phases[key] = append(seen, phaseSeen{phase, at})
+}
+
+// phaseDurations returns, per phase, how long objects stayed in it (until
+// the next phase was seen), sorted.
+func (c *checker) phaseDurations() map[string][]time.Duration {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := map[string][]time.Duration{}
+	for _, seen := range c.phases {
+		for i := 0; i+1 < len(seen); i++ {
+			out[seen[i].phase] = append(out[seen[i].phase], seen[i+1].at.Sub(seen[i].at))
+		}
+	}
+	for _, d := range out {
+		slices.Sort(d)
+	}
+	return out
 }
 
 type nmState struct {
@@ -141,6 +179,7 @@ func (c *checker) recordNM(o any, deleted bool) (key string, firstReady bool) {
 	if deleted {
 		delete(c.nms, key)
 		c.releases = append(c.releases, now)
+		c.enterPhase(key, "Gone", now)
 	} else {
 		node, _, _ := unstructured.NestedString(u.Object, "spec", "nodeName")
 		st := nmState{node: node}
@@ -151,7 +190,13 @@ func (c *checker) recordNM(o any, deleted bool) (key string, firstReady bool) {
 				st.inProgress = m["reason"] != "" && m["reason"] != "Pending"
 				st.ready = m["status"] == "True"
 				st.message, _ = m["message"].(string)
+				if r, _ := m["reason"].(string); r != "" {
+					c.enterPhase(key, r, now)
+				}
 			}
+		}
+		if u.GetDeletionTimestamp() != nil {
+			c.enterPhase(key, "Deleting", now)
 		}
 		if old, ok := c.nms[key]; ok && !old.inProgress && !st.inProgress && old.message != "" && old.message != st.message {
 			c.waitRewrites++

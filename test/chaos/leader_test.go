@@ -17,7 +17,6 @@ import (
 
 	maintenancev1 "github.com/gpufleet/gpufleet/api/maintenance/v1alpha1"
 	"github.com/gpufleet/gpufleet/internal/devcluster"
-	"github.com/gpufleet/gpufleet/internal/operator"
 )
 
 // TestLeaderFailover runs two operator replicas with leader election and
@@ -31,16 +30,7 @@ func TestLeaderFailover(t *testing.T) {
 	ctx := context.Background()
 	bin := buildOperator(t)
 	const objects = 12
-	scheme, _ := operator.Scheme()
-	env, err := devcluster.NewEnv(ctx, devcluster.Options{}, devcluster.GPUNodes(objects+2, 2), ns, scheme)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(env.Stop)
-	kubeconfig, err := env.OperatorKubeconfig(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	env, kubeconfig := startEnv(t, devcluster.Options{}, objects+2, 2)
 	workload(t, env.Cluster, objects*2)
 	if err := env.Kube.Create(ctx, &maintenancev1.MaintenanceOperatorConfig{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "default"},
@@ -63,7 +53,7 @@ func TestLeaderFailover(t *testing.T) {
 		t.Cleanup(r.kill)
 	}
 	var leader, standby *operatorProcess
-	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
+	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
 		for i, r := range replicas {
 			if r.isLeader() {
 				leader, standby = r, replicas[1-i]

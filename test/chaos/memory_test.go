@@ -14,7 +14,6 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/gpufleet/gpufleet/internal/devcluster"
-	"github.com/gpufleet/gpufleet/internal/operator"
 )
 
 // BenchmarkOperatorMemory measures the operator process's memory with
@@ -28,15 +27,7 @@ var heapProfile = flag.String("chaos.heap-profile", "", "write the operator's he
 func BenchmarkOperatorMemory(b *testing.B) {
 	ctx := context.Background()
 	const nodes, pods = 1000, 20000
-	scheme, _ := operator.Scheme()
-	// Longer leases: 1,000 simulated kubelets renewing every 2 s would
-	// saturate two cores.
-	env, err := devcluster.NewEnv(ctx, devcluster.Options{NodeLeaseDuration: 40 * time.Second, NodeMonitorGracePeriod: 60 * time.Second,
-		StartTimeout: 3 * time.Minute}, devcluster.GPUNodes(nodes, 10), ns, scheme)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer env.Stop()
+	env, kubeconfig := startEnv(b, largeCluster, nodes, 10)
 	labels := map[string]string{"app": "fleet"}
 	dep := &appsv1.Deployment{
 		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "fleet"},
@@ -56,7 +47,7 @@ func BenchmarkOperatorMemory(b *testing.B) {
 		b.Fatal(err)
 	}
 	began := time.Now()
-	err = wait.PollUntilContextTimeout(ctx, 2*time.Second, 20*time.Minute, true, func(ctx context.Context) (bool, error) {
+	err := wait.PollUntilContextTimeout(ctx, 2*time.Second, 20*time.Minute, true, func(ctx context.Context) (bool, error) {
 		d, err := env.Client.AppsV1().Deployments("default").Get(ctx, "fleet", metav1.GetOptions{})
 		return err == nil && d.Status.ReadyReplicas == pods, nil
 	})
@@ -64,10 +55,6 @@ func BenchmarkOperatorMemory(b *testing.B) {
 		b.Fatalf("%d pods never ready: %v", pods, err)
 	}
 	b.Logf("%d nodes, %d pods running after %s", nodes, pods, time.Since(began).Round(time.Second))
-	kubeconfig, err := env.OperatorKubeconfig(ctx)
-	if err != nil {
-		b.Fatal(err)
-	}
 	addr, err := freeAddr()
 	if err != nil {
 		b.Fatal(err)

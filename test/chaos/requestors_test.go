@@ -29,7 +29,6 @@ import (
 	"github.com/gpufleet/gpufleet/internal/agent"
 	"github.com/gpufleet/gpufleet/internal/devcluster"
 	"github.com/gpufleet/gpufleet/internal/gpustack"
-	"github.com/gpufleet/gpufleet/internal/operator"
 )
 
 // TestHumansUpgradesAndRepairsShareTheLimits runs the three kinds of
@@ -56,16 +55,7 @@ func TestHumansUpgradesAndRepairsShareTheLimits(t *testing.T) {
 		s, nodes, humans, faulty, *kills)
 
 	bin := buildOperator(t)
-	scheme, _ := operator.Scheme()
-	env, err := devcluster.NewEnv(ctx, devcluster.Options{}, devcluster.GPUNodes(nodes, 2), ns, scheme)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(env.Stop)
-	kubeconfig, err := env.OperatorKubeconfig(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	env, kubeconfig := startEnv(t, devcluster.Options{}, nodes, 2)
 	workload(t, env.Cluster, nodes)
 	gpuWorkload(t, env, nodes)
 	if err := env.Kube.Create(ctx, &maintenancev1.MaintenanceOperatorConfig{
@@ -117,7 +107,7 @@ func TestHumansUpgradesAndRepairsShareTheLimits(t *testing.T) {
 		}
 	}
 	const newDriver = "550.54.15"
-	err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		p := &nvidiav1.ClusterPolicy{}
 		if err := env.Kube.Get(ctx, types.NamespacedName{Name: policy.Name}, p); err != nil {
 			return err

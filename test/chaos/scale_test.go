@@ -53,6 +53,8 @@ type scaleReportData struct {
 	// Latency from a free slot (the later of creation and the last
 	// release of a slot or budget) to the object seen scheduled.
 	LatencyMs map[string]float64 `json:"schedulingLatencyMs"`
+	// Time objects spent in each phase (to the next phase seen).
+	PhaseMs map[string]map[string]float64 `json:"phaseDurationsMs"`
 	// Limits seen by the independent checker.
 	MaxInProgress   int            `json:"maxInProgress"`
 	MaxUnavailable  int            `json:"maxHeldOrCordoned"`
@@ -89,15 +91,7 @@ func BenchmarkScaleRollout(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	scheme, _ := operator.Scheme()
-	// Longer node leases: hundreds of simulated kubelets renewing every
-	// few seconds would take the CPU the scenario measures.
-	env, err := devcluster.NewEnv(ctx, devcluster.Options{NodeLeaseDuration: 40 * time.Second, NodeMonitorGracePeriod: 60 * time.Second,
-		StartTimeout: 3 * time.Minute}, devcluster.GPUNodes(nodes, 10), ns, scheme)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer env.Stop()
+	env, kubeconfig := startEnv(b, largeCluster, nodes, 10)
 	adminCordoned := "gpu-000"
 	if _, err := env.Client.CoreV1().Nodes().Patch(ctx, adminCordoned, "application/merge-patch+json",
 		[]byte(`{"spec":{"unschedulable":true}}`), metav1.PatchOptions{}); err != nil {
@@ -107,10 +101,6 @@ func BenchmarkScaleRollout(b *testing.B) {
 	scaleWorkloads(b, env, nodes*perNode)
 	b.Logf("%d nodes with %d pods running after %s", nodes, nodes*perNode, time.Since(setupBegan).Round(time.Second))
 
-	kubeconfig, err := env.OperatorKubeconfig(ctx)
-	if err != nil {
-		b.Fatal(err)
-	}
 	addr, err := freeAddr()
 	if err != nil {
 		b.Fatal(err)
@@ -192,11 +182,15 @@ func BenchmarkScaleRollout(b *testing.B) {
 			"podTerminationSeconds": 1, "idleWindow": scaleIdle.String(), "capabilities": operator.CapabilityNames()},
 		RolloutSeconds: rollout.Seconds(), ObjectsPerMin: float64(nodes) / rollout.Minutes(),
 		LatencyMs:     percentiles(chk.latencies()),
+		PhaseMs:       map[string]map[string]float64{},
 		MaxInProgress: chk.maxInProgress, MaxUnavailable: chk.maxUnavailable, CheckedEvents: chk.events, WaitRewrites: chk.waitRewrites,
 		Violations:      len(chk.violations()),
 		StartupRequests: startup, RolloutRequests: diffCounts(startup, afterRollout), IdleRequests: idle,
 		IdlePerMinute: float64(sum(idle)) / scaleIdle.Minutes(),
 		CPUSeconds:    cpu, PeakRSSMB: float64(hwm) / 1024, RSSMB: float64(rss) / 1024,
+	}
+	for phase, d := range chk.phaseDurations() {
+		rep.PhaseMs[phase] = percentiles(d)
 	}
 	stateWrites := 0 // writes other than events
 	for k, v := range idle {
@@ -359,6 +353,13 @@ func (r scaleReportData) markdown() string {
 	fmt.Fprintf(&s, "| operator requests per minute after the rollout (%v window) | %.1f (%d writes, %d lists) |\n", p["idleWindow"], r.IdlePerMinute, r.IdleWrites, r.IdleLists)
 	fmt.Fprintf(&s, "| operator CPU during start-up and rollout | %.1f s |\n", r.CPUSeconds)
 	fmt.Fprintf(&s, "| operator peak RSS / RSS at the end | %.0f / %.0f MB |\n\n", r.PeakRSSMB, r.RSSMB)
+	fmt.Fprintf(&s, "Time in each phase, as the checker saw it (p50 / p90 / max; Ready lasts until the requestor deletes, Deleting is the release):\n\n| phase | objects | p50 | p90 | max |\n|---|---|---|---|---|\n")
+	for _, phase := range []string{"Pending", "Scheduled", "Cordon", "WaitForPodCompletion", "Draining", "Ready", "Deleting"} {
+		if d, ok := r.PhaseMs[phase]; ok {
+			fmt.Fprintf(&s, "| %s | %v | %.0f ms | %.0f ms | %.0f ms |\n", phase, d["count"], d["p50"], d["p90"], d["max"])
+		}
+	}
+	fmt.Fprintf(&s, "\n")
 	fmt.Fprintf(&s, "Rollout requests by verb and resource:\n\n| request | count |\n|---|---|\n")
 	keys := make([]string, 0, len(r.RolloutRequests))
 	for k := range r.RolloutRequests {
