@@ -47,6 +47,51 @@ type Reconciler struct {
 	// them does not patch a deleted object again.
 	finalizedMu sync.Mutex
 	finalized   map[types.UID]time.Time
+
+	// behind remembers, per object, its resourceVersion before this
+	// process's last status write: a cache still showing it has not seen
+	// that write, and acting on it would only end in a conflict. The
+	// write's own watch event brings the object back.
+	behindMu sync.Mutex
+	behind   map[types.NamespacedName]written
+}
+
+type written struct {
+	rvBefore string
+	at       time.Time
+}
+
+// cacheBehind reports whether the cached nm predates our last write of it
+// (for at most a few seconds: a write the server found to change nothing
+// would keep the old resourceVersion).
+func (r *Reconciler) cacheBehind(nm *maintenancev1.NodeMaintenance) bool {
+	r.behindMu.Lock()
+	defer r.behindMu.Unlock()
+	key := client.ObjectKeyFromObject(nm)
+	w, ok := r.behind[key]
+	if !ok {
+		return false
+	}
+	// Wall time, not the injected clock: this is about cache propagation.
+	if w.rvBefore != nm.ResourceVersion || time.Since(w.at) > 5*time.Second {
+		delete(r.behind, key) // caught up, changed by someone else, or given up on
+		return false
+	}
+	return true
+}
+
+func (r *Reconciler) wrote(key types.NamespacedName, rvBefore string) {
+	r.behindMu.Lock()
+	defer r.behindMu.Unlock()
+	if r.behind == nil {
+		r.behind = map[types.NamespacedName]written{}
+	}
+	for k, w := range r.behind {
+		if time.Since(w.at) > time.Minute { // objects deleted since
+			delete(r.behind, k)
+		}
+	}
+	r.behind[key] = written{rvBefore: rvBefore, at: time.Now()}
 }
 
 // finalizedRecently reports whether this process already removed uid's finalizer.
@@ -96,7 +141,13 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		}
 		return reconcile.Result{}, nil // the update event brings us back
 	}
+	if r.cacheBehind(nm) {
+		// Our last write's watch event brings it back; the requeue is a
+		// safety net.
+		return reconcile.Result{RequeueAfter: time.Second}, nil
+	}
 	orig := nm.Status.DeepCopy()
+	rvBefore := nm.ResourceVersion
 	res, err := r.step(ctx, nm, node)
 	if !equality.Semantic.DeepEqual(orig, &nm.Status) {
 		nm.Status.ObservedGeneration = nm.Generation
@@ -106,6 +157,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 			}
 			return reconcile.Result{}, fmt.Errorf("updating status: %w", uerr)
 		}
+		r.wrote(client.ObjectKeyFromObject(nm), rvBefore)
 	}
 	return res, err
 }

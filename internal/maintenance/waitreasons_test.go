@@ -97,3 +97,23 @@ func TestWaitReasonsWriteLatestReasonOnceAndNeverOverAScheduledObject(t *testing
 		t.Errorf("wrote a reason no plan wants")
 	}
 }
+
+func TestLifecycleWaitsForTheCacheToShowItsOwnWrite(t *testing.T) {
+	r := &Reconciler{}
+	nm := &maintenancev1.NodeMaintenance{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "a", ResourceVersion: "5"}}
+	if r.cacheBehind(nm) {
+		t.Fatal("behind before any write")
+	}
+	r.wrote(client.ObjectKeyFromObject(nm), "5")
+	if !r.cacheBehind(nm) {
+		t.Error("a cache still at the resourceVersion from before our write must count as behind")
+	}
+	nm.ResourceVersion = "6"
+	if r.cacheBehind(nm) {
+		t.Error("a cache at a newer resourceVersion is not behind")
+	}
+	nm.ResourceVersion = "5"
+	if r.cacheBehind(nm) {
+		t.Error("once caught up the expectation is forgotten")
+	}
+}
