@@ -115,7 +115,7 @@ func Setup(mgr manager.Manager, opts Options) error {
 				return readyObjects(ctx, mgr.GetClient())
 			}),
 			builder.WithPredicates(isDefaultConfig)).
-		WithOptions(controller.Options{MaxConcurrentReconciles: 4}).
+		WithOptions(controller.Options{MaxConcurrentReconciles: 16}).
 		Complete(rec)
 	if err != nil {
 		return fmt.Errorf("setting up the NodeMaintenance controller: %w", err)
