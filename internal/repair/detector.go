@@ -146,8 +146,13 @@ func (d *Detector) Reconcile(ctx context.Context, req reconcile.Request) (reconc
 			}
 			delete(failed, n.Name)
 		}
-		if ev.Fault != nil {
+		if len(ev.Matches) > 0 {
+			// A fault counts for storm protection from the moment it is
+			// seen, not only past its threshold: faults that start
+			// within one threshold window count together.
 			ps.Unhealthy++
+		}
+		if ev.Fault != nil {
 			faults[n.Name] = ev.Fault
 			if active[n.Name] == nil {
 				f := failed[n.Name]

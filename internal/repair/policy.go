@@ -99,7 +99,7 @@ type Candidate struct {
 // PoolState is what admission needs to know about a pool.
 type PoolState struct {
 	Size      int
-	Unhealthy int // nodes with any fault past threshold
+	Unhealthy int // nodes with a fault (a rule matching), past its threshold or not
 	Repairing bool
 	Suspended string // why the pool is suspended, "" if not
 }
