@@ -96,16 +96,7 @@ func TestRolloutSurvivesKills(t *testing.T) {
 		t.Fatal(err)
 	}
 	workload(t, cluster, nodes*3)
-	cfg := &maintenancev1.MaintenanceOperatorConfig{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "default"},
-		Spec: maintenancev1.MaintenanceOperatorConfigSpec{
-			MaxParallelOperations: ptr.To(intstr.FromInt32(maxParallel)),
-			MaxUnavailable:        ptr.To(intstr.FromInt32(maxUnavail)),
-		},
-	}
-	if err := k8s.Create(ctx, cfg); err != nil {
-		t.Fatal(err)
-	}
+	setLimits(t, k8s)
 
 	chk := newChecker(cluster, k8s, adminCordoned, maxParallel, maxUnavail)
 	checkCtx, stopChecker := context.WithCancel(ctx)
@@ -176,6 +167,19 @@ func TestRolloutSurvivesKills(t *testing.T) {
 
 func gap(rng *rand.Rand) time.Duration {
 	return *minGap + time.Duration(rng.Int64N(int64(*maxGap-*minGap)+1))
+}
+
+// setLimits creates the MaintenanceOperatorConfig with the chaos tests'
+// limits (maxParallel, maxUnavail).
+func setLimits(t *testing.T, kube client.Client) {
+	t.Helper()
+	if err := kube.Create(t.Context(), &maintenancev1.MaintenanceOperatorConfig{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "default"},
+		Spec: maintenancev1.MaintenanceOperatorConfigSpec{MaxParallelOperations: ptr.To(intstr.FromInt32(maxParallel)),
+			MaxUnavailable: ptr.To(intstr.FromInt32(maxUnavail))},
+	}); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // largeCluster is for hundreds of simulated nodes: longer node leases, or

@@ -10,9 +10,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/util/wait"
-	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	maintenancev1 "github.com/gpufleet/gpufleet/api/maintenance/v1alpha1"
@@ -32,13 +30,7 @@ func TestLeaderFailover(t *testing.T) {
 	const objects = 12
 	env, kubeconfig := startEnv(t, devcluster.Options{}, objects+2, 2)
 	workload(t, env.Cluster, objects*2)
-	if err := env.Kube.Create(ctx, &maintenancev1.MaintenanceOperatorConfig{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "default"},
-		Spec: maintenancev1.MaintenanceOperatorConfigSpec{MaxParallelOperations: ptr.To(intstr.FromInt32(maxParallel)),
-			MaxUnavailable: ptr.To(intstr.FromInt32(maxUnavail))},
-	}); err != nil {
-		t.Fatal(err)
-	}
+	setLimits(t, env.Kube)
 	chk := newChecker(env.Cluster, env.Kube, "", maxParallel, maxUnavail)
 	checkCtx, stopChecker := context.WithCancel(ctx)
 	go chk.run(checkCtx)

@@ -16,7 +16,6 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
@@ -58,13 +57,7 @@ func TestHumansUpgradesAndRepairsShareTheLimits(t *testing.T) {
 	env, kubeconfig := startEnv(t, devcluster.Options{}, nodes, 2)
 	workload(t, env.Cluster, nodes)
 	gpuWorkload(t, env, nodes)
-	if err := env.Kube.Create(ctx, &maintenancev1.MaintenanceOperatorConfig{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "default"},
-		Spec: maintenancev1.MaintenanceOperatorConfigSpec{MaxParallelOperations: ptr.To(intstr.FromInt32(maxParallel)),
-			MaxUnavailable: ptr.To(intstr.FromInt32(maxUnavail))},
-	}); err != nil {
-		t.Fatal(err)
-	}
+	setLimits(t, env.Kube)
 	op := &operatorProcess{bin: bin, kubeconfig: kubeconfig, dir: t.TempDir()}
 	op.startWith(t, "maintenance,gpustack,repair")
 	t.Cleanup(op.kill)
