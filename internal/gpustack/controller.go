@@ -20,6 +20,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
+	"k8s.io/kubectl/pkg/util/podutils"
 	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -277,22 +278,13 @@ func (r *Reconciler) componentPods(ctx context.Context) (map[string]map[string]p
 		if out[p.Spec.NodeName] == nil {
 			out[p.Spec.NodeName] = map[string]podState{}
 		}
-		st := podState{ready: podReady(p), since: p.CreationTimestamp.Time}
+		st := podState{ready: podutils.IsPodReady(p), since: p.CreationTimestamp.Time}
 		if prev, ok := out[p.Spec.NodeName][comp]; ok && prev.ready {
 			st = prev // any Ready pod of the component counts
 		}
 		out[p.Spec.NodeName][comp] = st
 	}
 	return out, pods.Items, nil
-}
-
-func podReady(p *corev1.Pod) bool {
-	for _, c := range p.Status.Conditions {
-		if c.Type == corev1.PodReady {
-			return c.Status == corev1.ConditionTrue
-		}
-	}
-	return false
 }
 
 // labelNodes applies the gated deploy labels, patching only what changes.

@@ -10,6 +10,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/kubectl/pkg/util/podutils"
 	"k8s.io/utils/clock"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
@@ -117,7 +118,7 @@ var nodeRelevant = predicate.Funcs{
 var podReadinessChanged = predicate.Funcs{
 	UpdateFunc: func(e event.UpdateEvent) bool {
 		o, n := e.ObjectOld.(*corev1.Pod), e.ObjectNew.(*corev1.Pod)
-		return podReady(o) != podReady(n) || o.Spec.NodeName != n.Spec.NodeName ||
+		return podutils.IsPodReady(o) != podutils.IsPodReady(n) || o.Spec.NodeName != n.Spec.NodeName ||
 			(o.DeletionTimestamp == nil) != (n.DeletionTimestamp == nil)
 	},
 }

@@ -11,6 +11,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/kubectl/pkg/util/podutils"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -159,7 +160,7 @@ func (r *Reconciler) upgradeDrivers(ctx context.Context, policy *nvidiav1.Cluste
 			continue
 		}
 		if p.Labels[LabelComponent] == Validator {
-			if podReady(p) {
+			if podutils.IsPodReady(p) {
 				n.ValidatorReady = true
 			}
 			continue
@@ -173,7 +174,7 @@ func (r *Reconciler) upgradeDrivers(ctx context.Context, policy *nvidiav1.Cluste
 		}
 		n.DriverPod = p.Name
 		n.Current = p.Spec.Containers[0].Image == want
-		n.Ready = podReady(p)
+		n.Ready = podutils.IsPodReady(p)
 	}
 	for i := range nms.Items {
 		nm := &nms.Items[i]

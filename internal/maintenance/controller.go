@@ -42,16 +42,11 @@ type Reconciler struct {
 	Clock    clock.PassiveClock
 	Recorder events.EventRecorder
 
-	// finalized remembers the objects whose finalizer this process removed
-	// (UID -> when), so that a reconcile from a cache that still shows
-	// them does not patch a deleted object again.
-	finalizedMu sync.Mutex
-	finalized   map[types.UID]time.Time
-
 	// behind remembers, per object, its resourceVersion before this
-	// process's last status write: a cache still showing it has not seen
-	// that write, and acting on it would only end in a conflict. The
-	// write's own watch event brings the object back.
+	// process's last write of it (status, or the finalizer's removal): a
+	// cache still showing it has not seen that write, and acting on it
+	// would only end in a conflict or a second patch of a deleted object.
+	// The write's own watch event brings the object back.
 	behindMu sync.Mutex
 	behind   map[types.NamespacedName]written
 }
@@ -94,34 +89,16 @@ func (r *Reconciler) wrote(key types.NamespacedName, rvBefore string) {
 	r.behind[key] = written{rvBefore: rvBefore, at: time.Now()}
 }
 
-// finalizedRecently reports whether this process already removed uid's finalizer.
-func (r *Reconciler) finalizedRecently(uid types.UID) bool {
-	r.finalizedMu.Lock()
-	defer r.finalizedMu.Unlock()
-	_, ok := r.finalized[uid]
-	return ok
-}
-
-func (r *Reconciler) markFinalized(uid types.UID) {
-	r.finalizedMu.Lock()
-	defer r.finalizedMu.Unlock()
-	now := r.Clock.Now()
-	if r.finalized == nil {
-		r.finalized = map[types.UID]time.Time{}
-	}
-	for k, at := range r.finalized {
-		if now.Sub(at) > 5*time.Minute { // long after any cache caught up
-			delete(r.finalized, k)
-		}
-	}
-	r.finalized[uid] = now
-}
-
 // Reconcile advances one NodeMaintenance by one step.
 func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
 	nm := &maintenancev1.NodeMaintenance{}
 	if err := r.Client.Get(ctx, req.NamespacedName, nm); err != nil {
 		return reconcile.Result{}, client.IgnoreNotFound(err)
+	}
+	if r.cacheBehind(nm) {
+		// Our last write's watch event brings it back; the requeue is a
+		// safety net.
+		return reconcile.Result{RequeueAfter: time.Second}, nil
 	}
 	ctx = ctrl.LoggerInto(ctx, ctrl.LoggerFrom(ctx).WithValues("node", nm.Spec.NodeName, "requestor", nm.Spec.RequestorID))
 	node := &corev1.Node{}
@@ -140,11 +117,6 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 			return reconcile.Result{}, fmt.Errorf("adding finalizer: %w", err)
 		}
 		return reconcile.Result{}, nil // the update event brings us back
-	}
-	if r.cacheBehind(nm) {
-		// Our last write's watch event brings it back; the requeue is a
-		// safety net.
-		return reconcile.Result{RequeueAfter: time.Second}, nil
 	}
 	orig := nm.Status.DeepCopy()
 	rvBefore := nm.ResourceVersion
@@ -341,7 +313,7 @@ func (r *Reconciler) nodeGone(ctx context.Context, nm *maintenancev1.NodeMainten
 // object still holds it, then remove the finalizer. While additional
 // requestors remain, the node stays held.
 func (r *Reconciler) finalize(ctx context.Context, nm *maintenancev1.NodeMaintenance, node *corev1.Node) error {
-	if !hasFinalizer(nm) || r.finalizedRecently(nm.UID) {
+	if !hasFinalizer(nm) {
 		return nil
 	}
 	if len(nm.Spec.AdditionalRequestors) > 0 && node != nil && InProgress(nm) {
@@ -368,12 +340,13 @@ func (r *Reconciler) finalize(ctx context.Context, nm *maintenancev1.NodeMainten
 	if nm.Status.Drain != nil && nm.Status.Drain.StartTime != nil && PhaseOf(nm) == maintenancev1.PhaseDraining {
 		drainDuration.Observe(r.Clock.Since(nm.Status.Drain.StartTime.Time).Seconds())
 	}
+	key, rvBefore := client.ObjectKeyFromObject(nm), nm.ResourceVersion
 	patch := client.MergeFrom(nm.DeepCopy())
 	controllerutil.RemoveFinalizer(nm, maintenancev1.Finalizer)
 	if err := r.Client.Patch(ctx, nm, patch); client.IgnoreNotFound(err) != nil {
 		return fmt.Errorf("removing finalizer: %w", err)
 	}
-	r.markFinalized(nm.UID)
+	r.wrote(key, rvBefore)
 	return nil
 }
 

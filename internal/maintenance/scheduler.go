@@ -32,8 +32,7 @@ type Scheduler struct {
 	Namespace string
 	Clock     clock.PassiveClock
 	Recorder  events.EventRecorder
-	// Reasons, if set, writes the wait reasons of Pending objects apart
-	// from the pass; nil writes them in the pass.
+	// Reasons writes the wait reasons of Pending objects, apart from the pass.
 	Reasons *WaitReasons
 
 	mu sync.Mutex
@@ -86,9 +85,7 @@ func (s *Scheduler) Reconcile(ctx context.Context, _ reconcile.Request) (reconci
 	}
 	// The wait-reason writer learns the plan first, so it no longer
 	// writes the objects about to be scheduled.
-	if s.Reasons != nil {
-		s.Reasons.Set(plan.Waiting, byKey)
-	}
+	s.Reasons.Set(plan.Waiting, byKey)
 	for _, o := range plan.Schedule {
 		if err := s.schedule(ctx, byKey[o.Key()]); err != nil {
 			if apierrors.IsConflict(err) {
@@ -99,13 +96,6 @@ func (s *Scheduler) Reconcile(ctx context.Context, _ reconcile.Request) (reconci
 				return reconcile.Result{RequeueAfter: 100 * time.Millisecond}, nil
 			}
 			return reconcile.Result{}, err
-		}
-	}
-	if s.Reasons == nil {
-		for key, reason := range plan.Waiting {
-			if err := s.explainWait(ctx, byKey[key], reason); err != nil {
-				return reconcile.Result{}, err
-			}
 		}
 	}
 	if len(plan.Schedule) > 0 {
@@ -185,23 +175,6 @@ func (s *Scheduler) forget(key types.NamespacedName) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	delete(s.expected, key)
-}
-
-// explainWait writes why a Pending object waits, only when the reason changed.
-func (s *Scheduler) explainWait(ctx context.Context, nm *maintenancev1.NodeMaintenance, reason string) error {
-	if nm == nil || !needsReason(nm, reason) {
-		return nil
-	}
-	nm = nm.DeepCopy()
-	setPhase(nm, maintenancev1.PhasePending, reason, s.Clock.Now())
-	if err := s.Client.Status().Update(ctx, nm); err != nil {
-		if apierrors.IsNotFound(err) {
-			return nil
-		}
-		// A conflict means our copy is stale: retry the pass.
-		return fmt.Errorf("updating wait reason of %s/%s: %w", nm.Namespace, nm.Name, err)
-	}
-	return nil
 }
 
 // snapshot converts cached objects into the planner's input. Objects the

@@ -59,7 +59,8 @@ func TestSchedulerNeverSchedulesTwiceFromAStaleCache(t *testing.T) {
 	})
 	api := fake.NewClientBuilder().WithScheme(scheme).WithObjects(objs...).WithStatusSubresource(&maintenancev1.NodeMaintenance{}).Build()
 	cache := &laggingCache{Client: api}
-	s := &Scheduler{Client: cache, Namespace: "ops", Clock: clocktesting.NewFakeClock(t0), Recorder: events.NewFakeRecorder(100)}
+	s := &Scheduler{Client: cache, Namespace: "ops", Clock: clocktesting.NewFakeClock(t0), Recorder: events.NewFakeRecorder(100),
+		Reasons: &WaitReasons{Client: cache, Clock: clocktesting.NewFakeClock(t0)}}
 	ctx := context.Background()
 
 	inProgress := func() []string {
@@ -113,6 +114,7 @@ func TestSchedulerNeverSchedulesTwiceFromAStaleCache(t *testing.T) {
 		t.Fatalf("in progress %v after the cache caught up", got)
 	}
 	// And the waiting objects say why.
+	s.Reasons.drain(ctx)
 	var nm maintenancev1.NodeMaintenance
 	if err := api.Get(ctx, client.ObjectKey{Namespace: "default", Name: "nm2"}, &nm); err != nil {
 		t.Fatal(err)
@@ -136,17 +138,20 @@ func TestSchedulerWritesNothingWhenNothingChanged(t *testing.T) {
 	waiting.Name = "b"
 	api := fake.NewClientBuilder().WithScheme(scheme).WithObjects(node, busy, waiting).WithStatusSubresource(&maintenancev1.NodeMaintenance{}).Build()
 	counting := &countingClient{Client: api}
-	s := &Scheduler{Client: counting, Namespace: "ops", Clock: clocktesting.NewFakeClock(t0), Recorder: events.NewFakeRecorder(100)}
+	s := &Scheduler{Client: counting, Namespace: "ops", Clock: clocktesting.NewFakeClock(t0), Recorder: events.NewFakeRecorder(100),
+		Reasons: &WaitReasons{Client: counting, Clock: clocktesting.NewFakeClock(t0)}}
 	for range 2 {
 		if _, err := s.Reconcile(context.Background(), reconcile.Request{}); err != nil {
 			t.Fatal(err)
 		}
+		s.Reasons.drain(context.Background())
 	}
 	writes := counting.writes
 	for range 5 {
 		if _, err := s.Reconcile(context.Background(), reconcile.Request{}); err != nil {
 			t.Fatal(err)
 		}
+		s.Reasons.drain(context.Background())
 	}
 	if counting.writes != writes {
 		t.Errorf("%d writes in passes where nothing changed", counting.writes-writes)

@@ -15,6 +15,14 @@ import (
 	maintenancev1 "github.com/gpufleet/gpufleet/api/maintenance/v1alpha1"
 )
 
+// drain processes the queued objects in the test's goroutine.
+func (w *WaitReasons) drain(ctx context.Context) {
+	w.init()
+	for w.queue.Len() > 0 {
+		w.processNext(ctx)
+	}
+}
+
 func TestWaitReasonsWriteLatestReasonOnceAndNeverOverAScheduledObject(t *testing.T) {
 	scheme := runtime.NewScheme()
 	_ = clientgoscheme.AddToScheme(scheme)
@@ -31,11 +39,7 @@ func TestWaitReasonsWriteLatestReasonOnceAndNeverOverAScheduledObject(t *testing
 	counting := &countingClient{Client: api}
 	w := &WaitReasons{Client: counting, Clock: clocktesting.NewFakeClock(t0)}
 	ctx := context.Background()
-	run := func() {
-		for w.queue.Len() > 0 {
-			w.processNext(ctx)
-		}
-	}
+	run := func() { w.drain(ctx) }
 	byKey := map[string]*maintenancev1.NodeMaintenance{"default/a": a, "default/b": b, "default/fresh": fresh}
 	reasonOf := func(name string) string {
 		var nm maintenancev1.NodeMaintenance

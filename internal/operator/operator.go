@@ -5,7 +5,6 @@ package operator
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"maps"
 	"net/http"
@@ -15,7 +14,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
@@ -242,11 +240,7 @@ func New(cfg *rest.Config, opts Options) (manager.Manager, error) {
 	return mgr, nil
 }
 
-func init() {
-	if err := metrics.Registry.Register(apirequest.Metric); err != nil && !errors.As(err, new(prometheus.AlreadyRegisteredError)) {
-		panic(err)
-	}
-}
+func init() { metrics.Registry.MustRegister(apirequest.Metric) }
 
 func selectCapabilities(names []string) ([]Capability, error) {
 	if len(names) == 0 {

@@ -206,7 +206,7 @@ func startEnv(tb testing.TB, opts devcluster.Options, nodes, pools int) (*devclu
 }
 
 // buildOperator builds the real binary: the operator runs as its own process.
-func buildOperator(t *testing.T) string {
+func buildOperator(t testing.TB) string {
 	t.Helper()
 	root, err := devcluster.SourceRoot()
 	if err != nil {
@@ -267,8 +267,6 @@ type operatorProcess struct {
 }
 
 func (o *operatorProcess) start(t *testing.T) { o.startWith(t, "maintenance") }
-
-func (o *operatorProcess) startB(b *testing.B, capabilities string) { o.startWith(b, capabilities) }
 
 func (o *operatorProcess) pid() int {
 	o.mu.Lock()

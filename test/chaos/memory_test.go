@@ -12,8 +12,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/ptr"
-
-	"github.com/gpufleet/gpufleet/internal/devcluster"
 )
 
 // BenchmarkOperatorMemory measures the operator process's memory with
@@ -59,7 +57,7 @@ func BenchmarkOperatorMemory(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	bin := buildOperatorB(b)
+	bin := buildOperator(b)
 	// One operator process per runtime setting, one after the other.
 	for i, setting := range strings.Split(*memoryEnv, ",") {
 		name := setting
@@ -70,7 +68,7 @@ func BenchmarkOperatorMemory(b *testing.B) {
 		if setting != "" {
 			op.env = []string{setting}
 		}
-		op.startB(b, "maintenance,gpustack,repair")
+		op.startWith(b, "maintenance,gpustack,repair")
 		time.Sleep(30 * time.Second)
 		rss30, _ := memoryOf(op.pid())
 		fams, err := scrape(addr)
@@ -102,16 +100,4 @@ func BenchmarkOperatorMemory(b *testing.B) {
 		b.Logf("%s: operator with %d nodes and %d pods cached: RSS %d MB after 30 s (Go heap in use %.0f MB), %d MB after 2.5 min, peak %d MB; %.1f CPU seconds",
 			name, nodes, pods, rss30/1024, heap, rss/1024, hwm/1024, cpu)
 	}
-}
-
-func buildOperatorB(b *testing.B) string {
-	root, err := devcluster.SourceRoot()
-	if err != nil {
-		b.Fatal(err)
-	}
-	bin := b.TempDir() + "/gpufleet"
-	if out, err := runIn(root, "go", "build", "-o", bin, "./cmd/gpufleet"); err != nil {
-		b.Fatalf("building gpufleet: %v\n%s", err, out)
-	}
-	return bin
 }

@@ -18,6 +18,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/util/retry"
+	"k8s.io/kubectl/pkg/util/podutils"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/yaml"
@@ -193,7 +194,7 @@ func everythingDone(ctx context.Context, env *devcluster.Env, nms []maintenancev
 	}
 	current := 0
 	for _, p := range pods.Items {
-		if p.DeletionTimestamp == nil && strings.Contains(p.Spec.Containers[0].Image, ":"+driver+"-") && podReady(&p) {
+		if p.DeletionTimestamp == nil && strings.Contains(p.Spec.Containers[0].Image, ":"+driver+"-") && podutils.IsPodReady(&p) {
 			current++
 		}
 	}
@@ -220,15 +221,6 @@ func everythingDone(ctx context.Context, env *devcluster.Env, nms []maintenancev
 		}
 	}
 	return ""
-}
-
-func podReady(p *corev1.Pod) bool {
-	for _, c := range p.Status.Conditions {
-		if c.Type == corev1.PodReady {
-			return c.Status == corev1.ConditionTrue
-		}
-	}
-	return false
 }
 
 // gpuWorkload runs pods that use a GPU: the driver upgrade drains them.

@@ -105,8 +105,8 @@ func BenchmarkScaleRollout(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	op := &operatorProcess{bin: buildOperatorB(b), kubeconfig: kubeconfig, dir: b.TempDir(), metricsAddr: addr}
-	op.startB(b, strings.Join(operator.CapabilityNames(), ","))
+	op := &operatorProcess{bin: buildOperator(b), kubeconfig: kubeconfig, dir: b.TempDir(), metricsAddr: addr}
+	op.startWith(b, strings.Join(operator.CapabilityNames(), ","))
 	defer op.kill()
 	startup := waitOperatorSettled(b, addr)
 
