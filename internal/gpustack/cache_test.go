@@ -1,4 +1,4 @@
-package operator
+package gpustack
 
 import (
 	"runtime"
@@ -33,57 +33,38 @@ func fullPod(namespace, name string, now metav1.Time) *corev1.Pod {
 	}
 }
 
-func TestStripPodsKeepsWhatControllersRead(t *testing.T) {
+func TestStripPodKeepsWhatTheControllerReads(t *testing.T) {
 	now := metav1.Now()
-	strip := stripPods("gpufleet-system")
-	want := func(namespace string, containers []corev1.Container) *corev1.Pod {
-		return &corev1.Pod{
-			ObjectMeta: metav1.ObjectMeta{
-				Name: "p", Namespace: namespace, UID: "u", ResourceVersion: "7", CreationTimestamp: now, DeletionTimestamp: &now,
-				DeletionGracePeriodSeconds: ptr.To[int64](30),
-				Labels:                     map[string]string{"app": "x"},
-				Annotations:                map[string]string{corev1.MirrorPodAnnotationKey: "m"},
-				OwnerReferences:            []metav1.OwnerReference{{Kind: "DaemonSet", Name: "ds", Controller: ptr.To(true)}},
-			},
-			Spec: corev1.PodSpec{NodeName: "n", TerminationGracePeriodSeconds: ptr.To[int64](900), Containers: containers},
-			Status: corev1.PodStatus{Phase: corev1.PodRunning,
-				Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue, LastTransitionTime: now}}},
-		}
+	want := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{
+			Name: "p", Namespace: "gpufleet-system", UID: "u", ResourceVersion: "7", CreationTimestamp: now, DeletionTimestamp: &now,
+			Labels: map[string]string{"app": "x"},
+		},
+		Spec: corev1.PodSpec{NodeName: "n", Containers: []corev1.Container{{Name: "c", Image: "img:1"}}},
+		Status: corev1.PodStatus{Phase: corev1.PodRunning,
+			Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue, LastTransitionTime: now}}},
 	}
-	cases := []struct {
-		namespace string
-		want      *corev1.Pod
-	}{
-		// The GPU stack's own pods keep their images.
-		{"gpufleet-system", want("gpufleet-system", []corev1.Container{{Name: "c", Image: "img:1"}})},
-		// Everyone else's pods need no containers.
-		{"default", want("default", nil)},
+	got, err := stripPod(fullPod("gpufleet-system", "p", now))
+	if err != nil {
+		t.Fatal(err)
 	}
-	for _, c := range cases {
-		got, err := strip(fullPod(c.namespace, "p", now))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if diff := cmp.Diff(c.want, got); diff != "" {
-			t.Errorf("%s: stripped pod (-want +got):\n%s", c.namespace, diff)
-		}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("stripped pod (-want +got):\n%s", diff)
 	}
-	if other, _ := strip("not a pod"); other != "not a pod" {
+	if other, _ := stripPod("not a pod"); other != "not a pod" {
 		t.Errorf("non-pods must pass through")
 	}
 }
 
-// BenchmarkStrippedPodMemory reports the heap a cached workload pod keeps
+// BenchmarkStrippedPodMemory reports the heap a cached stack pod keeps
 // after the transform; pods are decoded from protobuf as the informer does,
 // so every string is its own allocation.
 func BenchmarkStrippedPodMemory(b *testing.B) {
 	const n = 20000
 	now := metav1.Now()
-	strip := stripPods("gpufleet-system")
-	p := fullPod("default", "train-5d8f9c7b6d-x2k9p", now)
-	p.Annotations = map[string]string{"example.com/owner": "team-a"}
-	p.Labels = map[string]string{"app": "train", "pod-template-hash": "5d8f9c7b6d"}
-	p.OwnerReferences = []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "ReplicaSet", Name: "train-5d8f9c7b6d", UID: "0d3c1f0e-1b7a-4a57-9b0e-3c1f0e1b7a4a", Controller: ptr.To(true)}}
+	p := fullPod("gpufleet-system", "nvidia-device-plugin-daemonset-x2k9p", now)
+	p.Labels = map[string]string{LabelComponent: "nvidia-device-plugin-daemonset", LabelManagedBy: managedBy, "controller-revision-hash": "5d8f9c7b6d"}
+	p.OwnerReferences = []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "DaemonSet", Name: "nvidia-device-plugin-daemonset", UID: "0d3c1f0e-1b7a-4a57-9b0e-3c1f0e1b7a4a", Controller: ptr.To(true)}}
 	wire, err := p.Marshal()
 	if err != nil {
 		b.Fatal(err)
@@ -98,7 +79,7 @@ func BenchmarkStrippedPodMemory(b *testing.B) {
 			if err := decoded.Unmarshal(wire); err != nil {
 				b.Fatal(err)
 			}
-			kept[i], _ = strip(&decoded)
+			kept[i], _ = stripPod(&decoded)
 		}
 		runtime.GC()
 		runtime.ReadMemStats(&after)

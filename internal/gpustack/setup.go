@@ -9,11 +9,9 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
-	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/kubectl/pkg/util/podutils"
 	"k8s.io/utils/clock"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
-	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/event"
@@ -41,20 +39,6 @@ type Options struct {
 	Clock          clock.PassiveClock
 	DegradedAfter  time.Duration
 	UpgradeTimeout time.Duration
-}
-
-// CacheObjects restricts the manager's cache of the kinds the stack is made
-// of to the objects it manages (labelled managed-by gpufleet): a cluster's
-// other DaemonSets, Services, ServiceAccounts and RBAC objects are never
-// held in the operator's memory.
-func CacheObjects() map[client.Object]cache.ByObject {
-	managed := labels.SelectorFromSet(labels.Set{LabelManagedBy: managedBy})
-	out := map[client.Object]cache.ByObject{}
-	for _, o := range []client.Object{&appsv1.DaemonSet{}, &corev1.Service{}, &corev1.ServiceAccount{},
-		&rbacv1.ClusterRole{}, &rbacv1.ClusterRoleBinding{}} {
-		out[o] = cache.ByObject{Label: managed}
-	}
-	return out
 }
 
 // Setup registers the ClusterPolicy controller with mgr.

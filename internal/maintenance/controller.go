@@ -26,7 +26,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	maintenancev1 "github.com/gpufleet/gpufleet/api/maintenance/v1alpha1"
-	"github.com/gpufleet/gpufleet/internal/podindex"
 )
 
 // Reconciler drives one NodeMaintenance through its lifecycle, one step per
@@ -34,8 +33,10 @@ import (
 // operator can stop at any moment and resume where it was.
 type Reconciler struct {
 	Client client.Client
-	// Kube is used for evictions and the drain library's pod listing.
-	Kube      kubernetes.Interface
+	// Kube is used for evictions.
+	Kube kubernetes.Interface
+	// Pods watches the pods of the nodes in maintenance.
+	Pods      *PodWatch
 	Namespace string
 	// PodName is the operator's own pod; it is never evicted.
 	PodName  string
@@ -93,6 +94,9 @@ func (r *Reconciler) wrote(key types.NamespacedName, rvBefore string) {
 func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
 	nm := &maintenancev1.NodeMaintenance{}
 	if err := r.Client.Get(ctx, req.NamespacedName, nm); err != nil {
+		if apierrors.IsNotFound(err) {
+			r.Pods.Release(req.NamespacedName)
+		}
 		return reconcile.Result{}, client.IgnoreNotFound(err)
 	}
 	if r.cacheBehind(nm) {
@@ -108,6 +112,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		}
 		node = nil
 	}
+	r.watchPods(nm)
 	if nm.DeletionTimestamp != nil {
 		return reconcile.Result{}, r.finalize(ctx, nm, node)
 	}
@@ -121,6 +126,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	orig := nm.Status.DeepCopy()
 	rvBefore := nm.ResourceVersion
 	res, err := r.step(ctx, nm, node)
+	r.watchPods(nm)
 	if !equality.Semantic.DeepEqual(orig, &nm.Status) {
 		nm.Status.ObservedGeneration = nm.Generation
 		if uerr := r.Client.Status().Update(ctx, nm); uerr != nil {
@@ -132,6 +138,27 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		r.wrote(client.ObjectKeyFromObject(nm), rvBefore)
 	}
 	return res, err
+}
+
+// watchPods keeps the node's pods watched while nm is about to wait for
+// or drain them (from the cordon on, so the watch has synced by then), and
+// releases them afterwards.
+func (r *Reconciler) watchPods(nm *maintenancev1.NodeMaintenance) {
+	key := client.ObjectKeyFromObject(nm)
+	needs := false
+	if nm.DeletionTimestamp == nil {
+		switch PhaseOf(nm) {
+		case maintenancev1.PhaseCordon:
+			needs = nm.Spec.WaitForPodCompletion != nil || nm.Spec.DrainSpec != nil
+		case maintenancev1.PhaseWaitForPodCompletion, maintenancev1.PhaseDraining:
+			needs = true
+		}
+	}
+	if needs {
+		r.Pods.Hold(key, nm.Spec.NodeName)
+	} else {
+		r.Pods.Release(key)
+	}
 }
 
 // step performs the action of the current phase and records the next one.
@@ -218,9 +245,9 @@ func (r *Reconciler) waitForPods(ctx context.Context, nm *maintenancev1.NodeMain
 		return reconcile.Result{}, nil
 	}
 	clearCondition(nm, maintenancev1.ConditionTypeInvalidSpec)
-	pods, err := r.podsOnNode(ctx, node.Name)
-	if err != nil {
-		return reconcile.Result{}, err
+	pods, synced := r.Pods.Pods(node.Name)
+	if !synced {
+		return reconcile.Result{RequeueAfter: unsyncedRetry}, nil // the watch's sync brings us back
 	}
 	var waiting []string
 	for i := range pods {
@@ -411,10 +438,6 @@ func (r *Reconciler) invalidSpec(nm *maintenancev1.NodeMaintenance, msg string) 
 		r.Recorder.Eventf(nm, nil, corev1.EventTypeWarning, ReasonInvalidSpec, actionValidate, "%s; nothing is evicted until it is fixed", msg)
 	}
 	setCondition(nm, maintenancev1.ConditionTypeInvalidSpec, metav1.ConditionTrue, ReasonInvalidSpec, msg, r.Clock.Now())
-}
-
-func (r *Reconciler) podsOnNode(ctx context.Context, node string) ([]corev1.Pod, error) {
-	return podindex.OnNode(ctx, r.Client, node)
 }
 
 func isDaemonSetPod(p *corev1.Pod) bool {

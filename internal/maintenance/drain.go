@@ -28,6 +28,9 @@ const (
 	terminatingGrace = 10 * time.Second
 	maxDrainBackoff  = 30 * time.Second
 	maxNamesInStatus = 50
+	// unsyncedRetry: a node's pod watch announces its sync; this is the
+	// safety net should that never come (e.g. the watch keeps failing).
+	unsyncedRetry = 5 * time.Second
 )
 
 // drain performs one drain step: evict what can be evicted now, record
@@ -48,9 +51,13 @@ func (r *Reconciler) drain(ctx context.Context, nm *maintenancev1.NodeMaintenanc
 	}
 	clearCondition(nm, maintenancev1.ConditionTypeInvalidSpec)
 
+	all, synced := r.Pods.Pods(node.Name)
+	if !synced {
+		return reconcile.Result{RequeueAfter: unsyncedRetry}, nil // the watch's sync brings us back
+	}
 	helper := &drain.Helper{
 		Ctx:                 ctx,
-		Client:              r.Kube,
+		Client:              podsFrom{Interface: r.Kube, pods: all},
 		Force:               spec.Force,
 		IgnoreAllDaemonSets: true,
 		DeleteEmptyDirData:  spec.DeleteEmptyDir,
@@ -72,10 +79,6 @@ func (r *Reconciler) drain(ctx context.Context, nm *maintenancev1.NodeMaintenanc
 	}
 	pods := list.Pods()
 	if st.EvictionPods == 0 && st.TotalPods == 0 {
-		all, err := r.podsOnNode(ctx, node.Name)
-		if err != nil {
-			return reconcile.Result{}, err
-		}
 		st.TotalPods = int32(len(all))
 		st.EvictionPods = int32(len(pods))
 	}

@@ -24,6 +24,10 @@ var (
 		Help:    "Time from the start of a drain to its end.",
 		Buckets: prometheus.ExponentialBuckets(1, 2, 12),
 	})
+	watchedNodes = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "gpufleet_maintenance_watched_nodes",
+		Help: "Nodes whose pods the operator watches (nodes being cordoned, waited on or drained).",
+	})
 	evictions = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "gpufleet_maintenance_evictions_total",
 		Help: "Pod evictions requested by drains, by result (evicted, refused, error).",
@@ -31,5 +35,5 @@ var (
 )
 
 func init() {
-	metrics.Registry.MustRegister(objectsByPhase, schedulingDecisions, planDuration, drainDuration, evictions)
+	metrics.Registry.MustRegister(objectsByPhase, schedulingDecisions, planDuration, drainDuration, evictions, watchedNodes)
 }

@@ -15,6 +15,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	maintenancev1 "github.com/gpufleet/gpufleet/api/maintenance/v1alpha1"
 )
@@ -84,8 +85,12 @@ func Setup(mgr manager.Manager, opts Options) error {
 		return fmt.Errorf("setting up the scheduler: %w", err)
 	}
 
+	pods := NewPodWatch(kube)
+	if err := mgr.Add(pods); err != nil {
+		return fmt.Errorf("adding the pod watch: %w", err)
+	}
 	rec := &Reconciler{
-		Client: mgr.GetClient(), Kube: kube, Namespace: opts.Namespace, PodName: opts.PodName, Clock: opts.Clock,
+		Client: mgr.GetClient(), Kube: kube, Pods: pods, Namespace: opts.Namespace, PodName: opts.PodName, Clock: opts.Clock,
 		Recorder: mgr.GetEventRecorder("gpufleet-maintenance"),
 	}
 	byNode := func(node string) []reconcile.Request {
@@ -107,9 +112,8 @@ func Setup(mgr manager.Manager, opts Options) error {
 		Watches(&corev1.Node{}, handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
 			return byNode(o.GetName())
 		}), builder.WithPredicates(availabilityChanged)).
-		Watches(&corev1.Pod{}, handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
-			return byNode(o.(*corev1.Pod).Spec.NodeName)
-		}), builder.WithPredicates(podProgress)).
+		WatchesRawSource(source.Channel(pods.Changes(), handler.TypedEnqueueRequestsFromMapFunc(
+			func(_ context.Context, node string) []reconcile.Request { return byNode(node) }))).
 		Watches(&maintenancev1.MaintenanceOperatorConfig{}, handler.EnqueueRequestsFromMapFunc(
 			func(ctx context.Context, _ client.Object) []reconcile.Request {
 				return readyObjects(ctx, mgr.GetClient())
@@ -155,14 +159,5 @@ var availabilityChanged = predicate.Funcs{
 		o, n := e.ObjectOld.(*corev1.Node), e.ObjectNew.(*corev1.Node)
 		return o.Spec.Unschedulable != n.Spec.Unschedulable || nodeReady(o) != nodeReady(n) ||
 			(o.DeletionTimestamp == nil) != (n.DeletionTimestamp == nil)
-	},
-}
-
-// podProgress passes pod changes that can end a wait or a drain step.
-var podProgress = predicate.Funcs{
-	CreateFunc: func(event.CreateEvent) bool { return false },
-	UpdateFunc: func(e event.UpdateEvent) bool {
-		o, n := e.ObjectOld.(*corev1.Pod), e.ObjectNew.(*corev1.Pod)
-		return o.Status.Phase != n.Status.Phase || (o.DeletionTimestamp == nil) != (n.DeletionTimestamp == nil)
 	},
 }

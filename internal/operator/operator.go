@@ -4,7 +4,6 @@
 package operator
 
 import (
-	"context"
 	"fmt"
 	"maps"
 	"net/http"
@@ -36,7 +35,6 @@ import (
 	"github.com/gpufleet/gpufleet/internal/apirequest"
 	"github.com/gpufleet/gpufleet/internal/gpustack"
 	"github.com/gpufleet/gpufleet/internal/maintenance"
-	"github.com/gpufleet/gpufleet/internal/podindex"
 	"github.com/gpufleet/gpufleet/internal/repair"
 )
 
@@ -95,7 +93,7 @@ type Capability struct {
 	// Setup registers the capability's controllers with the manager.
 	Setup func(mgr manager.Manager, opts Options) error
 	// Cache, if set, restricts what the manager caches of some kinds.
-	Cache func() map[client.Object]cache.ByObject
+	Cache func(Options) map[client.Object]cache.ByObject
 }
 
 // registry lists every capability the binary has, in start order.
@@ -117,7 +115,7 @@ var registry = []Capability{
 	{
 		Name:        "gpustack",
 		AddToScheme: nvidiav1.AddToScheme,
-		Cache:       gpustack.CacheObjects,
+		Cache:       func(o Options) map[client.Object]cache.ByObject { return gpustack.CacheObjects(o.Namespace) },
 		Setup: func(mgr manager.Manager, o Options) error {
 			return gpustack.Setup(mgr, gpustack.Options{Namespace: o.Namespace, Clock: o.Clock,
 				DegradedAfter: o.GPUStackDegradedAfter, UpgradeTimeout: o.DriverUpgradeTimeout})
@@ -184,12 +182,13 @@ func New(cfg *rest.Config, opts Options) (manager.Manager, error) {
 		}
 	}
 	// managedFields are never read; dropping them roughly halves the
-	// memory of cached nodes. Pods are stripped to the fields the
-	// controllers read.
-	byObject := map[client.Object]cache.ByObject{&corev1.Pod{}: {Transform: stripPods(opts.Namespace)}}
+	// memory of cached objects. Nodes lose their image lists too. The
+	// cluster's pods are not cached at all: maintenance watches only the
+	// pods of the nodes it drains, the GPU stack only its own.
+	byObject := map[client.Object]cache.ByObject{&corev1.Node{}: {Transform: stripNode}}
 	for _, c := range selected {
 		if c.Cache != nil {
-			maps.Copy(byObject, c.Cache())
+			maps.Copy(byObject, c.Cache(opts))
 		}
 	}
 	mopts := ctrl.Options{
@@ -227,10 +226,6 @@ func New(cfg *rest.Config, opts Options) (manager.Manager, error) {
 	}
 	if err := mgr.AddReadyzCheck("readyz", healthz.Ping); err != nil {
 		return nil, fmt.Errorf("adding ready check: %w", err)
-	}
-	// Shared by the capabilities that read one node's pods.
-	if err := podindex.Register(context.Background(), mgr.GetFieldIndexer()); err != nil {
-		return nil, err
 	}
 	for _, c := range selected {
 		if err := c.Setup(mgr, opts); err != nil {

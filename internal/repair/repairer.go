@@ -19,7 +19,6 @@ import (
 
 	maintenancev1 "github.com/gpufleet/gpufleet/api/maintenance/v1alpha1"
 	repairv1 "github.com/gpufleet/gpufleet/api/repair/v1alpha1"
-	"github.com/gpufleet/gpufleet/internal/podindex"
 )
 
 // Repairer walks one NodeRepair up the ladder, one step per reconcile:
@@ -27,7 +26,10 @@ import (
 // allowed — cordon and drain through NodeMaintenance, reboot, and release.
 // All progress is in the NodeRepair's status.
 type Repairer struct {
-	Client    client.Client
+	Client client.Client
+	// Live reads what the operator does not cache: the pods of the node
+	// to drain, listed once per reboot.
+	Live      client.Reader
 	Namespace string
 	Clock     clock.PassiveClock
 	Recorder  events.EventRecorder
@@ -154,13 +156,13 @@ func (r *Repairer) rebootRung(ctx context.Context, nr *repairv1.NodeRepair, node
 }
 
 func (r *Repairer) maintenance(ctx context.Context, nr *repairv1.NodeRepair, node *corev1.Node) (*maintenancev1.NodeMaintenance, error) {
-	pods, err := podindex.OnNode(ctx, r.Client, node.Name)
-	if err != nil {
-		return nil, err
+	var pods corev1.PodList
+	if err := r.Live.List(ctx, &pods, client.MatchingFields{"spec.nodeName": node.Name}); err != nil {
+		return nil, fmt.Errorf("listing pods on node %s: %w", node.Name, err)
 	}
 	policy := &repairv1.NodeRepairPolicy{}
 	_ = r.Client.Get(ctx, types.NamespacedName{Name: nr.Spec.Policy}, policy)
-	timeout := int32(DrainTimeout(&policy.Spec.Drain, pods) / time.Second)
+	timeout := int32(DrainTimeout(&policy.Spec.Drain, pods.Items) / time.Second)
 	nm := &maintenancev1.NodeMaintenance{
 		ObjectMeta: metav1.ObjectMeta{Namespace: r.Namespace, Name: "repair-" + nr.Name},
 		Spec: maintenancev1.NodeMaintenanceSpec{RequestorID: Requestor, NodeName: node.Name, Cordon: ptr.To(true),

@@ -88,7 +88,7 @@ func Setup(mgr manager.Manager, opts Options) error {
 		}
 		return []reconcile.Request{{NamespacedName: client.ObjectKey{Name: name}}}
 	})
-	rep := &Repairer{Client: c, Namespace: opts.Namespace, Clock: opts.Clock, Recorder: mgr.GetEventRecorder("gpufleet-repair")}
+	rep := &Repairer{Client: c, Live: mgr.GetAPIReader(), Namespace: opts.Namespace, Clock: opts.Clock, Recorder: mgr.GetEventRecorder("gpufleet-repair")}
 	err = builder.ControllerManagedBy(mgr).Named("noderepair").
 		For(&repairv1.NodeRepair{}).
 		Watches(&corev1.Node{}, repairsOfNode, builder.WithPredicates(healthChanged)).

@@ -1,0 +1,155 @@
+package maintenance
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes/fake"
+)
+
+func testPod(namespace, name, node string, labels map[string]string) *corev1.Pod {
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: name, Labels: labels},
+		Spec:       corev1.PodSpec{NodeName: node},
+		Status:     corev1.PodStatus{Phase: corev1.PodRunning},
+	}
+}
+
+// nextChange waits for the watch to announce a node.
+func nextChange(t *testing.T, w *PodWatch) string {
+	t.Helper()
+	select {
+	case e := <-w.Changes():
+		return e.Object
+	case <-time.After(10 * time.Second):
+		t.Fatal("no change announced")
+		return ""
+	}
+}
+
+func noChange(t *testing.T, w *PodWatch) {
+	t.Helper()
+	select {
+	case e := <-w.Changes():
+		t.Fatalf("unexpected change of %s", e.Object)
+	case <-time.After(100 * time.Millisecond):
+	}
+}
+
+func TestPodWatchFollowsItsHolders(t *testing.T) {
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	// The fake clientset ignores field selectors: every pod is on node a.
+	kube := fake.NewClientset(testPod("default", "train", "a", nil))
+	w := NewPodWatch(kube)
+	first := types.NamespacedName{Namespace: "default", Name: "first"}
+	second := types.NamespacedName{Namespace: "default", Name: "second"}
+
+	w.Hold(first, "a")
+	if _, synced := w.Pods("a"); synced {
+		t.Fatal("a watch held before Start must not report pods")
+	}
+	done := make(chan struct{})
+	go func() { _ = w.Start(ctx); close(done) }()
+	if got := nextChange(t, w); got != "a" {
+		t.Fatalf("sync announced %q, want a", got)
+	}
+	pods, synced := w.Pods("a")
+	if !synced || len(pods) != 1 || pods[0].Name != "train" {
+		t.Fatalf("Pods(a) = %v, %t; want [train], true", pods, synced)
+	}
+
+	// A phase change and a deletion are announced; a label change is not.
+	p := testPod("default", "train", "a", map[string]string{"x": "y"})
+	if _, err := kube.CoreV1().Pods("default").Update(ctx, p, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	noChange(t, w)
+	p.Status.Phase = corev1.PodSucceeded
+	if _, err := kube.CoreV1().Pods("default").Update(ctx, p, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if got := nextChange(t, w); got != "a" {
+		t.Fatalf("phase change announced %q, want a", got)
+	}
+	if err := kube.CoreV1().Pods("default").Delete(ctx, "train", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if got := nextChange(t, w); got != "a" {
+		t.Fatalf("deletion announced %q, want a", got)
+	}
+
+	// Two holders share one watch; it ends with the last of them.
+	w.Hold(second, "a")
+	w.Hold(second, "a") // holding twice is holding once
+	w.Release(first)
+	if _, synced := w.Pods("a"); !synced {
+		t.Fatal("the watch must stay while another object holds the node")
+	}
+	w.Release(second)
+	w.Release(second) // releasing twice is harmless
+	if _, synced := w.Pods("a"); synced {
+		t.Fatal("the watch must end with its last holder")
+	}
+	if len(w.nodes) != 0 || len(w.holders) != 0 {
+		t.Errorf("left nodes %v holders %v", w.nodes, w.holders)
+	}
+
+	// A watch started after Start syncs on its own.
+	w.Hold(first, "b")
+	if got := nextChange(t, w); got != "b" {
+		t.Fatalf("sync announced %q, want b", got)
+	}
+	cancel()
+	<-done
+	if len(w.nodes) != 0 {
+		t.Errorf("watches left after Start returned: %v", w.nodes)
+	}
+}
+
+func TestPodsFromServesTheDrainListFromTheWatch(t *testing.T) {
+	pods := []corev1.Pod{
+		*testPod("default", "train", "a", map[string]string{"app": "train"}),
+		*testPod("default", "serve", "a", map[string]string{"app": "serve"}),
+		*testPod("other", "batch", "a", map[string]string{"app": "train"}),
+	}
+	// The API server has a pod the watch has not seen: only a query the
+	// watch cannot answer reaches it.
+	live := fake.NewClientset(testPod("default", "live", "a", nil))
+	c := podsFrom{Interface: live, pods: pods}
+	cases := map[string]struct {
+		namespace string
+		opts      metav1.ListOptions
+		want      []string
+	}{
+		"all pods of the node":       {"", metav1.ListOptions{FieldSelector: "spec.nodeName=a"}, []string{"train", "serve", "batch"}},
+		"label selector":             {"", metav1.ListOptions{LabelSelector: "app=train", FieldSelector: "spec.nodeName=a"}, []string{"train", "batch"}},
+		"namespace":                  {"default", metav1.ListOptions{LabelSelector: "app=train"}, []string{"train"}},
+		"another node":               {"", metav1.ListOptions{FieldSelector: "spec.nodeName=b"}, nil},
+		"other fields go to the API": {"", metav1.ListOptions{FieldSelector: "status.phase=Running"}, []string{"live"}},
+		"selector that matches none": {"", metav1.ListOptions{LabelSelector: "app in (x)"}, nil},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			list, err := c.CoreV1().Pods(tc.namespace).List(t.Context(), tc.opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got []string
+			for _, p := range list.Items {
+				got = append(got, p.Name)
+			}
+			if diff := cmp.Diff(tc.want, got); diff != "" {
+				t.Errorf("listed (-want +got):\n%s", diff)
+			}
+		})
+	}
+	if _, err := c.CoreV1().Pods("").List(t.Context(), metav1.ListOptions{LabelSelector: "app in"}); err == nil {
+		t.Error("a malformed selector must be an error")
+	}
+}
