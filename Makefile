@@ -27,6 +27,15 @@ generate: controller-gen ## Regenerate deepcopy, CRDs and RBAC from the Go types
 	$(CONTROLLER_GEN) object:headerFile=hack/boilerplate.go.txt paths=./api/...
 	$(CONTROLLER_GEN) crd paths=./api/... output:crd:artifacts:config=config/crd/bases
 	$(CONTROLLER_GEN) rbac:roleName=gpufleet-operator paths=./internal/... output:rbac:artifacts:config=config/rbac
+	hack/sync-chart.sh
+
+.PHONY: helm
+helm:
+	hack/build-tools.sh helm
+
+.PHONY: lint-chart
+lint-chart: helm ## helm lint --strict the chart.
+	$(BIN)/helm lint --strict charts/gpufleet
 
 .PHONY: build
 build: ## Build bin/gpufleet.
@@ -46,7 +55,7 @@ unit: ## Unit tests only (no local cluster).
 
 .PHONY: verify
 verify: generate ## Fail if generated files are stale, code is unformatted or go vet complains.
-	@git diff --exit-code -- api config || { echo "generated files are stale: run 'make generate' and commit"; exit 1; }
+	@git diff --exit-code -- api config charts && test -z "$$(git ls-files --others --exclude-standard -- api config charts)" || { git ls-files --others --exclude-standard -- api config charts; echo "generated files are stale: run 'make generate' and commit"; exit 1; }
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { echo "gofmt needed:"; gofmt -l $$(git ls-files '*.go'); exit 1; }
 	go vet ./...
 

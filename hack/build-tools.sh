@@ -40,12 +40,15 @@ build() {
 
 want=${1:-all}
 case "$want" in
-  all|controlplane|controller-gen) ;;
-  *) echo "usage: $0 [all|controlplane|controller-gen]" >&2; exit 2 ;;
+  all|controlplane|controller-gen|helm) ;;
+  *) echo "usage: $0 [all|controlplane|controller-gen|helm]" >&2; exit 2 ;;
 esac
 
 if [ "$want" = all ] || [ "$want" = controller-gen ]; then
   build controller-gen "-s -w" controller-gen -- sigs.k8s.io/controller-tools/cmd/controller-gen
+fi
+if [ "$want" = all ] || [ "$want" = helm ]; then
+  build helm "-s -w -X helm.sh/helm/v4/internal/version.version=v4.3.2" helm -- helm.sh/helm/v4/cmd/helm
 fi
 if [ "$want" = all ] || [ "$want" = controlplane ]; then
   build etcd "-s -w" etcd -- go.etcd.io/etcd/server/v3

@@ -3,11 +3,14 @@ package agent
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 	corev1 "k8s.io/api/core/v1"
+	clocktesting "k8s.io/utils/clock/testing"
 
 	repairv1 "github.com/gpufleet/gpufleet/api/repair/v1alpha1"
 )
@@ -17,6 +20,7 @@ type fakeHost struct {
 	calls   []string
 	missing map[string]bool
 	pods    string
+	fail    map[string]bool // commands that fail
 }
 
 func (f *fakeHost) Run(_ context.Context, name string, args ...string) (string, error) {
@@ -28,10 +32,35 @@ func (f *fakeHost) Run(_ context.Context, name string, args ...string) (string, 
 	if strings.HasPrefix(cmd, "systemctl cat ") && f.missing[strings.TrimPrefix(cmd, "systemctl cat ")] {
 		return "", errors.New("no such unit")
 	}
+	if f.fail[cmd] {
+		return "", errors.New("failed")
+	}
 	if strings.HasPrefix(cmd, "crictl pods") {
 		return f.pods, nil
 	}
 	return "", nil
+}
+
+// sandboxClock is 10:00; sandboxes lists NotReady sandboxes created at
+// 09:50 (old), 09:59:30 (young: may be starting) and 09:57 (createdAt as a
+// JSON number).
+var (
+	sandboxClock = clocktesting.NewFakePassiveClock(time.Date(2026, 12, 3, 10, 0, 0, 0, time.UTC))
+	sandboxes    = fmt.Sprintf(`{"items":[{"id":"old","state":"SANDBOX_NOTREADY","createdAt":"%d"},
+{"id":"young","state":"SANDBOX_NOTREADY","createdAt":"%d"},{"id":"number","createdAt":%d}]}`,
+		time.Date(2026, 12, 3, 9, 50, 0, 0, time.UTC).UnixNano(), time.Date(2026, 12, 3, 9, 59, 30, 0, time.UTC).UnixNano(),
+		time.Date(2026, 12, 3, 9, 57, 0, 0, time.UTC).UnixNano())
+)
+
+func TestStaleSandboxesRejectsBadInput(t *testing.T) {
+	for _, in := range []string{`not json`, `{"items":[{"id":"a","createdAt":"yesterday"}]}`, `{"items":[{"createdAt":"1"}]}`} {
+		if _, err := staleSandboxes([]byte(in), sandboxClock.Now(), SandboxGrace); err == nil {
+			t.Errorf("%s: want an error", in)
+		}
+	}
+	if ids, err := staleSandboxes([]byte(`{}`), sandboxClock.Now(), SandboxGrace); err != nil || len(ids) != 0 {
+		t.Errorf("no sandboxes: %v, %v", ids, err)
+	}
 }
 
 func TestHostExecutor(t *testing.T) {
@@ -42,15 +71,16 @@ func TestHostExecutor(t *testing.T) {
 		host   *fakeHost
 		want   []string
 	}{
-		"kubelet":               {&corev1.Node{}, repairv1.ActionRestartKubelet, &fakeHost{}, []string{"systemctl restart kubelet"}},
-		"runtime is per node":   {docker, repairv1.ActionRestartContainerRuntime, &fakeHost{}, []string{"systemctl restart docker"}},
-		"NTP unit found":        {&corev1.Node{}, repairv1.ActionRestartNTP, &fakeHost{missing: map[string]bool{"chronyd": true}}, []string{"systemctl cat chronyd", "systemctl cat ntpd", "systemctl restart ntpd"}},
-		"broken sandboxes only": {&corev1.Node{}, repairv1.ActionDeleteBrokenSandbox, &fakeHost{pods: "abc\ndef\n"}, []string{"crictl pods --state NotReady -q", "crictl rmp -f abc", "crictl rmp -f def"}},
-		"reboot":                {&corev1.Node{}, repairv1.ActionReboot, &fakeHost{}, []string{"systemctl reboot"}},
+		"kubelet":             {&corev1.Node{}, repairv1.ActionRestartKubelet, &fakeHost{}, []string{"systemctl restart kubelet"}},
+		"runtime is per node": {docker, repairv1.ActionRestartContainerRuntime, &fakeHost{}, []string{"systemctl restart docker"}},
+		"NTP unit found":      {&corev1.Node{}, repairv1.ActionRestartNTP, &fakeHost{missing: map[string]bool{"chronyd": true}}, []string{"systemctl cat chronyd", "systemctl cat ntpd", "systemctl restart ntpd"}},
+		"broken sandboxes only": {&corev1.Node{}, repairv1.ActionDeleteBrokenSandbox, &fakeHost{pods: sandboxes},
+			[]string{"crictl pods --state NotReady -o json", "crictl rmp -f old", "crictl rmp -f number"}},
+		"reboot": {&corev1.Node{}, repairv1.ActionReboot, &fakeHost{}, []string{"systemctl reboot"}},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
-			if err := (HostExecutor{Runner: tc.host}).Execute(context.Background(), tc.node, tc.action); err != nil {
+			if err := (HostExecutor{Runner: tc.host, Clock: sandboxClock}).Execute(context.Background(), tc.node, tc.action); err != nil {
 				t.Fatal(err)
 			}
 			if diff := cmp.Diff(tc.want, tc.host.calls); diff != "" {
@@ -60,6 +90,14 @@ func TestHostExecutor(t *testing.T) {
 	}
 	if err := (HostExecutor{Runner: &fakeHost{}}).Execute(context.Background(), &corev1.Node{}, "rm -rf /"); err == nil {
 		t.Errorf("an action outside the enumeration ran")
+	}
+	// One sandbox that does not go away does not keep the others.
+	stuck := &fakeHost{pods: sandboxes, fail: map[string]bool{"crictl rmp -f old": true}}
+	if err := (HostExecutor{Runner: stuck, Clock: sandboxClock}).Execute(context.Background(), &corev1.Node{}, repairv1.ActionDeleteBrokenSandbox); err == nil {
+		t.Errorf("a sandbox was not removed: want an error")
+	}
+	if got := stuck.calls[len(stuck.calls)-1]; got != "crictl rmp -f number" {
+		t.Errorf("after a failed removal, last command %q", got)
 	}
 	none := &fakeHost{missing: map[string]bool{"chronyd": true, "ntpd": true, "systemd-timesyncd": true}}
 	if err := (HostExecutor{Runner: none}).Execute(context.Background(), &corev1.Node{}, repairv1.ActionRestartNTP); err == nil {

@@ -457,6 +457,10 @@ func (c *Cluster) RestartAPIServer(ctx context.Context) error {
 	return errors.New("kube-apiserver is not part of this cluster")
 }
 
+// BinDir is the directory holding the control-plane binaries and the
+// pinned tools: $GPUFLEET_BIN_DIR, else bin/ at the source root.
+func BinDir() (string, error) { return resolveBinDir("") }
+
 // resolveBinDir finds the directory holding the control-plane binaries.
 func resolveBinDir(dir string) (string, error) {
 	if dir == "" {

@@ -40,7 +40,11 @@ const (
 
 // Reconciler deploys the active ClusterPolicy's GPU stack.
 type Reconciler struct {
-	Client    client.Client
+	Client client.Client
+	// Live reads from the API server: the cache holds only objects labelled
+	// managed-by gpufleet, so an object of ours whose label was removed is
+	// found here (default: Client).
+	Live      client.Reader
 	Namespace string
 	Clock     clock.PassiveClock
 	Recorder  events.EventRecorder
@@ -166,10 +170,24 @@ func (r *Reconciler) apply(ctx context.Context, objs []client.Object) error {
 		have := want.DeepCopyObject().(client.Object)
 		err := r.Client.Get(ctx, client.ObjectKeyFromObject(want), have)
 		if apierrors.IsNotFound(err) {
-			if err := r.Client.Create(ctx, want.DeepCopyObject().(client.Object)); err != nil && !apierrors.IsAlreadyExists(err) {
-				return fmt.Errorf("creating %T %s: %w", want, want.GetName(), err)
+			err = r.Client.Create(ctx, want.DeepCopyObject().(client.Object))
+			if !apierrors.IsAlreadyExists(err) {
+				if err != nil {
+					return fmt.Errorf("creating %T %s: %w", want, want.GetName(), err)
+				}
+				continue
 			}
-			continue
+			// It exists but the cache does not hold it: its managed-by
+			// label was removed (or the cache is behind). Read it live and
+			// take it back.
+			live := r.Live
+			if live == nil {
+				live = r.Client
+			}
+			err = live.Get(ctx, client.ObjectKeyFromObject(want), have)
+			if apierrors.IsNotFound(err) {
+				continue // deleted meanwhile: the next pass creates it
+			}
 		}
 		if err != nil {
 			return fmt.Errorf("getting %T %s: %w", want, want.GetName(), err)

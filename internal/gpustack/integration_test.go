@@ -312,6 +312,29 @@ func TestSeedPolicyDeploysTheStack(t *testing.T) {
 		if err != nil {
 			t.Fatalf("deleted DaemonSet not recreated")
 		}
+		// Without its managed-by label the object leaves the operator's
+		// cache (a delete event for it); the operator finds it live and
+		// labels it again instead of failing on AlreadyExists.
+		// (The operator may still be writing the recreated object.)
+		err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
+			ds, err := cluster.Client.AppsV1().DaemonSets(ns).Get(t.Context(), name, metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			delete(ds.Labels, gpustack.LabelManagedBy)
+			_, err = cluster.Client.AppsV1().DaemonSets(ns).Update(t.Context(), ds, metav1.UpdateOptions{})
+			return err
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, 20*time.Second, true, func(ctx context.Context) (bool, error) {
+			ds, err := cluster.Client.AppsV1().DaemonSets(ns).Get(ctx, name, metav1.GetOptions{})
+			return err == nil && ds.Labels[gpustack.LabelManagedBy] != "", nil
+		})
+		if err != nil {
+			t.Fatalf("DaemonSet whose managed-by label was removed never labelled again")
+		}
 	})
 
 	t.Run("disabling a component removes its objects", func(t *testing.T) {

@@ -50,7 +50,7 @@ func Setup(mgr manager.Manager, opts Options) error {
 		opts.DegradedAfter = 2 * time.Minute
 	}
 	r := &Reconciler{
-		Client: mgr.GetClient(), Namespace: opts.Namespace, Clock: opts.Clock, Assets: Assets,
+		Client: mgr.GetClient(), Live: mgr.GetAPIReader(), Namespace: opts.Namespace, Clock: opts.Clock, Assets: Assets,
 		DegradedAfter: opts.DegradedAfter, UpgradeTimeout: opts.UpgradeTimeout, Recorder: mgr.GetEventRecorder("gpufleet-gpustack"),
 	}
 	allPolicies := handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, _ client.Object) []reconcile.Request {

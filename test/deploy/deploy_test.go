@@ -1,12 +1,14 @@
 // Package deploy checks the shipped manifests (config/default, built with
-// kustomize): they render, the real API server accepts every object with
-// strict field validation, and the operator running as the ServiceAccount
-// they define, with exactly the RBAC they grant, elects a leader and takes
-// a NodeMaintenance through to Ready.
+// kustomize, and the Helm chart charts/gpufleet): they render, the chart
+// ships the generated CRDs and RBAC and the same operator as kustomize, the
+// real API server accepts every object, and the operator running as the
+// ServiceAccount they define, with exactly the RBAC they grant, elects a
+// leader and takes a NodeMaintenance through to Ready.
 package deploy
 
 import (
 	"context"
+	"encoding/json"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -57,9 +59,24 @@ func render(t *testing.T) []*unstructured.Unstructured {
 		if err != nil {
 			t.Fatal(err)
 		}
-		out = append(out, &unstructured.Unstructured{Object: m})
+		out = append(out, normalized(t, m))
 	}
 	return out
+}
+
+// normalized is m as the API machinery decodes JSON (int64 numbers), so
+// that objects from kustomize and from helm compare equal.
+func normalized(t *testing.T, m map[string]any) *unstructured.Unstructured {
+	t.Helper()
+	data, err := json.Marshal(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u := &unstructured.Unstructured{}
+	if err := u.UnmarshalJSON(data); err != nil {
+		t.Fatal(err)
+	}
+	return u
 }
 
 func TestManifestsRender(t *testing.T) {
@@ -94,13 +111,33 @@ func TestManifestsRender(t *testing.T) {
 	}
 }
 
-// TestOperatorRunsAsItsServiceAccount applies config/default to the local
-// cluster and runs the operator with a token of the ServiceAccount it
-// defines, with leader election as the Deployment runs it.
+// TestOperatorRunsAsItsServiceAccount installs gpufleet on the local
+// cluster, once from config/default (strict create of every object) and
+// once with `helm install` of charts/gpufleet (server-side apply), and runs
+// the operator with a token of the ServiceAccount each defines, with leader
+// election as the Deployment runs it, through a NodeMaintenance.
 func TestOperatorRunsAsItsServiceAccount(t *testing.T) {
 	if testing.Short() {
 		t.Skip("needs the local cluster (run without -short)")
 	}
+	t.Run("kustomize", func(t *testing.T) {
+		cluster := startCluster(t)
+		apply(t, cluster.Config, render(t))
+		runOperatorAs(t, cluster, "gpufleet-operator")
+	})
+	t.Run("helm", func(t *testing.T) {
+		cluster := startCluster(t)
+		// A release name other than "gpufleet": every object is named
+		// after it, and the operator runs with that chart's RBAC only.
+		helmRun(t, "install", "fleet", chartDir(t), "--namespace", ns, "--create-namespace",
+			"--kubeconfig", cluster.Kubeconfig, "--set", "maintenanceOperatorConfig.create=true",
+			"--set", "maintenanceOperatorConfig.spec.maxParallelOperations=2")
+		runOperatorAs(t, cluster, "fleet-gpufleet-operator")
+	})
+}
+
+func startCluster(t *testing.T) *devcluster.Cluster {
+	t.Helper()
 	ctx := t.Context()
 	cluster, err := devcluster.Start(ctx, devcluster.Options{})
 	if err != nil {
@@ -110,19 +147,24 @@ func TestOperatorRunsAsItsServiceAccount(t *testing.T) {
 	if err := cluster.AddNodes(ctx, devcluster.GPUNodes(2, 1)...); err != nil {
 		t.Fatal(err)
 	}
-	apply(t, cluster.Config, render(t))
+	return cluster
+}
 
-	// A token of the operator's ServiceAccount: the operator gets exactly
-	// what config/default grants it.
-	tok, err := cluster.Client.CoreV1().ServiceAccounts(ns).CreateToken(ctx, "gpufleet-operator",
+// runOperatorAs runs the operator with a token of the ServiceAccount sa in
+// ns (it gets exactly what the installed manifests grant it), waits for its
+// lease, and takes a NodeMaintenance with a drain to Ready and back.
+func runOperatorAs(t *testing.T, cluster *devcluster.Cluster, sa string) {
+	t.Helper()
+	ctx := t.Context()
+	tok, err := cluster.Client.CoreV1().ServiceAccounts(ns).CreateToken(ctx, sa,
 		&authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptr.To[int64](3600)}}, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	saCfg := rest.AnonymousClientConfig(cluster.Config)
 	saCfg.BearerToken = tok.Status.Token
-	mgr, err := operator.New(saCfg, operator.Options{Namespace: ns, MetricsAddr: "0", ProbeAddr: "0", LeaderElection: true,
-		LeaseDuration: 4 * time.Second, RenewDeadline: 3 * time.Second, RetryPeriod: 500 * time.Millisecond})
+	mgr, err := operator.New(saCfg, operator.Options{Namespace: ns, MetricsAddr: "0", ProbeAddr: "0", LeaderElection: true, AllowRestart: true,
+		LeaderElectionID: sa, LeaseDuration: 4 * time.Second, RenewDeadline: 3 * time.Second, RetryPeriod: 500 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}

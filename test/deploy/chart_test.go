@@ -1,0 +1,255 @@
+package deploy
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"k8s.io/apimachinery/pkg/api/equality"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+
+	"github.com/gpufleet/gpufleet/internal/devcluster"
+)
+
+// helmBin is bin/helm, built by `make tools`. Unit runs (-short) skip the
+// chart tests when it has not been built; full runs fail.
+func helmBin(t *testing.T) string {
+	t.Helper()
+	dir, err := devcluster.BinDir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(dir, "helm")
+	if _, err := os.Stat(bin); err != nil {
+		if testing.Short() {
+			t.Skipf("%s not built (make tools)", bin)
+		}
+		t.Fatalf("%s not built: run `make tools` (hack/build-tools.sh helm)", bin)
+	}
+	return bin
+}
+
+func chartDir(t *testing.T) string {
+	t.Helper()
+	root, err := devcluster.SourceRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return filepath.Join(root, "charts", "gpufleet")
+}
+
+// helmRun runs bin/helm with its state in a temporary directory and returns
+// its standard output.
+func helmRun(t *testing.T, args ...string) []byte {
+	t.Helper()
+	out, err := helmRunErr(t, args...)
+	if err != nil {
+		t.Fatalf("helm %s: %v", strings.Join(args, " "), err)
+	}
+	return out
+}
+
+func helmRunErr(t *testing.T, args ...string) ([]byte, error) {
+	t.Helper()
+	cmd := exec.CommandContext(t.Context(), helmBin(t), args...)
+	home := t.TempDir()
+	cmd.Env = append(os.Environ(), "HELM_CACHE_HOME="+filepath.Join(home, "cache"),
+		"HELM_CONFIG_HOME="+filepath.Join(home, "config"), "HELM_DATA_HOME="+filepath.Join(home, "data"))
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		return nil, errors.Join(err, errors.New(strings.TrimSpace(stderr.String())))
+	}
+	return stdout.Bytes(), nil
+}
+
+// renderChart runs `helm template` with the CRDs and the given flags.
+func renderChart(t *testing.T, release string, flags ...string) []*unstructured.Unstructured {
+	t.Helper()
+	args := append([]string{"template", release, chartDir(t), "--namespace", ns, "--include-crds"}, flags...)
+	return decodeAll(t, helmRun(t, args...))
+}
+
+func decodeAll(t *testing.T, data []byte) []*unstructured.Unstructured {
+	t.Helper()
+	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(data), 4096)
+	var out []*unstructured.Unstructured
+	for {
+		var m map[string]any
+		if err := dec.Decode(&m); err != nil {
+			if errors.Is(err, io.EOF) {
+				return out
+			}
+			t.Fatalf("decoding: %v", err)
+		}
+		if len(m) == 0 {
+			continue
+		}
+		out = append(out, normalized(t, m))
+	}
+}
+
+func find(objs []*unstructured.Unstructured, kind, name string) *unstructured.Unstructured {
+	for _, o := range objs {
+		if o.GetKind() == kind && o.GetName() == name {
+			return o
+		}
+	}
+	return nil
+}
+
+func names(objs []*unstructured.Unstructured) map[string][]string {
+	kinds := map[string][]string{}
+	for _, o := range objs {
+		kinds[o.GetKind()] = append(kinds[o.GetKind()], o.GetName())
+	}
+	for k := range kinds {
+		slices.Sort(kinds[k])
+	}
+	return kinds
+}
+
+// TestChartMatchesTheGeneratedManifests: with the default values the chart
+// ships the same objects as config/default (but the Namespace, which helm
+// creates), the CRDs exactly as generated, the operator rules exactly as
+// generated, and the same operator and agent containers.
+func TestChartMatchesTheGeneratedManifests(t *testing.T) {
+	chart := renderChart(t, "gpufleet")
+	kust := render(t)
+	got, want := names(chart), names(kust)
+	delete(want, "Namespace")
+	if !equality.Semantic.DeepEqual(got, want) {
+		t.Errorf("chart objects %v, config/default %v", got, want)
+	}
+	for _, o := range chart {
+		if o.GetKind() == "CustomResourceDefinition" || strings.HasPrefix(o.GetKind(), "Cluster") {
+			if o.GetNamespace() != "" {
+				t.Errorf("cluster-scoped %s %s has namespace %q", o.GetKind(), o.GetName(), o.GetNamespace())
+			}
+			continue
+		}
+		if o.GetNamespace() != ns {
+			t.Errorf("%s %s in namespace %q, want the release namespace", o.GetKind(), o.GetName(), o.GetNamespace())
+		}
+	}
+	for _, k := range kust {
+		if k.GetKind() == "Namespace" {
+			continue
+		}
+		c := find(chart, k.GetKind(), k.GetName())
+		if c == nil {
+			continue // reported above
+		}
+		switch k.GetKind() {
+		case "CustomResourceDefinition":
+			if !equality.Semantic.DeepEqual(c.Object, k.Object) {
+				t.Errorf("CRD %s in the chart differs from config/crd/bases: run make generate", k.GetName())
+			}
+		case "ClusterRole", "Role":
+			same(t, c, k, "rules")
+		case "Deployment", "DaemonSet":
+			for _, f := range [][]string{{"spec", "template", "spec", "securityContext"}, {"spec", "template", "spec", "hostPID"},
+				{"spec", "template", "spec", "priorityClassName"}, {"spec", "template", "spec", "tolerations"}, {"spec", "replicas"}} {
+				same(t, c, k, f...)
+			}
+			cc, kc := container(t, c), container(t, k)
+			for _, f := range []string{"command", "env", "ports", "livenessProbe", "readinessProbe", "resources", "securityContext"} {
+				if !equality.Semantic.DeepEqual(cc[f], kc[f]) {
+					t.Errorf("%s %s container %s: chart %v, config/default %v", k.GetKind(), k.GetName(), f, cc[f], kc[f])
+				}
+			}
+		}
+	}
+	dep := container(t, find(chart, "Deployment", "gpufleet-operator"))
+	args, _ := dep["args"].([]any)
+	for _, a := range []string{"--leader-elect", "--leader-election-id=gpufleet-operator", "--metrics-bind-address=:8080"} {
+		if !slices.Contains(args, any(a)) {
+			t.Errorf("operator args %v lack %s", args, a)
+		}
+	}
+}
+
+func same(t *testing.T, chart, kust *unstructured.Unstructured, fields ...string) {
+	t.Helper()
+	c, _, _ := unstructured.NestedFieldNoCopy(chart.Object, fields...)
+	k, _, _ := unstructured.NestedFieldNoCopy(kust.Object, fields...)
+	if !equality.Semantic.DeepEqual(c, k) {
+		t.Errorf("%s %s .%s: chart %v, config/default %v", kust.GetKind(), kust.GetName(), strings.Join(fields, "."), c, k)
+	}
+}
+
+func container(t *testing.T, o *unstructured.Unstructured) map[string]any {
+	t.Helper()
+	cs, _, _ := unstructured.NestedSlice(o.Object, "spec", "template", "spec", "containers")
+	if len(cs) != 1 {
+		t.Fatalf("%s %s: %d containers", o.GetKind(), o.GetName(), len(cs))
+	}
+	return cs[0].(map[string]any)
+}
+
+// TestChartValues: the values users set change what they say.
+func TestChartValues(t *testing.T) {
+	objs := renderChart(t, "prod",
+		"--set", "agent.enabled=false",
+		"--set", "operator.replicas=3",
+		"--set", "operator.leaderElection.enabled=false",
+		"--set", "operator.capabilities={maintenance,repair}",
+		"--set", "image.tag=v1.2.3",
+		"--set", "maintenanceOperatorConfig.create=true",
+		"--set", "maintenanceOperatorConfig.spec.maxParallelOperations=10%",
+		"--set", "maintenanceOperatorConfig.spec.maxUnavailable=2")
+	kinds := names(objs)
+	if got := kinds["DaemonSet"]; len(got) != 0 {
+		t.Errorf("agent disabled, DaemonSets %v", got)
+	}
+	if got, want := kinds["ClusterRole"], []string{"prod-gpufleet-operator"}; !slices.Equal(got, want) {
+		t.Errorf("ClusterRoles %v, want %v", got, want)
+	}
+	dep := find(objs, "Deployment", "prod-gpufleet-operator")
+	if dep == nil {
+		t.Fatalf("no Deployment prod-gpufleet-operator in %v", kinds)
+	}
+	if r, _, _ := unstructured.NestedInt64(dep.Object, "spec", "replicas"); r != 3 {
+		t.Errorf("replicas %d, want 3", r)
+	}
+	c := container(t, dep)
+	if c["image"] != "ghcr.io/gpufleet/gpufleet:v1.2.3" {
+		t.Errorf("image %v", c["image"])
+	}
+	args, _ := c["args"].([]any)
+	if slices.Contains(args, any("--leader-elect")) {
+		t.Errorf("leader election disabled, args %v", args)
+	}
+	if !slices.Contains(args, any("--capabilities=maintenance,repair")) {
+		t.Errorf("args %v lack the capabilities", args)
+	}
+	sa, _, _ := unstructured.NestedString(dep.Object, "spec", "template", "spec", "serviceAccountName")
+	if sa != "prod-gpufleet-operator" {
+		t.Errorf("serviceAccountName %q", sa)
+	}
+	cfg := find(objs, "MaintenanceOperatorConfig", "default")
+	if cfg == nil {
+		t.Fatalf("no MaintenanceOperatorConfig in %v", kinds)
+	}
+	spec, _, _ := unstructured.NestedMap(cfg.Object, "spec")
+	if want := map[string]any{"maxParallelOperations": "10%", "maxUnavailable": int64(2)}; !equality.Semantic.DeepEqual(spec, want) {
+		t.Errorf("MaintenanceOperatorConfig spec %v, want %v", spec, want)
+	}
+
+	// Not created by default.
+	if find(renderChart(t, "gpufleet"), "MaintenanceOperatorConfig", "default") != nil {
+		t.Error("MaintenanceOperatorConfig rendered without maintenanceOperatorConfig.create")
+	}
+}
+
+// TestChartLints runs `helm lint --strict`.
+func TestChartLints(t *testing.T) {
+	helmRun(t, "lint", "--strict", chartDir(t))
+}
