@@ -131,6 +131,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		nm.Status.ObservedGeneration = nm.Generation
 		if uerr := r.Client.Status().Update(ctx, nm); uerr != nil {
 			if apierrors.IsConflict(uerr) {
+				statusConflicts.WithLabelValues("lifecycle").Inc()
 				return reconcile.Result{Requeue: true}, nil
 			}
 			return reconcile.Result{}, fmt.Errorf("updating status: %w", uerr)
@@ -353,8 +354,11 @@ func (r *Reconciler) finalize(ctx context.Context, nm *maintenancev1.NodeMainten
 			cond.LastTransitionTime = metav1.NewTime(r.Clock.Now())
 			meta.SetStatusCondition(&nm.Status.Conditions, cond)
 			r.Recorder.Eventf(nm, node, corev1.EventTypeNormal, ReasonWaitingForRequestors, actionRelease, "%s", msg)
-			if err := r.Client.Status().Update(ctx, nm); err != nil && !apierrors.IsConflict(err) {
-				return fmt.Errorf("updating status: %w", err)
+			if err := r.Client.Status().Update(ctx, nm); err != nil {
+				if !apierrors.IsConflict(err) {
+					return fmt.Errorf("updating status: %w", err)
+				}
+				statusConflicts.WithLabelValues("lifecycle").Inc()
 			}
 		}
 		return nil

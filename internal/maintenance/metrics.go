@@ -28,6 +28,10 @@ var (
 		Name: "gpufleet_maintenance_watched_nodes",
 		Help: "Nodes whose pods the operator watches (nodes being cordoned, waited on or drained).",
 	})
+	statusConflicts = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "gpufleet_maintenance_status_conflicts_total",
+		Help: "NodeMaintenance writes refused with a conflict (the object changed since it was read; re-read and retried), by writer (scheduler, wait-reasons, lifecycle).",
+	}, []string{"writer"})
 	evictions = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "gpufleet_maintenance_evictions_total",
 		Help: "Pod evictions requested by drains, by result (evicted, refused, error).",
@@ -35,5 +39,5 @@ var (
 )
 
 func init() {
-	metrics.Registry.MustRegister(objectsByPhase, schedulingDecisions, planDuration, drainDuration, evictions, watchedNodes)
+	metrics.Registry.MustRegister(objectsByPhase, schedulingDecisions, planDuration, drainDuration, evictions, watchedNodes, statusConflicts)
 }

@@ -164,6 +164,9 @@ func (s *Scheduler) schedule(ctx context.Context, nm *maintenancev1.NodeMaintena
 	s.expect(key, nm.ResourceVersion)
 	if err := s.Client.Status().Update(ctx, nm); err != nil {
 		s.forget(key)
+		if apierrors.IsConflict(err) {
+			statusConflicts.WithLabelValues("scheduler").Inc()
+		}
 		return fmt.Errorf("scheduling %s: %w", key, err)
 	}
 	schedulingDecisions.WithLabelValues("scheduled").Inc()

@@ -2,6 +2,7 @@ package maintenance
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 
@@ -30,10 +31,14 @@ type WaitReasons struct {
 	// Workers write in parallel (default 4).
 	Workers int
 
-	mu    sync.Mutex
-	want  map[types.NamespacedName]string
-	queue workqueue.TypedRateLimitingInterface[types.NamespacedName]
-	once  sync.Once
+	mu   sync.Mutex
+	want map[types.NamespacedName]string
+	// written holds, per object, the resourceVersion its last write
+	// replaced: while the cache still shows that version it has not seen
+	// the write, and writing from it would only end in a conflict.
+	written map[types.NamespacedName]string
+	queue   workqueue.TypedRateLimitingInterface[types.NamespacedName]
+	once    sync.Once
 }
 
 func (w *WaitReasons) init() {
@@ -62,6 +67,11 @@ func (w *WaitReasons) Set(waiting map[string]string, byKey map[string]*maintenan
 	}
 	w.mu.Lock()
 	w.want = want
+	for k := range w.written {
+		if _, ok := want[k]; !ok {
+			delete(w.written, k) // scheduled or gone: never written again
+		}
+	}
 	w.mu.Unlock()
 	for _, k := range changed {
 		w.queue.Add(k)
@@ -112,7 +122,11 @@ func (w *WaitReasons) processNext(ctx context.Context) bool {
 	}
 	defer w.queue.Done(k)
 	if err := w.write(ctx, k); err != nil {
-		if !apierrors.IsConflict(err) {
+		switch {
+		case errors.Is(err, errCacheBehind):
+		case apierrors.IsConflict(err):
+			statusConflicts.WithLabelValues("wait-reasons").Inc()
+		default:
 			ctrl.LoggerFrom(ctx).Info("writing wait reason failed; retrying", "object", k.String(), "error", err.Error())
 		}
 		w.queue.AddRateLimited(k)
@@ -120,6 +134,26 @@ func (w *WaitReasons) processNext(ctx context.Context) bool {
 	}
 	w.queue.Forget(k)
 	return true
+}
+
+// errCacheBehind: the cache has not seen our last write of the object yet;
+// retried shortly, without a request.
+var errCacheBehind = errors.New("cache has not seen the last wait-reason write yet")
+
+// cacheBehind reports whether nm is the copy our last write replaced; once
+// the cache shows a newer one the record is dropped.
+func (w *WaitReasons) cacheBehind(k types.NamespacedName, nm *maintenancev1.NodeMaintenance) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	rv, ok := w.written[k]
+	if !ok {
+		return false
+	}
+	if rv == nm.ResourceVersion {
+		return true
+	}
+	delete(w.written, k)
+	return false
 }
 
 // write sets one object's latest wanted reason, if it still needs it.
@@ -132,9 +166,13 @@ func (w *WaitReasons) write(ctx context.Context, k types.NamespacedName) error {
 	if err := w.Client.Get(ctx, k, nm); err != nil {
 		return client.IgnoreNotFound(err)
 	}
+	if w.cacheBehind(k, nm) {
+		return errCacheBehind
+	}
 	if !needsReason(nm, reason) {
 		return nil
 	}
+	rvBefore := nm.ResourceVersion
 	setPhase(nm, maintenancev1.PhasePending, reason, w.Clock.Now())
 	if err := w.Client.Status().Update(ctx, nm); err != nil {
 		if apierrors.IsNotFound(err) {
@@ -142,5 +180,11 @@ func (w *WaitReasons) write(ctx context.Context, k types.NamespacedName) error {
 		}
 		return fmt.Errorf("updating wait reason of %s: %w", k, err)
 	}
+	w.mu.Lock()
+	if w.written == nil {
+		w.written = map[types.NamespacedName]string{}
+	}
+	w.written[k] = rvBefore
+	w.mu.Unlock()
 	return nil
 }

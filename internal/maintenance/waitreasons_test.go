@@ -2,6 +2,7 @@ package maintenance
 
 import (
 	"context"
+	"errors"
 	"testing"
 
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -99,6 +100,71 @@ func TestWaitReasonsWriteLatestReasonOnceAndNeverOverAScheduledObject(t *testing
 	run()
 	if counting.writes != writes {
 		t.Errorf("wrote a reason no plan wants")
+	}
+}
+
+// staleGet serves Get of the objects in stale from those copies (a cache
+// that has not seen the latest writes).
+type staleGet struct {
+	client.Client
+	stale map[client.ObjectKey]*maintenancev1.NodeMaintenance
+}
+
+func (c *staleGet) Get(ctx context.Context, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+	if nm, ok := c.stale[key]; ok {
+		nm.DeepCopyInto(obj.(*maintenancev1.NodeMaintenance))
+		return nil
+	}
+	return c.Client.Get(ctx, key, obj, opts...)
+}
+
+// A plan computed before the cache showed the writer's own last write asks
+// for the same reason again: the writer waits for the cache instead of
+// writing from the old copy (which could only end in a conflict).
+func TestWaitReasonsWaitForTheCacheToShowTheirOwnWrite(t *testing.T) {
+	scheme := runtime.NewScheme()
+	_ = maintenancev1.AddToScheme(scheme)
+	a := &maintenancev1.NodeMaintenance{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "a", Finalizers: []string{maintenancev1.Finalizer}},
+		Spec:       maintenancev1.NodeMaintenanceSpec{RequestorID: "r", NodeName: "n-a"},
+	}
+	api := fake.NewClientBuilder().WithScheme(scheme).WithObjects(a).WithStatusSubresource(&maintenancev1.NodeMaintenance{}).Build()
+	ctx := context.Background()
+	key := client.ObjectKeyFromObject(a)
+	old := &maintenancev1.NodeMaintenance{}
+	if err := api.Get(ctx, key, old); err != nil {
+		t.Fatal(err)
+	}
+	cache := &staleGet{Client: api}
+	counting := &countingClient{Client: cache}
+	w := &WaitReasons{Client: counting, Clock: clocktesting.NewFakeClock(t0)}
+
+	w.Set(map[string]string{"default/a": "slots"}, map[string]*maintenancev1.NodeMaintenance{"default/a": old})
+	w.drain(ctx)
+	if counting.writes != 1 {
+		t.Fatalf("%d writes, want 1", counting.writes)
+	}
+	// The cache still shows the copy from before the write.
+	cache.stale = map[client.ObjectKey]*maintenancev1.NodeMaintenance{key: old}
+	w.Set(map[string]string{"default/a": "slots"}, map[string]*maintenancev1.NodeMaintenance{"default/a": old})
+	if err := w.write(ctx, key); !errors.Is(err, errCacheBehind) {
+		t.Errorf("write from the copy our write replaced: %v, want errCacheBehind", err)
+	}
+	if counting.writes != 1 {
+		t.Errorf("wrote from a stale copy")
+	}
+	// Caught up: the reason is there, nothing to write.
+	cache.stale = nil
+	if err := w.write(ctx, key); err != nil {
+		t.Fatal(err)
+	}
+	if counting.writes != 1 {
+		t.Errorf("%d writes once the cache caught up, want still 1", counting.writes)
+	}
+	// A plan without the object (scheduled) forgets it.
+	w.Set(map[string]string{}, nil)
+	if len(w.written) != 0 {
+		t.Errorf("written records %v after the object left the plan", w.written)
 	}
 }
 

@@ -97,7 +97,7 @@ func BenchmarkOperatorMemory(b *testing.B) {
 		}
 		b.ReportMetric(float64(rss)/1024, unit("MB-rss"))
 		b.ReportMetric(float64(hwm)/1024, unit("MB-peak-rss"))
-		b.Logf("%s: operator with %d nodes and %d pods cached: RSS %d MB after 30 s (Go heap in use %.0f MB), %d MB after 2.5 min, peak %d MB; %.1f CPU seconds",
+		b.Logf("%s: operator with %d nodes and %d pods in the cluster: RSS %d MB after 30 s (Go heap in use %.0f MB), %d MB after 2.5 min, peak %d MB; %.1f CPU seconds",
 			name, nodes, pods, rss30/1024, heap, rss/1024, hwm/1024, cpu)
 	}
 }

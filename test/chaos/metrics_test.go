@@ -3,9 +3,11 @@ package chaos
 import (
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -138,4 +140,29 @@ func cpuSecondsOf(pid int) float64 {
 		}
 	}
 	return 0
+}
+
+// countsByLabel sums a counter family's values by one label.
+func countsByLabel(fams map[string]*dto.MetricFamily, family, label string) map[string]int {
+	out := map[string]int{}
+	for _, m := range fams[family].GetMetric() {
+		for _, l := range m.GetLabel() {
+			if l.GetName() == label {
+				out[l.GetValue()] += int(m.GetCounter().GetValue())
+			}
+		}
+	}
+	return out
+}
+
+// formatCounts is "a 3, b 1" in key order, or "0".
+func formatCounts(m map[string]int) string {
+	if len(m) == 0 {
+		return "0"
+	}
+	parts := make([]string, 0, len(m))
+	for _, k := range slices.Sorted(maps.Keys(m)) {
+		parts = append(parts, fmt.Sprintf("%s %d", k, m[k]))
+	}
+	return strings.Join(parts, ", ")
 }

@@ -67,6 +67,8 @@ type scaleReportData struct {
 	IdlePerMinute   float64        `json:"idleRequestsPerMinute"`
 	IdleWrites      int            `json:"idleWrites"`
 	IdleLists       int            `json:"idleLists"`
+	// StatusConflicts: NodeMaintenance writes refused with 409, by writer.
+	StatusConflicts map[string]int `json:"statusConflicts"`
 	CPUSeconds      float64        `json:"operatorCPUSeconds"`
 	PeakRSSMB       float64        `json:"operatorPeakRSSMB"`
 	RSSMB           float64        `json:"operatorRSSMBAtEnd"`
@@ -165,6 +167,10 @@ func BenchmarkScaleRollout(b *testing.B) {
 		}())
 	}
 	afterRollout := mustRequests(b, addr)
+	conflicts := map[string]int{}
+	if fams, err := scrape(addr); err == nil {
+		conflicts = countsByLabel(fams, "gpufleet_maintenance_status_conflicts_total", "writer")
+	}
 	cpu := cpuSecondsOf(op.pid())
 	time.Sleep(*scaleIdle)
 	afterIdle := mustRequests(b, addr)
@@ -186,8 +192,8 @@ func BenchmarkScaleRollout(b *testing.B) {
 		MaxInProgress: chk.maxInProgress, MaxUnavailable: chk.maxUnavailable, CheckedEvents: chk.events, WaitRewrites: chk.waitRewrites,
 		Violations:      len(chk.violations()),
 		StartupRequests: startup, RolloutRequests: diffCounts(startup, afterRollout), IdleRequests: idle,
-		IdlePerMinute: float64(sum(idle)) / scaleIdle.Minutes(),
-		CPUSeconds:    cpu, PeakRSSMB: float64(hwm) / 1024, RSSMB: float64(rss) / 1024,
+		IdlePerMinute: float64(sum(idle)) / scaleIdle.Minutes(), StatusConflicts: conflicts,
+		CPUSeconds: cpu, PeakRSSMB: float64(hwm) / 1024, RSSMB: float64(rss) / 1024,
 	}
 	for phase, d := range chk.phaseDurations() {
 		rep.PhaseMs[phase] = percentiles(d)
@@ -350,6 +356,7 @@ func (r scaleReportData) markdown() string {
 	fmt.Fprintf(&s, "| checker events / violations | %d / %d |\n", r.CheckedEvents, r.Violations)
 	fmt.Fprintf(&s, "| changes of a Pending object's wait reason | %d |\n", r.WaitRewrites)
 	fmt.Fprintf(&s, "| operator API requests: start-up / rollout | %d / %d |\n", sum(r.StartupRequests), sum(r.RolloutRequests))
+	fmt.Fprintf(&s, "| NodeMaintenance write conflicts (409) by writer | %s |\n", formatCounts(r.StatusConflicts))
 	fmt.Fprintf(&s, "| operator requests per minute after the rollout (%v window) | %.1f (%d writes, %d lists) |\n", p["idleWindow"], r.IdlePerMinute, r.IdleWrites, r.IdleLists)
 	fmt.Fprintf(&s, "| operator CPU during start-up and rollout | %.1f s |\n", r.CPUSeconds)
 	fmt.Fprintf(&s, "| operator peak RSS / RSS at the end | %.0f / %.0f MB |\n\n", r.PeakRSSMB, r.RSSMB)
