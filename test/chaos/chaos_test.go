@@ -18,6 +18,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
+
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -25,6 +27,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	maintenancev1 "github.com/gpufleet/gpufleet/api/maintenance/v1alpha1"
@@ -192,6 +195,9 @@ var largeCluster = devcluster.Options{NodeLeaseDuration: 40 * time.Second, NodeM
 // identity; the cluster stops at cleanup.
 func startEnv(tb testing.TB, opts devcluster.Options, nodes, pools int) (*devcluster.Env, string) {
 	tb.Helper()
+	// The operator runs as its own process; the test's own clients log
+	// nothing (and controller-runtime does not warn that they do not).
+	ctrl.SetLogger(logr.Discard())
 	scheme, _ := operator.Scheme()
 	env, err := devcluster.NewEnv(context.Background(), opts, devcluster.GPUNodes(nodes, pools), ns, scheme)
 	if err != nil {
