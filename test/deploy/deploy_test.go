@@ -133,6 +133,21 @@ func TestOperatorRunsAsItsServiceAccount(t *testing.T) {
 			"--kubeconfig", cluster.Kubeconfig, "--set", "maintenanceOperatorConfig.create=true",
 			"--set", "maintenanceOperatorConfig.spec.maxParallelOperations=2")
 		runOperatorAs(t, cluster, "fleet-gpufleet-operator")
+		// An upgrade with new values applies over the running release.
+		helmRun(t, "upgrade", "fleet", chartDir(t), "--namespace", ns, "--kubeconfig", cluster.Kubeconfig,
+			"--reuse-values", "--set", "maintenanceOperatorConfig.spec.maxParallelOperations=5", "--set", "operator.replicas=1")
+		scheme, _ := operator.Scheme()
+		kube, err := client.New(cluster.Config, client.Options{Scheme: scheme})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg := &maintenancev1.MaintenanceOperatorConfig{}
+		if err := kube.Get(t.Context(), client.ObjectKey{Namespace: ns, Name: "default"}, cfg); err != nil {
+			t.Fatal(err)
+		}
+		if got := cfg.Spec.MaxParallelOperations.String(); got != "5" {
+			t.Errorf("after helm upgrade maxParallelOperations is %s, want 5", got)
+		}
 	})
 }
 
