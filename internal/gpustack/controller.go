@@ -43,7 +43,7 @@ type Reconciler struct {
 	Client client.Client
 	// Live reads from the API server: the cache holds only objects labelled
 	// managed-by gpufleet, so an object of ours whose label was removed is
-	// found here (default: Client).
+	// found here.
 	Live      client.Reader
 	Namespace string
 	Clock     clock.PassiveClock
@@ -180,11 +180,7 @@ func (r *Reconciler) apply(ctx context.Context, objs []client.Object) error {
 			// It exists but the cache does not hold it: its managed-by
 			// label was removed (or the cache is behind). Read it live and
 			// take it back.
-			live := r.Live
-			if live == nil {
-				live = r.Client
-			}
-			err = live.Get(ctx, client.ObjectKeyFromObject(want), have)
+			err = r.Live.Get(ctx, client.ObjectKeyFromObject(want), have)
 			if apierrors.IsNotFound(err) {
 				continue // deleted meanwhile: the next pass creates it
 			}

@@ -7,7 +7,6 @@ import (
 	"slices"
 	"sort"
 	"strings"
-	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -43,51 +42,9 @@ type Reconciler struct {
 	Clock    clock.PassiveClock
 	Recorder events.EventRecorder
 
-	// behind remembers, per object, its resourceVersion before this
-	// process's last write of it (status, or the finalizer's removal): a
-	// cache still showing it has not seen that write, and acting on it
-	// would only end in a conflict or a second patch of a deleted object.
-	// The write's own watch event brings the object back.
-	behindMu sync.Mutex
-	behind   map[types.NamespacedName]written
-}
-
-type written struct {
-	rvBefore string
-	at       time.Time
-}
-
-// cacheBehind reports whether the cached nm predates our last write of it
-// (for at most a few seconds: a write the server found to change nothing
-// would keep the old resourceVersion).
-func (r *Reconciler) cacheBehind(nm *maintenancev1.NodeMaintenance) bool {
-	r.behindMu.Lock()
-	defer r.behindMu.Unlock()
-	key := client.ObjectKeyFromObject(nm)
-	w, ok := r.behind[key]
-	if !ok {
-		return false
-	}
-	// Wall time, not the injected clock: this is about cache propagation.
-	if w.rvBefore != nm.ResourceVersion || time.Since(w.at) > 5*time.Second {
-		delete(r.behind, key) // caught up, changed by someone else, or given up on
-		return false
-	}
-	return true
-}
-
-func (r *Reconciler) wrote(key types.NamespacedName, rvBefore string) {
-	r.behindMu.Lock()
-	defer r.behindMu.Unlock()
-	if r.behind == nil {
-		r.behind = map[types.NamespacedName]written{}
-	}
-	for k, w := range r.behind {
-		if time.Since(w.at) > time.Minute { // objects deleted since
-			delete(r.behind, k)
-		}
-	}
-	r.behind[key] = written{rvBefore: rvBefore, at: time.Now()}
+	// own: our status writes and finalizer removals the cache may not
+	// show yet.
+	own ownWrites
 }
 
 // Reconcile advances one NodeMaintenance by one step.
@@ -99,7 +56,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		}
 		return reconcile.Result{}, client.IgnoreNotFound(err)
 	}
-	if r.cacheBehind(nm) {
+	if r.own.behind(req.NamespacedName, nm.ResourceVersion) {
 		// Our last write's watch event brings it back; the requeue is a
 		// safety net.
 		return reconcile.Result{RequeueAfter: time.Second}, nil
@@ -136,7 +93,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 			}
 			return reconcile.Result{}, fmt.Errorf("updating status: %w", uerr)
 		}
-		r.wrote(client.ObjectKeyFromObject(nm), rvBefore)
+		r.own.wrote(client.ObjectKeyFromObject(nm), rvBefore)
 	}
 	return res, err
 }
@@ -377,7 +334,7 @@ func (r *Reconciler) finalize(ctx context.Context, nm *maintenancev1.NodeMainten
 	if err := r.Client.Patch(ctx, nm, patch); client.IgnoreNotFound(err) != nil {
 		return fmt.Errorf("removing finalizer: %w", err)
 	}
-	r.wrote(key, rvBefore)
+	r.own.wrote(key, rvBefore)
 	return nil
 }
 

@@ -33,12 +33,10 @@ type WaitReasons struct {
 
 	mu   sync.Mutex
 	want map[types.NamespacedName]string
-	// written holds, per object, the resourceVersion its last write
-	// replaced: while the cache still shows that version it has not seen
-	// the write, and writing from it would only end in a conflict.
-	written map[types.NamespacedName]string
-	queue   workqueue.TypedRateLimitingInterface[types.NamespacedName]
-	once    sync.Once
+	// own: our writes the cache may not show yet.
+	own   ownWrites
+	queue workqueue.TypedRateLimitingInterface[types.NamespacedName]
+	once  sync.Once
 }
 
 func (w *WaitReasons) init() {
@@ -67,11 +65,8 @@ func (w *WaitReasons) Set(waiting map[string]string, byKey map[string]*maintenan
 	}
 	w.mu.Lock()
 	w.want = want
-	for k := range w.written {
-		if _, ok := want[k]; !ok {
-			delete(w.written, k) // scheduled or gone: never written again
-		}
-	}
+	// Scheduled or gone: never written again.
+	w.own.retain(func(k types.NamespacedName) bool { _, ok := want[k]; return ok })
 	w.mu.Unlock()
 	for _, k := range changed {
 		w.queue.Add(k)
@@ -140,22 +135,6 @@ func (w *WaitReasons) processNext(ctx context.Context) bool {
 // retried shortly, without a request.
 var errCacheBehind = errors.New("cache has not seen the last wait-reason write yet")
 
-// cacheBehind reports whether nm is the copy our last write replaced; once
-// the cache shows a newer one the record is dropped.
-func (w *WaitReasons) cacheBehind(k types.NamespacedName, nm *maintenancev1.NodeMaintenance) bool {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	rv, ok := w.written[k]
-	if !ok {
-		return false
-	}
-	if rv == nm.ResourceVersion {
-		return true
-	}
-	delete(w.written, k)
-	return false
-}
-
 // write sets one object's latest wanted reason, if it still needs it.
 func (w *WaitReasons) write(ctx context.Context, k types.NamespacedName) error {
 	reason, ok := w.reason(k)
@@ -166,7 +145,7 @@ func (w *WaitReasons) write(ctx context.Context, k types.NamespacedName) error {
 	if err := w.Client.Get(ctx, k, nm); err != nil {
 		return client.IgnoreNotFound(err)
 	}
-	if w.cacheBehind(k, nm) {
+	if w.own.behind(k, nm.ResourceVersion) {
 		return errCacheBehind
 	}
 	if !needsReason(nm, reason) {
@@ -180,11 +159,6 @@ func (w *WaitReasons) write(ctx context.Context, k types.NamespacedName) error {
 		}
 		return fmt.Errorf("updating wait reason of %s: %w", k, err)
 	}
-	w.mu.Lock()
-	if w.written == nil {
-		w.written = map[types.NamespacedName]string{}
-	}
-	w.written[k] = rvBefore
-	w.mu.Unlock()
+	w.own.wrote(k, rvBefore)
 	return nil
 }

@@ -163,27 +163,28 @@ func TestWaitReasonsWaitForTheCacheToShowTheirOwnWrite(t *testing.T) {
 	}
 	// A plan without the object (scheduled) forgets it.
 	w.Set(map[string]string{}, nil)
-	if len(w.written) != 0 {
-		t.Errorf("written records %v after the object left the plan", w.written)
+	if n := w.own.len(); n != 0 {
+		t.Errorf("%d write records after the object left the plan", n)
 	}
 }
 
 func TestLifecycleWaitsForTheCacheToShowItsOwnWrite(t *testing.T) {
 	r := &Reconciler{}
 	nm := &maintenancev1.NodeMaintenance{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "a", ResourceVersion: "5"}}
-	if r.cacheBehind(nm) {
+	key := client.ObjectKeyFromObject(nm)
+	if r.own.behind(key, nm.ResourceVersion) {
 		t.Fatal("behind before any write")
 	}
-	r.wrote(client.ObjectKeyFromObject(nm), "5")
-	if !r.cacheBehind(nm) {
+	r.own.wrote(key, "5")
+	if !r.own.behind(key, nm.ResourceVersion) {
 		t.Error("a cache still at the resourceVersion from before our write must count as behind")
 	}
 	nm.ResourceVersion = "6"
-	if r.cacheBehind(nm) {
+	if r.own.behind(key, nm.ResourceVersion) {
 		t.Error("a cache at a newer resourceVersion is not behind")
 	}
 	nm.ResourceVersion = "5"
-	if r.cacheBehind(nm) {
+	if r.own.behind(key, nm.ResourceVersion) {
 		t.Error("once caught up the expectation is forgotten")
 	}
 }

@@ -49,15 +49,6 @@ func chartDir(t *testing.T) string {
 // its standard output.
 func helmRun(t *testing.T, args ...string) []byte {
 	t.Helper()
-	out, err := helmRunErr(t, args...)
-	if err != nil {
-		t.Fatalf("helm %s: %v", strings.Join(args, " "), err)
-	}
-	return out
-}
-
-func helmRunErr(t *testing.T, args ...string) ([]byte, error) {
-	t.Helper()
 	cmd := exec.CommandContext(t.Context(), helmBin(t), args...)
 	home := t.TempDir()
 	cmd.Env = append(os.Environ(), "HELM_CACHE_HOME="+filepath.Join(home, "cache"),
@@ -65,9 +56,9 @@ func helmRunErr(t *testing.T, args ...string) ([]byte, error) {
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := cmd.Run(); err != nil {
-		return nil, errors.Join(err, errors.New(strings.TrimSpace(stderr.String())))
+		t.Fatalf("helm %s: %v: %s", strings.Join(args, " "), err, strings.TrimSpace(stderr.String()))
 	}
-	return stdout.Bytes(), nil
+	return stdout.Bytes()
 }
 
 // renderChart runs `helm template` with the CRDs and the given flags.

@@ -132,15 +132,10 @@ func TestOperatorRunsAsItsServiceAccount(t *testing.T) {
 		helmRun(t, "install", "fleet", chartDir(t), "--namespace", ns, "--create-namespace",
 			"--kubeconfig", cluster.Kubeconfig, "--set", "maintenanceOperatorConfig.create=true",
 			"--set", "maintenanceOperatorConfig.spec.maxParallelOperations=2")
-		runOperatorAs(t, cluster, "fleet-gpufleet-operator")
+		kube := runOperatorAs(t, cluster, "fleet-gpufleet-operator")
 		// An upgrade with new values applies over the running release.
 		helmRun(t, "upgrade", "fleet", chartDir(t), "--namespace", ns, "--kubeconfig", cluster.Kubeconfig,
 			"--reuse-values", "--set", "maintenanceOperatorConfig.spec.maxParallelOperations=5", "--set", "operator.replicas=1")
-		scheme, _ := operator.Scheme()
-		kube, err := client.New(cluster.Config, client.Options{Scheme: scheme})
-		if err != nil {
-			t.Fatal(err)
-		}
 		cfg := &maintenancev1.MaintenanceOperatorConfig{}
 		if err := kube.Get(t.Context(), client.ObjectKey{Namespace: ns, Name: "default"}, cfg); err != nil {
 			t.Fatal(err)
@@ -167,8 +162,9 @@ func startCluster(t *testing.T) *devcluster.Cluster {
 
 // runOperatorAs runs the operator with a token of the ServiceAccount sa in
 // ns (it gets exactly what the installed manifests grant it), waits for its
-// lease, and takes a NodeMaintenance with a drain to Ready and back.
-func runOperatorAs(t *testing.T, cluster *devcluster.Cluster, sa string) {
+// lease, and takes a NodeMaintenance with a drain to Ready and back. It
+// returns an admin client of the cluster.
+func runOperatorAs(t *testing.T, cluster *devcluster.Cluster, sa string) client.Client {
 	t.Helper()
 	ctx := t.Context()
 	tok, err := cluster.Client.CoreV1().ServiceAccounts(ns).CreateToken(ctx, sa,
@@ -232,6 +228,7 @@ func runOperatorAs(t *testing.T, cluster *devcluster.Cluster, sa string) {
 	if err != nil {
 		t.Fatalf("node not uncordoned after the NodeMaintenance was deleted: %v", err)
 	}
+	return kube
 }
 
 // apply creates every object with strict field validation (an unknown or

@@ -1,0 +1,73 @@
+package maintenance
+
+import (
+	"sync"
+	"time"
+
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// ownWrites remembers, per object, its resourceVersion before this
+// process's last write of it: a cache still showing that version has not
+// seen the write, and acting on it would only end in a conflict (or a
+// second patch of a deleted object). The write's own watch event brings
+// the object back. The zero value is ready to use.
+type ownWrites struct {
+	mu sync.Mutex
+	m  map[types.NamespacedName]written
+}
+
+type written struct {
+	rvBefore string
+	at       time.Time
+}
+
+// behind reports whether a cached object at resourceVersion rv predates our
+// last write of it (for at most a few seconds: a write the server found to
+// change nothing would keep the old resourceVersion).
+func (o *ownWrites) behind(key types.NamespacedName, rv string) bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	w, ok := o.m[key]
+	if !ok {
+		return false
+	}
+	// Wall time, not the injected clock: this is about cache propagation.
+	if w.rvBefore != rv || time.Since(w.at) > 5*time.Second {
+		delete(o.m, key) // caught up, changed by someone else, or given up on
+		return false
+	}
+	return true
+}
+
+// wrote records a write that replaced resourceVersion rvBefore of key.
+func (o *ownWrites) wrote(key types.NamespacedName, rvBefore string) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.m == nil {
+		o.m = map[types.NamespacedName]written{}
+	}
+	for k, w := range o.m {
+		if time.Since(w.at) > time.Minute { // objects deleted since
+			delete(o.m, k)
+		}
+	}
+	o.m[key] = written{rvBefore: rvBefore, at: time.Now()}
+}
+
+// retain forgets the objects keep rejects.
+func (o *ownWrites) retain(keep func(types.NamespacedName) bool) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for k := range o.m {
+		if !keep(k) {
+			delete(o.m, k)
+		}
+	}
+}
+
+func (o *ownWrites) len() int {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return len(o.m)
+}
