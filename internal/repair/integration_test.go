@@ -78,6 +78,13 @@ func policy(t *testing.T, allowReboot bool, rules ...repairv1.Rule) {
 		ObjectMeta: metav1.ObjectMeta{Name: "test"},
 		Spec:       repairv1.NodeRepairPolicySpec{AllowReboot: allowReboot, Rules: rules, VerificationSeconds: ptr.To[int32](2)},
 	}
+	// The previous test's operator may have created a repair between its
+	// cleanup's DeleteAllOf and its own stop (from a cache that still held
+	// the deleted policy); no operator acts without a policy, so nothing
+	// is created between this delete and the Create below.
+	if err := env.Kube.DeleteAllOf(t.Context(), &repairv1.NodeRepair{}); err != nil {
+		t.Fatal(err)
+	}
 	if err := env.Kube.Create(t.Context(), p); err != nil {
 		t.Fatal(err)
 	}
@@ -355,7 +362,11 @@ func TestStormProtection(t *testing.T) {
 	var list repairv1.NodeRepairList
 	_ = env.Kube.List(t.Context(), &list)
 	if len(list.Items) != 0 {
-		t.Errorf("repairs started despite 2 unhealthy nodes with maxUnhealthy 1: %d", len(list.Items))
+		var which []string
+		for _, r := range list.Items {
+			which = append(which, fmt.Sprintf("%s (%s, %s)", r.Spec.NodeName, r.Status.Phase, r.CreationTimestamp.Format(time.RFC3339Nano)))
+		}
+		t.Errorf("repairs started despite 2 unhealthy nodes with maxUnhealthy 1: %d: %v", len(list.Items), which)
 	}
 }
 
