@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -151,17 +152,33 @@ func timelineSteps(r *repairv1.NodeRepair) string {
 	return strings.Join(s, " ")
 }
 
-func nodeEvents(t *testing.T, node string) string {
+// nodeEvents returns the reasons of the events about node, waiting up to
+// 10 s for the reasons in want (events are recorded after the status
+// writes the tests wait for).
+func nodeEvents(t *testing.T, node string, want ...string) string {
 	t.Helper()
-	evs, err := env.Client.EventsV1().Events("").List(t.Context(), metav1.ListOptions{FieldSelector: "regarding.name=" + node})
-	if err != nil {
+	var out string
+	err := wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, 10*time.Second, true, func(ctx context.Context) (bool, error) {
+		evs, err := env.Client.EventsV1().Events("").List(ctx, metav1.ListOptions{FieldSelector: "regarding.name=" + node})
+		if err != nil {
+			return false, err
+		}
+		reasons := make([]string, 0, len(evs.Items))
+		for _, e := range evs.Items {
+			reasons = append(reasons, e.Reason)
+		}
+		out = strings.Join(reasons, ",")
+		for _, w := range want {
+			if !slices.Contains(reasons, w) {
+				return false, nil
+			}
+		}
+		return true, nil
+	})
+	if err != nil && !wait.Interrupted(err) {
 		t.Fatal(err)
 	}
-	var out []string
-	for _, e := range evs.Items {
-		out = append(out, e.Reason)
-	}
-	return strings.Join(out, ",")
+	return out
 }
 
 var ntpRule = repairv1.Rule{Name: "ntp-problem", ConditionType: "NTPProblem", Status: "True", ThresholdSeconds: 2,
@@ -207,7 +224,7 @@ func TestComponentRestartFixesTheFault(t *testing.T) {
 	if len(nms.Items) != 0 {
 		t.Errorf("NodeMaintenance created for a component restart")
 	}
-	if evs := nodeEvents(t, "a-0"); !strings.Contains(evs, repair.ReasonStart) || !strings.Contains(evs, repair.ReasonAction) || !strings.Contains(evs, repair.ReasonSucceed) {
+	if evs := nodeEvents(t, "a-0", repair.ReasonStart, repair.ReasonAction, repair.ReasonSucceed); !strings.Contains(evs, repair.ReasonStart) || !strings.Contains(evs, repair.ReasonAction) || !strings.Contains(evs, repair.ReasonSucceed) {
 		t.Errorf("events on the node: %s", evs)
 	}
 }
@@ -262,11 +279,19 @@ func TestFailedRepairSuspendsItsPoolOnly(t *testing.T) {
 	if !strings.Contains(failed.Status.Message, "reboots are not allowed") {
 		t.Errorf("message %q", failed.Status.Message)
 	}
-	n, _ := env.Client.CoreV1().Nodes().Get(t.Context(), "a-2", metav1.GetOptions{})
+	// The node's label follows the NodeRepair's final status.
+	var n *corev1.Node
+	_ = wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, 10*time.Second, true, func(ctx context.Context) (bool, error) {
+		n, _ = env.Client.CoreV1().Nodes().Get(ctx, "a-2", metav1.GetOptions{})
+		return n != nil && n.Labels[repair.LabelState] == string(repairv1.PhaseRecoveryFailed), nil
+	})
+	if n == nil {
+		n = &corev1.Node{}
+	}
 	if n.Labels[repair.LabelState] != string(repairv1.PhaseRecoveryFailed) || n.Spec.Unschedulable {
 		t.Errorf("failed node: labels %v unschedulable %t", n.Labels, n.Spec.Unschedulable)
 	}
-	if evs := nodeEvents(t, "a-2"); !strings.Contains(evs, repair.ReasonFailed) {
+	if evs := nodeEvents(t, "a-2", repair.ReasonFailed); !strings.Contains(evs, repair.ReasonFailed) {
 		t.Errorf("no %s event: %s", repair.ReasonFailed, evs)
 	}
 	// Pool a is suspended: a new fault there waits; pool b is still repaired.
@@ -325,7 +350,7 @@ func TestDryRunRecordsWithoutActing(t *testing.T) {
 			t.Errorf("dry run changed the node: %+v", c)
 		}
 	}
-	if evs := nodeEvents(t, "b-1"); !strings.Contains(evs, repair.ReasonStart) {
+	if evs := nodeEvents(t, "b-1", repair.ReasonStart); !strings.Contains(evs, repair.ReasonStart) {
 		t.Errorf("dry run must still report: events %s", evs)
 	}
 }
@@ -606,7 +631,7 @@ func TestDefaultRulesFireAtTheirThreshold(t *testing.T) {
 			if diff := cmp.Diff(want, got[0].Spec.Actions); diff != "" || got[0].Spec.Fault.Rule != rule.Name {
 				t.Errorf("repair %s for rule %s, actions (-want +got):\n%s", got[0].Name, got[0].Spec.Fault.Rule, diff)
 			}
-			if evs := nodeEvents(t, node); !strings.Contains(evs, repair.ReasonStart) {
+			if evs := nodeEvents(t, node, repair.ReasonStart); !strings.Contains(evs, repair.ReasonStart) {
 				t.Errorf("no %s event: %s", repair.ReasonStart, evs)
 			}
 		})
