@@ -10,7 +10,10 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	uzap "go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 
+	"github.com/gpufleet/gpufleet/internal/agent"
 	"github.com/gpufleet/gpufleet/internal/devcluster"
 	"github.com/gpufleet/gpufleet/internal/operator"
 )
@@ -30,10 +33,10 @@ kube-controller-manager, kube-scheduler) with kwok simulating GPU nodes,
 installs gpufleet's CRDs, runs the operator in this process and waits for
 Ctrl-C. Everything it started is stopped and removed on exit.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			setupLogging(true)
+			level := setupLogging(true, zapcore.DebugLevel)
 			ctx, cancel := signalContext()
 			defer cancel()
-			return runDev(ctx, devParams{nodes: nodes, pools: pools, cpuNodes: cpuNodes, binDir: binDir, operator: !noOperator})
+			return runDev(ctx, devParams{nodes: nodes, pools: pools, cpuNodes: cpuNodes, binDir: binDir, operator: !noOperator, logLevel: level})
 		},
 	}
 	f := cmd.Flags()
@@ -49,6 +52,8 @@ type devParams struct {
 	nodes, pools, cpuNodes int
 	binDir                 string
 	operator               bool
+	// logLevel follows the MaintenanceOperatorConfig's spec.logLevel.
+	logLevel *uzap.AtomicLevel
 }
 
 func runDev(ctx context.Context, p devParams) error {
@@ -98,11 +103,14 @@ func runDev(ctx context.Context, p devParams) error {
 			return err
 		}
 		mgr, err := operator.New(cfg, operator.Options{
-			Namespace: operator.DefaultNamespace, MetricsAddr: "127.0.0.1:8080", ProbeAddr: "0",
-			// The simulated nodes' agent: repair actions change the kwok nodes.
-			RepairExecutor: devcluster.SimExecutor{Cluster: cluster},
+			Namespace: operator.DefaultNamespace, MetricsAddr: "127.0.0.1:8080", ProbeAddr: "0", LogLevel: p.logLevel,
 		})
 		if err != nil {
+			return err
+		}
+		// The simulated nodes' agent, in this process: repair actions
+		// change the kwok nodes.
+		if err := agent.AddInProcess(mgr, devcluster.SimExecutor{Cluster: cluster}, nil); err != nil {
 			return err
 		}
 		go func() { errc <- mgr.Start(opCtx) }()

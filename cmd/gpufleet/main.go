@@ -13,6 +13,8 @@ import (
 
 	"github.com/KimMachineGun/automemlimit/memlimit"
 	"github.com/spf13/cobra"
+	uzap "go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2"
@@ -47,10 +49,28 @@ func signalContext() (context.Context, context.CancelFunc) {
 	return signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 }
 
-func setupLogging(development bool) {
-	logger := zap.New(zap.UseDevMode(development))
+// setupLogging installs the process's logger (human-readable with
+// development) at level and returns the level, which may change while the
+// process runs.
+func setupLogging(development bool, level zapcore.Level) *uzap.AtomicLevel {
+	atomic := uzap.NewAtomicLevelAt(level)
+	logger := zap.New(zap.UseDevMode(development), zap.Level(atomic))
 	ctrl.SetLogger(logger)
 	klog.SetLogger(logger)
+	return &atomic
+}
+
+// logLevel is the --log-level flag's level: name, or with no name debug
+// for development logs and info otherwise.
+func logLevel(name string, development bool) (zapcore.Level, error) {
+	switch {
+	case name != "":
+		return operator.ParseLogLevel(name)
+	case development:
+		return zapcore.DebugLevel, nil
+	default:
+		return zapcore.InfoLevel, nil
+	}
 }
 
 func newOperatorCommand() *cobra.Command {
@@ -58,12 +78,17 @@ func newOperatorCommand() *cobra.Command {
 		kubeconfig  string
 		opts        operator.Options
 		development bool
+		levelName   string
 	)
 	cmd := &cobra.Command{
 		Use:   "operator",
 		Short: "Run the gpufleet controllers against a cluster",
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			setupLogging(development)
+			level, err := logLevel(levelName, development)
+			if err != nil {
+				return fmt.Errorf("--log-level: %w", err)
+			}
+			opts.LogLevel = setupLogging(development, level)
 			tuneMemory()
 			cfg, err := restConfig(kubeconfig)
 			if err != nil {
@@ -97,7 +122,10 @@ func newOperatorCommand() *cobra.Command {
 	f.StringSliceVar(&opts.Capabilities, "capabilities", nil, "capabilities to run, comma separated (default: all)")
 	f.StringVar(&opts.PodName, "pod-name", "", "the operator's own pod, never evicted by a drain (default: $POD_NAME)")
 	f.BoolVar(&opts.Profiling, "profiling", false, "serve Go's pprof handlers under /debug/pprof/ on the metrics address")
-	f.BoolVar(&development, "dev-logging", false, "human-readable logs")
+	f.BoolVar(&development, "dev-logging", false, "human-readable logs (and, without --log-level, the debug level)")
+	f.StringVar(&levelName, "log-level", "", "log level: debug, info or error (default: debug with --dev-logging, else info). "+
+		"Once read, spec.logLevel of the MaintenanceOperatorConfig \"default\" in the operator's namespace wins, "+
+		"and changes the level while the operator runs; without that config this level applies")
 	return cmd
 }
 
@@ -166,7 +194,7 @@ kubelet, the container runtime or the NTP daemon (systemd units, through
 nsenter into PID 1), delete broken pod sandboxes (crictl), reboot. The set of
 actions is fixed; nothing from the API is run as a command.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			setupLogging(false)
+			setupLogging(false, zapcore.InfoLevel)
 			if nodeName == "" {
 				nodeName = os.Getenv("NODE_NAME")
 			}
@@ -177,7 +205,7 @@ actions is fixed; nothing from the API is run as a command.`,
 			if err != nil {
 				return err
 			}
-			mgr, err := agent.NewManager(cfg, nodeName, agent.HostExecutor{Runner: agent.ExecRunner{}})
+			mgr, err := agent.NewManager(cfg, agent.Options{NodeName: nodeName, Executor: agent.HostExecutor{Runner: agent.ExecRunner{}}})
 			if err != nil {
 				return err
 			}

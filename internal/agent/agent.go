@@ -10,7 +10,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
+	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
@@ -34,7 +36,8 @@ type Agent struct {
 // Reconcile runs the pending action of one NodeRepair, at most once: it
 // records "Started" before running it, and after a restart it does not run
 // an action whose start is recorded (the repair controller verifies the
-// effect instead).
+// effect instead). The executor logs the action; the context's logger
+// carries the NodeRepair ("repair").
 func (a *Agent) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
 	nr := &repairv1.NodeRepair{}
 	if err := a.Client.Get(ctx, req.NamespacedName, nr); err != nil {
@@ -44,9 +47,13 @@ func (a *Agent) Reconcile(ctx context.Context, req reconcile.Request) (reconcile
 	if p == nil || (a.NodeName != "" && nr.Spec.NodeName != a.NodeName) {
 		return reconcile.Result{}, nil
 	}
+	log := ctrl.LoggerFrom(ctx).WithValues("repair", klog.KObj(nr))
+	ctx = ctrl.LoggerInto(ctx, log)
 	outcome, msg := "Succeeded", ""
 	if last := lastEntry(nr); last != nil && last.Step == string(p.Action) && last.Outcome == "Started" {
 		outcome, msg = "Interrupted", "the agent restarted while running it; not run again"
+		log.Info("not running host action again: its start is recorded but not its outcome",
+			"node", nr.Spec.NodeName, "action", p.Action)
 	} else {
 		nr.Status.Timeline = append(nr.Status.Timeline, entry(a.Clock, string(p.Action), "Started", ""))
 		if err := a.Client.Status().Update(ctx, nr); err != nil {

@@ -9,7 +9,9 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
+	ctrl "sigs.k8s.io/controller-runtime"
 
 	repairv1 "github.com/gpufleet/gpufleet/api/repair/v1alpha1"
 )
@@ -31,27 +33,47 @@ type HostExecutor struct {
 // runtime is still setting up; DeleteBrokenSandbox leaves it alone.
 const SandboxGrace = 2 * time.Minute
 
-// Execute implements Executor.
+// Execute implements Executor. With the context's logger it logs each
+// host action before running it (a reboot may not return) and its outcome
+// (the error includes the command's output, trimmed).
 func (h HostExecutor) Execute(ctx context.Context, node *corev1.Node, a repairv1.Action) error {
+	log := ctrl.LoggerFrom(ctx).WithValues("node", klog.KObj(node), "action", a)
+	ctx = ctrl.LoggerInto(ctx, log)
+	began := h.now()
+	if err := h.execute(ctx, node, a); err != nil {
+		log.Error(err, "host action failed", "duration", h.now().Sub(began))
+		return err
+	}
+	log.Info("host action done", "duration", h.now().Sub(began))
+	return nil
+}
+
+func (h HostExecutor) execute(ctx context.Context, node *corev1.Node, a repairv1.Action) error {
 	switch a {
 	case repairv1.ActionRestartKubelet:
-		return h.systemctl(ctx, "restart", "kubelet")
+		return h.restart(ctx, "kubelet")
 	case repairv1.ActionRestartContainerRuntime:
-		return h.systemctl(ctx, "restart", runtimeUnit(node))
+		return h.restart(ctx, runtimeUnit(node))
 	case repairv1.ActionRestartNTP:
 		for _, unit := range []string{"chronyd", "ntpd", "systemd-timesyncd"} {
 			if _, err := h.host(ctx, "systemctl", "cat", unit); err == nil {
-				return h.systemctl(ctx, "restart", unit)
+				return h.restart(ctx, unit)
 			}
 		}
 		return fmt.Errorf("no NTP unit (chronyd, ntpd, systemd-timesyncd) on this host")
 	case repairv1.ActionDeleteBrokenSandbox:
 		return h.deleteBrokenSandboxes(ctx)
 	case repairv1.ActionReboot:
+		ctrl.LoggerFrom(ctx).Info("running host action")
 		return h.systemctl(ctx, "reboot")
 	default:
 		return fmt.Errorf("unknown action %q", a)
 	}
+}
+
+func (h HostExecutor) restart(ctx context.Context, unit string) error {
+	ctrl.LoggerFrom(ctx).Info("running host action", "unit", unit)
+	return h.systemctl(ctx, "restart", unit)
 }
 
 // deleteBrokenSandboxes removes the pod sandboxes that have been NotReady
@@ -69,6 +91,7 @@ func (h HostExecutor) deleteBrokenSandboxes(ctx context.Context) error {
 	}
 	var errs []error
 	for _, id := range ids {
+		ctrl.LoggerFrom(ctx).Info("running host action", "sandbox", id)
 		if _, err := h.host(ctx, "crictl", "rmp", "-f", id); err != nil {
 			errs = append(errs, err)
 		}
@@ -130,7 +153,24 @@ func (h HostExecutor) host(ctx context.Context, name string, args ...string) (st
 	full := append([]string{"--target", "1", "--mount", "--uts", "--ipc", "--net", "--pid", "--", name}, args...)
 	out, err := h.Runner.Run(ctx, "nsenter", full...)
 	if err != nil {
-		return out, fmt.Errorf("%s %s: %w: %s", name, strings.Join(args, " "), err, strings.TrimSpace(out))
+		cmd := name + " " + strings.Join(args, " ")
+		if o := trimOutput(out); o != "" {
+			return out, fmt.Errorf("%s: %w: %s", cmd, err, o)
+		}
+		return out, fmt.Errorf("%s: %w", cmd, err)
 	}
 	return out, nil
+}
+
+// maxOutput bounds the command output an error carries.
+const maxOutput = 1024
+
+// trimOutput returns a command's output without surrounding space, and
+// only its last maxOutput bytes (where the error usually is).
+func trimOutput(out string) string {
+	out = strings.TrimSpace(out)
+	if len(out) <= maxOutput {
+		return out
+	}
+	return "…" + strings.ToValidUTF8(out[len(out)-maxOutput:], "")
 }

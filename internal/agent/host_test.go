@@ -2,14 +2,18 @@ package agent
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
+	"github.com/go-logr/logr/funcr"
 	"github.com/google/go-cmp/cmp"
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	clocktesting "k8s.io/utils/clock/testing"
 
 	repairv1 "github.com/gpufleet/gpufleet/api/repair/v1alpha1"
@@ -21,6 +25,7 @@ type fakeHost struct {
 	missing map[string]bool
 	pods    string
 	fail    map[string]bool // commands that fail
+	failOut string          // their output
 }
 
 func (f *fakeHost) Run(_ context.Context, name string, args ...string) (string, error) {
@@ -33,7 +38,7 @@ func (f *fakeHost) Run(_ context.Context, name string, args ...string) (string, 
 		return "", errors.New("no such unit")
 	}
 	if f.fail[cmd] {
-		return "", errors.New("failed")
+		return f.failOut, errors.New("failed")
 	}
 	if strings.HasPrefix(cmd, "crictl pods") {
 		return f.pods, nil
@@ -102,5 +107,92 @@ func TestHostExecutor(t *testing.T) {
 	none := &fakeHost{missing: map[string]bool{"chronyd": true, "ntpd": true, "systemd-timesyncd": true}}
 	if err := (HostExecutor{Runner: none}).Execute(context.Background(), &corev1.Node{}, repairv1.ActionRestartNTP); err == nil {
 		t.Errorf("no NTP unit: want an error")
+	}
+}
+
+// logLines runs the executor with a logger that keeps every line as JSON.
+func logLines(t *testing.T, h HostExecutor, node *corev1.Node, a repairv1.Action) ([]map[string]any, error) {
+	t.Helper()
+	var lines []map[string]any
+	log := funcr.NewJSON(func(obj string) {
+		var line map[string]any
+		if err := json.Unmarshal([]byte(obj), &line); err != nil {
+			t.Errorf("log line %s: %v", obj, err)
+		}
+		lines = append(lines, line)
+	}, funcr.Options{})
+	err := h.Execute(logr.NewContext(context.Background(), log), node, a)
+	return lines, err
+}
+
+func TestHostExecutorLogsEachAction(t *testing.T) {
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "gpu-007"}}
+	keep := func(lines []map[string]any, keys ...string) []map[string]any {
+		var out []map[string]any
+		for _, l := range lines {
+			m := map[string]any{}
+			for _, k := range keys {
+				if v, ok := l[k]; ok {
+					m[k] = v
+				}
+			}
+			out = append(out, m)
+		}
+		return out
+	}
+	nodeRef := map[string]any{"name": "gpu-007"}
+	tests := map[string]struct {
+		action  repairv1.Action
+		host    *fakeHost
+		wantErr bool
+		want    []map[string]any
+	}{
+		"unit restarted": {action: repairv1.ActionRestartKubelet, host: &fakeHost{}, want: []map[string]any{
+			{"msg": "running host action", "node": nodeRef, "action": "RestartKubelet", "unit": "kubelet"},
+			{"msg": "host action done", "node": nodeRef, "action": "RestartKubelet"},
+		}},
+		"each sandbox": {action: repairv1.ActionDeleteBrokenSandbox, host: &fakeHost{pods: sandboxes}, want: []map[string]any{
+			{"msg": "running host action", "node": nodeRef, "action": "DeleteBrokenSandbox", "sandbox": "old"},
+			{"msg": "running host action", "node": nodeRef, "action": "DeleteBrokenSandbox", "sandbox": "number"},
+			{"msg": "host action done", "node": nodeRef, "action": "DeleteBrokenSandbox"},
+		}},
+		"reboot": {action: repairv1.ActionReboot, host: &fakeHost{}, want: []map[string]any{
+			{"msg": "running host action", "node": nodeRef, "action": "Reboot"},
+			{"msg": "host action done", "node": nodeRef, "action": "Reboot"},
+		}},
+		"failure with the error": {action: repairv1.ActionRestartKubelet, host: &fakeHost{fail: map[string]bool{"systemctl restart kubelet": true}, failOut: "Job for kubelet.service failed.\n"}, wantErr: true,
+			want: []map[string]any{
+				{"msg": "running host action", "node": nodeRef, "action": "RestartKubelet", "unit": "kubelet"},
+				{"msg": "host action failed", "node": nodeRef, "action": "RestartKubelet", "error": "systemctl restart kubelet: failed: Job for kubelet.service failed."},
+			}},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			lines, err := logLines(t, HostExecutor{Runner: tc.host, Clock: sandboxClock}, node, tc.action)
+			if (err != nil) != tc.wantErr {
+				t.Fatalf("error %v, want an error: %t", err, tc.wantErr)
+			}
+			if diff := cmp.Diff(tc.want, keep(lines, "msg", "node", "action", "unit", "sandbox", "error")); diff != "" {
+				t.Errorf("log lines (-want +got):\n%s", diff)
+			}
+			for _, l := range lines {
+				if l["msg"] != "running host action" {
+					if _, ok := l["duration"]; !ok {
+						t.Errorf("outcome without a duration: %v", l)
+					}
+				}
+			}
+		})
+	}
+}
+
+func TestTrimOutput(t *testing.T) {
+	if got := trimOutput("  unit not found\n"); got != "unit not found" {
+		t.Errorf("trimOutput: %q", got)
+	}
+	long := strings.Repeat("x", 5000) + " the error"
+	got := trimOutput(long)
+	if !strings.HasSuffix(got, " the error") || len(got) > maxOutput+len("…") {
+		t.Errorf("trimOutput of %d bytes: %d bytes, ends %q", len(long), len(got), got[len(got)-20:])
 	}
 }

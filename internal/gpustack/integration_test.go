@@ -21,6 +21,7 @@ import (
 	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/config"
 	"sigs.k8s.io/yaml"
 
 	maintenancev1 "github.com/gpufleet/gpufleet/api/maintenance/v1alpha1"
@@ -85,7 +86,7 @@ func needCluster(t *testing.T) {
 func startOperator(t *testing.T, cfg *rest.Config) {
 	t.Helper()
 	mgr, err := operator.New(cfg, operator.Options{
-		Namespace: ns, MetricsAddr: "0", ProbeAddr: "0", AllowRestart: true,
+		Namespace: ns, MetricsAddr: "0", ProbeAddr: "0", Controller: config.Controller{SkipNameValidation: ptr.To(true)},
 		Capabilities: []string{"gpustack", "maintenance"}, GPUStackDegradedAfter: 3 * time.Second,
 		DriverUpgradeTimeout: 5 * time.Second,
 	})

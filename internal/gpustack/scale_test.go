@@ -9,6 +9,8 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/config"
 
 	nvidiav1 "github.com/gpufleet/gpufleet/api/nvidia/v1"
 	"github.com/gpufleet/gpufleet/internal/devcluster"
@@ -37,7 +39,7 @@ func BenchmarkClusterPolicy100(b *testing.B) {
 		b.Fatal(err)
 	}
 	cfg, counter := devcluster.CountRequests(operatorCfg)
-	mgr, err := operator.New(cfg, operator.Options{Namespace: ns, MetricsAddr: "0", ProbeAddr: "0", AllowRestart: true,
+	mgr, err := operator.New(cfg, operator.Options{Namespace: ns, MetricsAddr: "0", ProbeAddr: "0", Controller: config.Controller{SkipNameValidation: ptr.To(true)},
 		Capabilities: []string{"gpustack"}})
 	if err != nil {
 		b.Fatal(err)

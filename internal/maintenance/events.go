@@ -7,15 +7,13 @@ const (
 	ReasonWaitingForPods       = "WaitForPodCompletion"
 	ReasonPodCompletionTimeout = "PodCompletionTimeout" // Warning
 	ReasonDraining             = "Draining"
-	ReasonEvictionRefused      = "EvictionRefused" // Warning, once per pod and drain
-	ReasonDrainBlocked         = "DrainBlocked"    // Warning
-	ReasonDrainFailed          = "DrainFailed"     // Warning: pods the drain may not touch
+	ReasonDrainBlocked         = "DrainBlocked" // Warning
+	ReasonDrainFailed          = "DrainFailed"  // Warning: pods the drain may not touch
 	ReasonReady                = "Ready"
 	ReasonRequestorFailed      = "RequestorFailed" // Warning
 	ReasonInvalidSpec          = "InvalidSpec"     // Warning
 	ReasonUncordoned           = "Uncordoned"
 	ReasonLeftCordoned         = "LeftCordoned"
-	ReasonReleased             = "Released"
 	ReasonWaitingForRequestors = "WaitingForRequestors"
 	ReasonGarbageCollected     = "GarbageCollected"
 	ReasonNodeDeleted          = "NodeDeleted" // Warning

@@ -13,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/config"
 
 	maintenancev1 "github.com/gpufleet/gpufleet/api/maintenance/v1alpha1"
 	"github.com/gpufleet/gpufleet/internal/devcluster"
@@ -77,7 +78,7 @@ func BenchmarkRollout100(b *testing.B) {
 
 	countedCfg, counter := devcluster.CountRequests(operatorCfg)
 	mgr, err := operator.New(countedCfg, operator.Options{
-		Namespace: operatorNS, MetricsAddr: "0", ProbeAddr: "0", AllowRestart: true, Capabilities: []string{"maintenance"},
+		Namespace: operatorNS, MetricsAddr: "0", ProbeAddr: "0", Controller: config.Controller{SkipNameValidation: ptr.To(true)}, Capabilities: []string{"maintenance"},
 	})
 	if err != nil {
 		b.Fatal(err)

@@ -22,6 +22,7 @@ import (
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/config"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	maintenancev1 "github.com/gpufleet/gpufleet/api/maintenance/v1alpha1"
@@ -99,7 +100,7 @@ type runningOperator struct {
 func startOperator(t *testing.T) *runningOperator {
 	t.Helper()
 	mgr, err := operator.New(operatorCfg, operator.Options{
-		Namespace: operatorNS, MetricsAddr: "0", ProbeAddr: "0", AllowRestart: true,
+		Namespace: operatorNS, MetricsAddr: "0", ProbeAddr: "0", Controller: config.Controller{SkipNameValidation: ptr.To(true)},
 		Capabilities: []string{"maintenance"},
 	})
 	if err != nil {

@@ -13,16 +13,17 @@ import (
 	"strings"
 	"time"
 
+	"go.uber.org/zap"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/clock"
-	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/config"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
@@ -31,7 +32,6 @@ import (
 	maintenancev1 "github.com/gpufleet/gpufleet/api/maintenance/v1alpha1"
 	nvidiav1 "github.com/gpufleet/gpufleet/api/nvidia/v1"
 	repairv1 "github.com/gpufleet/gpufleet/api/repair/v1alpha1"
-	"github.com/gpufleet/gpufleet/internal/agent"
 	"github.com/gpufleet/gpufleet/internal/apirequest"
 	"github.com/gpufleet/gpufleet/internal/gpustack"
 	"github.com/gpufleet/gpufleet/internal/maintenance"
@@ -73,16 +73,19 @@ type Options struct {
 	// DriverUpgradeTimeout: a node whose new driver is not Ready this long
 	// after the restart fails its upgrade (0 = 10 minutes).
 	DriverUpgradeTimeout time.Duration
-	// RepairExecutor runs the node agent in-process for every node (the
-	// simulated cluster of gpufleet dev and the tests); nil on real clusters.
-	RepairExecutor agent.Executor
 	// Profiling serves Go's pprof handlers under /debug/pprof/ on the
 	// metrics address.
 	Profiling bool
-	// AllowRestart lets one process build several managers (tests that
-	// stop and restart the operator): controller names are not checked
-	// for uniqueness across managers.
-	AllowRestart bool
+	// LogLevel, when set, follows spec.logLevel of the default
+	// MaintenanceOperatorConfig in Namespace (see LogLevelReconciler); its
+	// value when New is called is the level without a config. Nil: the
+	// level is not managed.
+	LogLevel *zap.AtomicLevel
+	// Controller is passed to the manager as controller-runtime's
+	// ctrl.Options.Controller: defaults for every controller (for example
+	// SkipNameValidation, which a process that builds several managers
+	// needs, or CacheSyncTimeout).
+	Controller config.Controller
 }
 
 // Capability is one switchable part of the operator.
@@ -109,7 +112,7 @@ var registry = []Capability{
 		Name:        "repair",
 		AddToScheme: repairv1.AddToScheme,
 		Setup: func(mgr manager.Manager, o Options) error {
-			return repair.Setup(mgr, repair.Options{Namespace: o.Namespace, Clock: o.Clock, Executor: o.RepairExecutor})
+			return repair.Setup(mgr, repair.Options{Namespace: o.Namespace, Clock: o.Clock})
 		},
 	},
 	{
@@ -204,9 +207,7 @@ func New(cfg *rest.Config, opts Options) (manager.Manager, error) {
 		LeaderElectionNamespace: opts.Namespace,
 		// Release the lease on a clean shutdown so a standby takes over at once.
 		LeaderElectionReleaseOnCancel: true,
-	}
-	if opts.AllowRestart {
-		mopts.Controller.SkipNameValidation = ptr.To(true)
+		Controller:                    opts.Controller,
 	}
 	if opts.LeaseDuration > 0 {
 		mopts.LeaseDuration = &opts.LeaseDuration
@@ -230,6 +231,11 @@ func New(cfg *rest.Config, opts Options) (manager.Manager, error) {
 	for _, c := range selected {
 		if err := c.Setup(mgr, opts); err != nil {
 			return nil, fmt.Errorf("setting up %s: %w", c.Name, err)
+		}
+	}
+	if opts.LogLevel != nil {
+		if err := setupLogLevel(mgr, opts.Namespace, opts.LogLevel); err != nil {
+			return nil, err
 		}
 	}
 	return mgr, nil

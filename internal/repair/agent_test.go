@@ -12,7 +12,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/config"
 	"sigs.k8s.io/yaml"
 
 	repairv1 "github.com/gpufleet/gpufleet/api/repair/v1alpha1"
@@ -67,7 +69,8 @@ func TestAgentRunsItsNodesActionsUnderItsOwnRBAC(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	mgr, err := agent.NewManager(cfg, "a-0", devcluster.SimExecutor{Cluster: env.Cluster})
+	mgr, err := agent.NewManager(cfg, agent.Options{NodeName: "a-0", Executor: devcluster.SimExecutor{Cluster: env.Cluster},
+		Controller: config.Controller{SkipNameValidation: ptr.To(true)}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -22,9 +22,11 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/config"
 
 	maintenancev1 "github.com/gpufleet/gpufleet/api/maintenance/v1alpha1"
 	repairv1 "github.com/gpufleet/gpufleet/api/repair/v1alpha1"
+	"github.com/gpufleet/gpufleet/internal/agent"
 	"github.com/gpufleet/gpufleet/internal/devcluster"
 	"github.com/gpufleet/gpufleet/internal/operator"
 	"github.com/gpufleet/gpufleet/internal/repair"
@@ -449,11 +451,14 @@ func TestOperatorRestartMidRepairResumes(t *testing.T) {
 func startStoppable(t *testing.T, clk clock.WithTicker, capabilities ...string) func() {
 	t.Helper()
 	mgr, err := operator.New(env.OperatorConfig, operator.Options{
-		Namespace: ns, MetricsAddr: "0", ProbeAddr: "0", AllowRestart: true, Clock: clk,
-		Capabilities:   capabilities,
-		RepairExecutor: devcluster.SimExecutor{Cluster: env.Cluster, RebootDowntime: time.Second},
+		Namespace: ns, MetricsAddr: "0", ProbeAddr: "0", Clock: clk,
+		Controller:   config.Controller{SkipNameValidation: ptr.To(true)},
+		Capabilities: capabilities,
 	})
 	if err != nil {
+		t.Fatal(err)
+	}
+	if err := agent.AddInProcess(mgr, devcluster.SimExecutor{Cluster: env.Cluster, RebootDowntime: time.Second}, clk); err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())

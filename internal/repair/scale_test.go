@@ -8,8 +8,11 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/config"
 
 	repairv1 "github.com/gpufleet/gpufleet/api/repair/v1alpha1"
+	"github.com/gpufleet/gpufleet/internal/agent"
 	"github.com/gpufleet/gpufleet/internal/devcluster"
 	"github.com/gpufleet/gpufleet/internal/operator"
 )
@@ -30,9 +33,12 @@ func BenchmarkHealthyFleet500(b *testing.B) {
 		b.Fatal(err)
 	}
 	cfg, counter := devcluster.CountRequests(env.OperatorConfig)
-	mgr, err := operator.New(cfg, operator.Options{Namespace: ns, MetricsAddr: "0", ProbeAddr: "0", AllowRestart: true,
-		Capabilities: []string{"maintenance", "repair"}, RepairExecutor: devcluster.SimExecutor{Cluster: env.Cluster}})
+	mgr, err := operator.New(cfg, operator.Options{Namespace: ns, MetricsAddr: "0", ProbeAddr: "0",
+		Controller: config.Controller{SkipNameValidation: ptr.To(true)}, Capabilities: []string{"maintenance", "repair"}})
 	if err != nil {
+		b.Fatal(err)
+	}
+	if err := agent.AddInProcess(mgr, devcluster.SimExecutor{Cluster: env.Cluster}, nil); err != nil {
 		b.Fatal(err)
 	}
 	opCtx, cancel := context.WithCancel(ctx)

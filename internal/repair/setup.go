@@ -19,7 +19,6 @@ import (
 
 	maintenancev1 "github.com/gpufleet/gpufleet/api/maintenance/v1alpha1"
 	repairv1 "github.com/gpufleet/gpufleet/api/repair/v1alpha1"
-	"github.com/gpufleet/gpufleet/internal/agent"
 )
 
 // +kubebuilder:rbac:groups=repair.gpufleet.dev,resources=noderepairpolicies,verbs=get;list;watch
@@ -34,13 +33,10 @@ import (
 type Options struct {
 	Namespace string
 	Clock     clock.PassiveClock
-	// Executor, when set, runs the node agent in-process for every node
-	// (the simulated cluster); on real clusters the agent DaemonSet runs it.
-	Executor agent.Executor
 }
 
-// Setup registers the detector, the repair ladder and (optionally) an
-// in-process agent with mgr.
+// Setup registers the detector and the repair ladder with mgr. The node
+// agent (internal/agent) runs the actions.
 func Setup(mgr manager.Manager, opts Options) error {
 	if opts.Clock == nil {
 		opts.Clock = clock.RealClock{}
@@ -98,15 +94,7 @@ func Setup(mgr manager.Manager, opts Options) error {
 	if err != nil {
 		return fmt.Errorf("setting up the repair controller: %w", err)
 	}
-	if opts.Executor == nil {
-		return nil
-	}
-	return builder.ControllerManagedBy(mgr).Named("repair-agent").
-		For(&repairv1.NodeRepair{}, builder.WithPredicates(predicate.NewPredicateFuncs(func(o client.Object) bool {
-			return o.(*repairv1.NodeRepair).Status.Pending != nil
-		}))).
-		WithOptions(controller.Options{MaxConcurrentReconciles: 4}).
-		Complete(&agent.Agent{Client: c, Executor: opts.Executor, Clock: opts.Clock})
+	return nil
 }
 
 // healthChanged passes node changes that matter to repairs: conditions

@@ -21,6 +21,7 @@ import (
 	"k8s.io/kubectl/pkg/util/podutils"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/config"
 	"sigs.k8s.io/yaml"
 
 	maintenancev1 "github.com/gpufleet/gpufleet/api/maintenance/v1alpha1"
@@ -74,7 +75,8 @@ func TestHumansUpgradesAndRepairsShareTheLimits(t *testing.T) {
 	})
 	// The node agents of the faulty nodes, simulated in this process.
 	for _, n := range faulty {
-		mgr, err := agent.NewManager(env.Config, n, devcluster.SimExecutor{Cluster: env.Cluster, RebootDowntime: time.Second})
+		mgr, err := agent.NewManager(env.Config, agent.Options{NodeName: n, Executor: devcluster.SimExecutor{Cluster: env.Cluster, RebootDowntime: time.Second},
+			Controller: config.Controller{SkipNameValidation: ptr.To(true)}})
 		if err != nil {
 			t.Fatal(err)
 		}

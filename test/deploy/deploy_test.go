@@ -29,6 +29,7 @@ import (
 	"k8s.io/client-go/restmapper"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/config"
 	"sigs.k8s.io/kustomize/api/krusty"
 	"sigs.k8s.io/kustomize/kyaml/filesys"
 
@@ -174,8 +175,9 @@ func runOperatorAs(t *testing.T, cluster *devcluster.Cluster, sa string) client.
 	}
 	saCfg := rest.AnonymousClientConfig(cluster.Config)
 	saCfg.BearerToken = tok.Status.Token
-	mgr, err := operator.New(saCfg, operator.Options{Namespace: ns, MetricsAddr: "0", ProbeAddr: "0", LeaderElection: true, AllowRestart: true,
-		LeaderElectionID: sa, LeaseDuration: 4 * time.Second, RenewDeadline: 3 * time.Second, RetryPeriod: 500 * time.Millisecond})
+	mgr, err := operator.New(saCfg, operator.Options{Namespace: ns, MetricsAddr: "0", ProbeAddr: "0", LeaderElection: true,
+		LeaderElectionID: sa, LeaseDuration: 4 * time.Second, RenewDeadline: 3 * time.Second, RetryPeriod: 500 * time.Millisecond,
+		Controller: config.Controller{SkipNameValidation: ptr.To(true)}})
 	if err != nil {
 		t.Fatal(err)
 	}
