@@ -27,6 +27,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	nvidiav1 "github.com/gpufleet/gpufleet/api/nvidia/v1"
+	"github.com/gpufleet/gpufleet/internal/pendingevents"
 )
 
 // Event reasons.
@@ -67,12 +68,13 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	if policy.DeletionTimestamp != nil {
 		return reconcile.Result{}, nil // owner references garbage-collect the stack
 	}
+	ev := pendingevents.New(r.Recorder) // status events, emitted after the status write
 	active, err := r.activePolicy(ctx)
 	if err != nil {
 		return reconcile.Result{}, err
 	}
 	if active != policy.Name {
-		return reconcile.Result{}, r.ignore(ctx, policy, active)
+		return reconcile.Result{}, r.ignore(ctx, policy, active, ev)
 	}
 	var nodes corev1.NodeList
 	if err := r.Client.List(ctx, &nodes); err != nil {
@@ -82,10 +84,12 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	status.Namespace = r.Namespace
 	objs, err := Render(policy, factsOf(&nodes, r.Namespace), r.Assets)
 	if err != nil {
-		r.Recorder.Eventf(policy, nil, corev1.EventTypeWarning, ReasonRenderFailed, actionDeploy, "%v", err)
+		if c := meta.FindStatusCondition(policy.Status.Conditions, nvidiav1.ConditionDegraded); c == nil || c.Message != err.Error() {
+			ev.Eventf(policy, nil, corev1.EventTypeWarning, ReasonRenderFailed, actionDeploy, "%v", err)
+		}
 		r.setConditions(policy, status, metav1.ConditionFalse, metav1.ConditionFalse, metav1.ConditionTrue, ReasonRenderFailed, err.Error())
 		status.State = nvidiav1.StateNotReady
-		return reconcile.Result{}, r.writeStatus(ctx, policy, status)
+		return reconcile.Result{}, r.writeStatus(ctx, policy, status, ev)
 	}
 	if err := r.apply(ctx, objs); err != nil {
 		return reconcile.Result{}, err
@@ -104,8 +108,8 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	if err != nil {
 		return reconcile.Result{}, err
 	}
-	requeue := minPositive(r.computeStatus(policy, status, &nodes, pods), upgradeRequeue)
-	if err := r.writeStatus(ctx, policy, status); err != nil {
+	requeue := minPositive(r.computeStatus(policy, status, &nodes, pods, ev), upgradeRequeue)
+	if err := r.writeStatus(ctx, policy, status, ev); err != nil {
 		return reconcile.Result{}, err
 	}
 	return reconcile.Result{RequeueAfter: requeue}, nil
@@ -130,16 +134,16 @@ func (r *Reconciler) activePolicy(ctx context.Context) (string, error) {
 	return items[0].Name, nil
 }
 
-func (r *Reconciler) ignore(ctx context.Context, policy *nvidiav1.ClusterPolicy, active string) error {
+func (r *Reconciler) ignore(ctx context.Context, policy *nvidiav1.ClusterPolicy, active string, ev *pendingevents.Recorder) error {
 	status := policy.Status.DeepCopy()
 	status.State = nvidiav1.StateIgnored
 	status.Components = nil
 	msg := fmt.Sprintf("ClusterPolicy %s is active; only the oldest ClusterPolicy is used", active)
 	r.setConditions(policy, status, metav1.ConditionFalse, metav1.ConditionFalse, metav1.ConditionFalse, ReasonIgnored, msg)
 	if policy.Status.State != nvidiav1.StateIgnored {
-		r.Recorder.Eventf(policy, nil, corev1.EventTypeNormal, ReasonIgnored, actionDeploy, "%s", msg)
+		ev.Eventf(policy, nil, corev1.EventTypeNormal, ReasonIgnored, actionDeploy, "%s", msg)
 	}
-	return r.writeStatus(ctx, policy, status)
+	return r.writeStatus(ctx, policy, status, ev)
 }
 
 // factsOf collects the OS flavours and runtimes of the GPU nodes.
@@ -339,7 +343,7 @@ func (r *Reconciler) patchNodeLabels(ctx context.Context, node string, labels ma
 
 // computeStatus fills the per-component status and conditions; it returns
 // when to look again for a pod that may cross the Degraded threshold.
-func (r *Reconciler) computeStatus(policy *nvidiav1.ClusterPolicy, status *nvidiav1.ClusterPolicyStatus, nodes *corev1.NodeList, pods map[string]map[string]podState) time.Duration {
+func (r *Reconciler) computeStatus(policy *nvidiav1.ClusterPolicy, status *nvidiav1.ClusterPolicyStatus, nodes *corev1.NodeList, pods map[string]map[string]podState, ev *pendingevents.Recorder) time.Duration {
 	now := r.Clock.Now()
 	var requeue time.Duration
 	status.Components = nil
@@ -388,7 +392,7 @@ func (r *Reconciler) computeStatus(policy *nvidiav1.ClusterPolicy, status *nvidi
 	switch {
 	case allReady:
 		if policy.Status.State != nvidiav1.StateReady {
-			r.Recorder.Eventf(policy, nil, corev1.EventTypeNormal, ReasonStackReady, actionDeploy, "GPU stack ready on every GPU node")
+			ev.Eventf(policy, nil, corev1.EventTypeNormal, ReasonStackReady, actionDeploy, "GPU stack ready on every GPU node")
 		}
 		status.State = nvidiav1.StateReady
 		r.setConditions(policy, status, metav1.ConditionTrue, metav1.ConditionFalse, metav1.ConditionFalse, "AllComponentsReady", "every enabled component is Ready on every GPU node")
@@ -396,7 +400,7 @@ func (r *Reconciler) computeStatus(policy *nvidiav1.ClusterPolicy, status *nvidi
 		status.State = nvidiav1.StateNotReady
 		msg := "not Ready: " + summarize(degraded, 5)
 		if c := meta.FindStatusCondition(policy.Status.Conditions, nvidiav1.ConditionDegraded); c == nil || c.Message != msg {
-			r.Recorder.Eventf(policy, nil, corev1.EventTypeWarning, ReasonNodeDegraded, actionDeploy, "%s", msg)
+			ev.Eventf(policy, nil, corev1.EventTypeWarning, ReasonNodeDegraded, actionDeploy, "%s", msg)
 		}
 		r.setConditions(policy, status, metav1.ConditionFalse, metav1.ConditionTrue, metav1.ConditionTrue, "NodesDegraded", msg)
 	default:
@@ -452,15 +456,23 @@ func (r *Reconciler) setConditions(policy *nvidiav1.ClusterPolicy, status *nvidi
 	status.ObservedGeneration = policy.Generation
 }
 
-func (r *Reconciler) writeStatus(ctx context.Context, policy *nvidiav1.ClusterPolicy, status *nvidiav1.ClusterPolicyStatus) error {
+// writeStatus patches the status when it changed, then emits the events
+// that report it. The status is computed whole from the cluster by this
+// controller's only worker, so it is patched without a resourceVersion
+// precondition: a cache that has not yet shown our previous write costs a
+// redundant patch, never a conflict.
+func (r *Reconciler) writeStatus(ctx context.Context, policy *nvidiav1.ClusterPolicy, status *nvidiav1.ClusterPolicyStatus, ev *pendingevents.Recorder) error {
 	if equality.Semantic.DeepEqual(&policy.Status, status) {
+		ev.Flush()
 		return nil
 	}
 	updated := policy.DeepCopy()
 	updated.Status = *status
-	if err := r.Client.Status().Update(ctx, updated); err != nil {
+	if err := r.Client.Status().Patch(ctx, updated, client.MergeFrom(policy)); err != nil {
+		ev.Drop()
 		return fmt.Errorf("updating ClusterPolicy status: %w", err)
 	}
+	ev.Flush()
 	return nil
 }
 

@@ -22,6 +22,7 @@ import (
 
 	maintenancev1 "github.com/gpufleet/gpufleet/api/maintenance/v1alpha1"
 	nvidiav1 "github.com/gpufleet/gpufleet/api/nvidia/v1"
+	"github.com/gpufleet/gpufleet/internal/maintenance/requestor"
 )
 
 // +kubebuilder:rbac:groups=nvidia.com,resources=clusterpolicies,verbs=get;list;watch
@@ -32,6 +33,7 @@ import (
 // +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch;patch
 // +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch;delete
 // +kubebuilder:rbac:groups=maintenance.nvidia.com,resources=nodemaintenances,verbs=get;list;watch;create;delete;patch
+// +kubebuilder:rbac:groups=nvidia.com,resources=clusterpolicies/finalizers,verbs=update
 
 // Options configure the GPU stack controller.
 type Options struct {
@@ -56,6 +58,7 @@ func Setup(mgr manager.Manager, opts Options) error {
 	allPolicies := handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, _ client.Object) []reconcile.Request {
 		var list nvidiav1.ClusterPolicyList
 		if err := mgr.GetClient().List(ctx, &list); err != nil {
+			mgr.GetLogger().WithName("gpustack").Error(err, "listing ClusterPolicies for an event; the next event reconciles them")
 			return nil
 		}
 		reqs := make([]reconcile.Request, 0, len(list.Items))
@@ -77,9 +80,8 @@ func Setup(mgr manager.Manager, opts Options) error {
 		Owns(&rbacv1.ClusterRoleBinding{}).
 		Watches(&corev1.Node{}, allPolicies, builder.WithPredicates(nodeRelevant)).
 		Watches(&corev1.Pod{}, allPolicies, builder.WithPredicates(stackPod, podReadinessChanged)).
-		Watches(&maintenancev1.NodeMaintenance{}, allPolicies, builder.WithPredicates(predicate.NewPredicateFuncs(func(o client.Object) bool {
-			return o.(*maintenancev1.NodeMaintenance).Spec.RequestorID == UpgradeRequestor
-		}))).
+		Watches(&maintenancev1.NodeMaintenance{}, allPolicies,
+			builder.WithPredicates(requestor.OfRequestor(UpgradeRequestor), requestor.Transitions)).
 		WithOptions(controller.Options{MaxConcurrentReconciles: 1}).
 		Complete(r)
 	if err != nil {

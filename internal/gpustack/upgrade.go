@@ -7,8 +7,6 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/kubectl/pkg/util/podutils"
@@ -17,6 +15,7 @@ import (
 
 	maintenancev1 "github.com/gpufleet/gpufleet/api/maintenance/v1alpha1"
 	nvidiav1 "github.com/gpufleet/gpufleet/api/nvidia/v1"
+	"github.com/gpufleet/gpufleet/internal/maintenance/requestor"
 )
 
 // Driver upgrades go through NodeMaintenance so that the cluster's
@@ -85,7 +84,7 @@ func PlanUpgrades(nodes []UpgradeNode, limit int, timeout time.Duration, now tim
 	for _, n := range nodes {
 		nm := n.Maintenance
 		switch {
-		case n.MaintenanceIsOurs && !maintenanceReady(nm):
+		case n.MaintenanceIsOurs && !nm.IsReady():
 			// waiting for the maintenance scheduler and the drain
 		case n.MaintenanceIsOurs && !n.Current:
 			if nm.Annotations[annotationRestartedAt] == "" && n.DriverPod != "" {
@@ -105,11 +104,6 @@ func PlanUpgrades(nodes []UpgradeNode, limit int, timeout time.Duration, now tim
 		}
 	}
 	return acts
-}
-
-func maintenanceReady(nm *maintenancev1.NodeMaintenance) bool {
-	c := meta.FindStatusCondition(nm.Status.Conditions, maintenancev1.ConditionTypeReady)
-	return c != nil && c.Status == metav1.ConditionTrue
 }
 
 // upgradeLimit resolves maxParallelUpgrades and maxUnavailable (of the GPU nodes).
@@ -138,9 +132,9 @@ func (r *Reconciler) upgradeDrivers(ctx context.Context, policy *nvidiav1.Cluste
 	if !autoUpgrade(up) || !policy.Spec.Driver.IsEnabled() {
 		return 0, nil
 	}
-	var nms maintenancev1.NodeMaintenanceList
-	if err := r.Client.List(ctx, &nms, client.InNamespace(r.Namespace)); err != nil {
-		return 0, fmt.Errorf("listing NodeMaintenance: %w", err)
+	ours, err := requestor.Mine(ctx, r.Client, r.Namespace, UpgradeRequestor)
+	if err != nil {
+		return 0, err
 	}
 	byNode := map[string]*UpgradeNode{}
 	gpuNodes := 0
@@ -176,9 +170,8 @@ func (r *Reconciler) upgradeDrivers(ctx context.Context, policy *nvidiav1.Cluste
 		n.Current = p.Spec.Containers[0].Image == want
 		n.Ready = podutils.IsPodReady(p)
 	}
-	for i := range nms.Items {
-		nm := &nms.Items[i]
-		if n := byNode[nm.Spec.NodeName]; n != nil && nm.Spec.RequestorID == UpgradeRequestor && nm.DeletionTimestamp == nil {
+	for node, nm := range ours {
+		if n := byNode[node]; n != nil {
 			n.Maintenance, n.MaintenanceIsOurs = nm, true
 		}
 	}
@@ -199,7 +192,7 @@ func (r *Reconciler) upgradeDrivers(ctx context.Context, policy *nvidiav1.Cluste
 		}
 	}
 	for _, n := range byNode {
-		if n.MaintenanceIsOurs && maintenanceReady(n.Maintenance) && !n.Ready {
+		if n.MaintenanceIsOurs && n.Maintenance.IsReady() && !n.Ready {
 			requeue = minPositive(requeue, timeout)
 		}
 	}
@@ -210,9 +203,8 @@ func (r *Reconciler) act(ctx context.Context, policy *nvidiav1.ClusterPolicy, a 
 	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: a.Node}}
 	switch a.Kind {
 	case ActRequest:
-		nm := upgradeMaintenance(policy, r.Namespace, a.Node)
-		if err := r.Client.Create(ctx, nm); err != nil && !apierrors.IsAlreadyExists(err) {
-			return fmt.Errorf("requesting maintenance of %s for the driver upgrade: %w", a.Node, err)
+		if _, err := requestor.Ensure(ctx, r.Client, upgradeRequest(policy, r.Namespace, a.Node)); err != nil {
+			return fmt.Errorf("driver upgrade of %s: %w", a.Node, err)
 		}
 		r.Recorder.Eventf(policy, node, corev1.EventTypeNormal, ReasonUpgradeStarted, actionUpgrade, "Driver upgrade of node %s requested", a.Node)
 		return r.setUpgradeLabel(ctx, a.Node, upgradeStateUpgrading)
@@ -233,8 +225,8 @@ func (r *Reconciler) act(ctx context.Context, policy *nvidiav1.ClusterPolicy, a 
 		}
 		return nil
 	case ActFinish:
-		if err := r.Client.Delete(ctx, n.Maintenance); client.IgnoreNotFound(err) != nil {
-			return fmt.Errorf("releasing %s after its driver upgrade: %w", a.Node, err)
+		if err := requestor.Release(ctx, r.Client, n.Maintenance.Namespace, n.Maintenance.Name); err != nil {
+			return fmt.Errorf("driver upgrade of %s done: %w", a.Node, err)
 		}
 		r.Recorder.Eventf(policy, node, corev1.EventTypeNormal, ReasonUpgradeDone, actionUpgrade, "Driver of node %s upgraded", a.Node)
 		return r.setUpgradeLabel(ctx, a.Node, "")
@@ -244,8 +236,8 @@ func (r *Reconciler) act(ctx context.Context, policy *nvidiav1.ClusterPolicy, a 
 		if err := r.setUpgradeLabel(ctx, a.Node, upgradeStateFailed); err != nil {
 			return err
 		}
-		if err := r.Client.Delete(ctx, n.Maintenance); client.IgnoreNotFound(err) != nil {
-			return fmt.Errorf("releasing %s after a failed driver upgrade: %w", a.Node, err)
+		if err := requestor.Release(ctx, r.Client, n.Maintenance.Namespace, n.Maintenance.Name); err != nil {
+			return fmt.Errorf("driver upgrade of %s failed: %w", a.Node, err)
 		}
 		return nil
 	case ActClearFailed:
@@ -262,9 +254,9 @@ func (r *Reconciler) setUpgradeLabel(ctx context.Context, node, value string) er
 	return r.patchNodeLabels(ctx, node, map[string]any{LabelUpgradeState: v})
 }
 
-// upgradeMaintenance is the NodeMaintenance of one node's driver upgrade:
+// upgradeRequest is the maintenance request of one node's driver upgrade:
 // cordon, and drain the pods that use GPUs (or what upgradePolicy.drain says).
-func upgradeMaintenance(policy *nvidiav1.ClusterPolicy, ns, node string) *maintenancev1.NodeMaintenance {
+func upgradeRequest(policy *nvidiav1.ClusterPolicy, ns, node string) requestor.Request {
 	drain := &maintenancev1.DrainSpec{
 		Force: true, DeleteEmptyDir: true, TimeoutSeconds: ptr.To[int32](300),
 		PodEvictionFilters: []maintenancev1.PodEvictionFilterEntry{{ByResourceNameRegex: ptr.To(`^nvidia\.com/`)}},
@@ -280,10 +272,10 @@ func upgradeMaintenance(policy *nvidiav1.ClusterPolicy, ns, node string) *mainte
 			}
 		}
 	}
-	return &maintenancev1.NodeMaintenance{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "driver-upgrade-" + node,
-			Labels: map[string]string{LabelManagedBy: managedBy, LabelComponent: Driver}},
-		Spec: maintenancev1.NodeMaintenanceSpec{RequestorID: UpgradeRequestor, NodeName: node, Cordon: ptr.To(true), DrainSpec: drain},
+	return requestor.Request{
+		RequestorID: UpgradeRequestor, Namespace: ns, Name: "driver-upgrade-" + node, NodeName: node, Owner: policy,
+		Labels: map[string]string{LabelManagedBy: managedBy, LabelComponent: Driver},
+		Cordon: ptr.To(true), Drain: drain,
 	}
 }
 

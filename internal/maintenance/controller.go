@@ -3,6 +3,7 @@ package maintenance
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"sort"
@@ -25,6 +26,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	maintenancev1 "github.com/gpufleet/gpufleet/api/maintenance/v1alpha1"
+	"github.com/gpufleet/gpufleet/internal/pendingevents"
 )
 
 // Reconciler drives one NodeMaintenance through its lifecycle, one step per
@@ -73,28 +75,33 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	if nm.DeletionTimestamp != nil {
 		return reconcile.Result{}, r.finalize(ctx, nm, node)
 	}
-	if !hasFinalizer(nm) {
+	if !nm.HasFinalizer() {
 		controllerutil.AddFinalizer(nm, maintenancev1.Finalizer)
 		if err := r.Client.Update(ctx, nm); err != nil {
 			return reconcile.Result{}, fmt.Errorf("adding finalizer: %w", err)
 		}
 		return reconcile.Result{}, nil // the update event brings us back
 	}
-	orig := nm.Status.DeepCopy()
-	rvBefore := nm.ResourceVersion
-	res, err := r.step(ctx, nm, node)
+	orig := nm.DeepCopy()
+	ev := pendingevents.New(r.Recorder) // reports of the status change, sent once it is written
+	res, err := r.step(ctx, nm, node, ev)
 	r.watchPods(nm)
-	if !equality.Semantic.DeepEqual(orig, &nm.Status) {
+	if !equality.Semantic.DeepEqual(&orig.Status, &nm.Status) {
 		nm.Status.ObservedGeneration = nm.Generation
-		if uerr := r.Client.Status().Update(ctx, nm); uerr != nil {
+		if uerr := patchStatus(ctx, r.Client, orig, nm); uerr != nil {
 			if apierrors.IsConflict(uerr) {
+				// Changed since we read it: the newer version's watch
+				// event brings it back, and this step is taken again
+				// from fresh data (nothing of it was reported).
 				statusConflicts.WithLabelValues("lifecycle").Inc()
-				return reconcile.Result{Requeue: true}, nil
+				ctrl.LoggerFrom(ctx).V(1).Info("status changed meanwhile; retrying from the newer version")
+				return reconcile.Result{}, err
 			}
-			return reconcile.Result{}, fmt.Errorf("updating status: %w", uerr)
+			return reconcile.Result{}, errors.Join(err, fmt.Errorf("updating status: %w", uerr))
 		}
-		r.own.wrote(client.ObjectKeyFromObject(nm), rvBefore)
+		r.own.wrote(client.ObjectKeyFromObject(nm), orig.ResourceVersion)
 	}
+	ev.Flush()
 	return res, err
 }
 
@@ -105,7 +112,7 @@ func (r *Reconciler) watchPods(nm *maintenancev1.NodeMaintenance) {
 	key := client.ObjectKeyFromObject(nm)
 	needs := false
 	if nm.DeletionTimestamp == nil {
-		switch PhaseOf(nm) {
+		switch nm.Phase() {
 		case maintenancev1.PhaseCordon:
 			needs = nm.Spec.WaitForPodCompletion != nil || nm.Spec.DrainSpec != nil
 		case maintenancev1.PhaseWaitForPodCompletion, maintenancev1.PhaseDraining:
@@ -120,9 +127,9 @@ func (r *Reconciler) watchPods(nm *maintenancev1.NodeMaintenance) {
 }
 
 // step performs the action of the current phase and records the next one.
-func (r *Reconciler) step(ctx context.Context, nm *maintenancev1.NodeMaintenance, node *corev1.Node) (reconcile.Result, error) {
+func (r *Reconciler) step(ctx context.Context, nm *maintenancev1.NodeMaintenance, node *corev1.Node, ev *pendingevents.Recorder) (reconcile.Result, error) {
 	now := r.Clock.Now()
-	phase := PhaseOf(nm)
+	phase := nm.Phase()
 	if phase == maintenancev1.PhasePending {
 		// The scheduler alone writes Pending objects: their wait reason,
 		// then the move to Scheduled.
@@ -131,10 +138,10 @@ func (r *Reconciler) step(ctx context.Context, nm *maintenancev1.NodeMaintenance
 	if node == nil {
 		return r.nodeGone(ctx, nm)
 	}
-	if failed, msg := requestorFailed(nm); failed {
+	if failed, msg := nm.RequestorFailure(); failed {
 		if phase != maintenancev1.PhaseRequestorFailed {
 			setPhase(nm, maintenancev1.PhaseRequestorFailed, "requestor reported failure: "+msg, now)
-			r.Recorder.Eventf(nm, node, corev1.EventTypeWarning, ReasonRequestorFailed, actionRelease,
+			ev.Eventf(nm, node, corev1.EventTypeWarning, ReasonRequestorFailed, actionRelease,
 				"Requestor %s reported failure; node %s stays in maintenance until the object is deleted: %s", nm.Spec.RequestorID, node.Name, msg)
 		}
 		return reconcile.Result{}, nil
@@ -148,11 +155,11 @@ func (r *Reconciler) step(ctx context.Context, nm *maintenancev1.NodeMaintenance
 		setPhase(nm, maintenancev1.PhaseCordon, "cordoning node", now)
 		return reconcile.Result{}, nil
 	case maintenancev1.PhaseCordon:
-		return r.cordon(ctx, nm, node)
+		return r.cordon(ctx, nm, node, ev)
 	case maintenancev1.PhaseWaitForPodCompletion:
-		return r.waitForPods(ctx, nm, node)
+		return r.waitForPods(ctx, nm, node, ev)
 	case maintenancev1.PhaseDraining:
-		return r.drain(ctx, nm, node)
+		return r.drain(ctx, nm, node, ev)
 	case maintenancev1.PhaseReady, maintenancev1.PhaseRequestorFailed:
 		if phase == maintenancev1.PhaseRequestorFailed {
 			// The requestor withdrew its failure: the node is ready again.
@@ -164,42 +171,42 @@ func (r *Reconciler) step(ctx context.Context, nm *maintenancev1.NodeMaintenance
 	}
 }
 
-func (r *Reconciler) cordon(ctx context.Context, nm *maintenancev1.NodeMaintenance, node *corev1.Node) (reconcile.Result, error) {
-	if cordonRequested(nm) && !node.Spec.Unschedulable {
+func (r *Reconciler) cordon(ctx context.Context, nm *maintenancev1.NodeMaintenance, node *corev1.Node, ev *pendingevents.Recorder) (reconcile.Result, error) {
+	if nm.CordonRequested() && !node.Spec.Unschedulable {
 		if err := r.setUnschedulable(ctx, node, true); err != nil {
 			return reconcile.Result{}, err
 		}
 		r.Recorder.Eventf(nm, node, corev1.EventTypeNormal, ReasonCordoned, actionCordon, "Cordoned node %s", node.Name)
 	}
-	r.enter(nm, node, phaseAfterCordon(nm))
+	r.enter(nm, node, phaseAfterCordon(nm), ev)
 	return reconcile.Result{}, nil
 }
 
 // enter moves to phase and records what it needs to start.
-func (r *Reconciler) enter(nm *maintenancev1.NodeMaintenance, node *corev1.Node, phase maintenancev1.Phase) {
+func (r *Reconciler) enter(nm *maintenancev1.NodeMaintenance, node *corev1.Node, phase maintenancev1.Phase, ev *pendingevents.Recorder) {
 	now := r.Clock.Now()
 	t := metav1.NewTime(now)
 	switch phase {
 	case maintenancev1.PhaseWaitForPodCompletion:
 		nm.Status.WaitForCompletionStartTime = &t
 		setPhase(nm, phase, "waiting for pods to complete", now)
-		r.Recorder.Eventf(nm, node, corev1.EventTypeNormal, ReasonWaitingForPods, actionWait, "Waiting for pods on node %s to complete", node.Name)
+		ev.Eventf(nm, node, corev1.EventTypeNormal, ReasonWaitingForPods, actionWait, "Waiting for pods on node %s to complete", node.Name)
 	case maintenancev1.PhaseDraining:
 		nm.Status.Drain = &maintenancev1.DrainStatus{StartTime: &t}
 		setPhase(nm, phase, "draining node", now)
-		r.Recorder.Eventf(nm, node, corev1.EventTypeNormal, ReasonDraining, actionDrain, "Draining node %s", node.Name)
+		ev.Eventf(nm, node, corev1.EventTypeNormal, ReasonDraining, actionDrain, "Draining node %s", node.Name)
 	case maintenancev1.PhaseReady:
 		setPhase(nm, phase, "node is ready for maintenance", now)
-		r.Recorder.Eventf(nm, node, corev1.EventTypeNormal, ReasonReady, actionRelease, "Node %s is ready for maintenance", node.Name)
+		ev.Eventf(nm, node, corev1.EventTypeNormal, ReasonReady, actionRelease, "Node %s is ready for maintenance", node.Name)
 	}
 }
 
 // waitForPods waits until the selected pods on the node have completed.
-func (r *Reconciler) waitForPods(ctx context.Context, nm *maintenancev1.NodeMaintenance, node *corev1.Node) (reconcile.Result, error) {
+func (r *Reconciler) waitForPods(ctx context.Context, nm *maintenancev1.NodeMaintenance, node *corev1.Node, ev *pendingevents.Recorder) (reconcile.Result, error) {
 	now := r.Clock.Now()
 	sel, err := labels.Parse(string(nm.Spec.WaitForPodCompletion.PodSelector))
 	if err != nil {
-		r.invalidSpec(nm, fmt.Sprintf("waitForPodCompletion.podSelector: %v", err))
+		r.invalidSpec(nm, fmt.Sprintf("waitForPodCompletion.podSelector: %v", err), ev)
 		return reconcile.Result{}, nil
 	}
 	clearCondition(nm, maintenancev1.ConditionTypeInvalidSpec)
@@ -221,7 +228,7 @@ func (r *Reconciler) waitForPods(ctx context.Context, nm *maintenancev1.NodeMain
 	sort.Strings(waiting)
 	nm.Status.WaitForCompletion = waiting
 	if len(waiting) == 0 {
-		r.enter(nm, node, nextAfterWait(nm))
+		r.enter(nm, node, nextAfterWait(nm), ev)
 		return reconcile.Result{}, nil
 	}
 	timeout := seconds(nm.Spec.WaitForPodCompletion.TimeoutSeconds, 0)
@@ -230,10 +237,10 @@ func (r *Reconciler) waitForPods(ctx context.Context, nm *maintenancev1.NodeMain
 	}
 	elapsed := now.Sub(nm.Status.WaitForCompletionStartTime.Time)
 	if elapsed >= timeout {
-		r.Recorder.Eventf(nm, node, corev1.EventTypeWarning, ReasonPodCompletionTimeout, actionWait,
+		ev.Eventf(nm, node, corev1.EventTypeWarning, ReasonPodCompletionTimeout, actionWait,
 			"Gave up waiting after %s for %d pod(s) on node %s: %s", timeout, len(waiting), node.Name, summarize(waiting, 5))
 		nm.Status.WaitForCompletion = nil
-		r.enter(nm, node, nextAfterWait(nm))
+		r.enter(nm, node, nextAfterWait(nm), ev)
 		return reconcile.Result{}, nil
 	}
 	return reconcile.Result{RequeueAfter: timeout - elapsed}, nil
@@ -261,11 +268,11 @@ func (r *Reconciler) collectGarbage(ctx context.Context, nm *maintenancev1.NodeM
 	if age < maxAge {
 		return reconcile.Result{RequeueAfter: maxAge - age}, nil
 	}
-	r.Recorder.Eventf(nm, nil, corev1.EventTypeNormal, ReasonGarbageCollected, actionCollect,
-		"Deleting: Ready for %s, longer than maxNodeMaintenanceTimeSeconds (%s)", age.Round(time.Second), maxAge)
-	if err := r.Client.Delete(ctx, nm, client.Preconditions{UID: &nm.UID}); client.IgnoreNotFound(err) != nil {
-		return reconcile.Result{}, fmt.Errorf("garbage-collecting: %w", err)
+	if err := r.Client.Delete(ctx, nm, client.Preconditions{UID: &nm.UID}); err != nil {
+		return reconcile.Result{}, client.IgnoreNotFound(fmt.Errorf("garbage-collecting: %w", err))
 	}
+	r.Recorder.Eventf(nm, nil, corev1.EventTypeNormal, ReasonGarbageCollected, actionCollect,
+		"Deleted: Ready for %s, longer than maxNodeMaintenanceTimeSeconds (%s)", age.Round(time.Second), maxAge)
 	return reconcile.Result{}, nil
 }
 
@@ -285,11 +292,11 @@ func (r *Reconciler) maxReadyAge(ctx context.Context) (time.Duration, error) {
 // nothing left to maintain or uncordon, so the object is deleted (which
 // releases its slot) and the requestor is told why.
 func (r *Reconciler) nodeGone(ctx context.Context, nm *maintenancev1.NodeMaintenance) (reconcile.Result, error) {
-	r.Recorder.Eventf(nm, nil, corev1.EventTypeWarning, ReasonNodeDeleted, actionRelease,
-		"Node %s was deleted; deleting this NodeMaintenance", nm.Spec.NodeName)
-	if err := r.Client.Delete(ctx, nm, client.Preconditions{UID: &nm.UID}); client.IgnoreNotFound(err) != nil {
-		return reconcile.Result{}, fmt.Errorf("deleting NodeMaintenance of deleted node: %w", err)
+	if err := r.Client.Delete(ctx, nm, client.Preconditions{UID: &nm.UID}); err != nil {
+		return reconcile.Result{}, client.IgnoreNotFound(fmt.Errorf("deleting NodeMaintenance of deleted node: %w", err))
 	}
+	r.Recorder.Eventf(nm, nil, corev1.EventTypeWarning, ReasonNodeDeleted, actionRelease,
+		"Node %s was deleted; this NodeMaintenance is deleted", nm.Spec.NodeName)
 	return reconcile.Result{}, nil
 }
 
@@ -298,34 +305,37 @@ func (r *Reconciler) nodeGone(ctx context.Context, nm *maintenancev1.NodeMainten
 // object still holds it, then remove the finalizer. While additional
 // requestors remain, the node stays held.
 func (r *Reconciler) finalize(ctx context.Context, nm *maintenancev1.NodeMaintenance, node *corev1.Node) error {
-	if !hasFinalizer(nm) {
+	if !nm.HasFinalizer() {
 		return nil
 	}
-	if len(nm.Spec.AdditionalRequestors) > 0 && node != nil && InProgress(nm) {
+	if len(nm.Spec.AdditionalRequestors) > 0 && node != nil && nm.InProgress() {
 		msg := "deleted; node held until additional requestors leave: " + strings.Join(nm.Spec.AdditionalRequestors, ", ")
 		if c := meta.FindStatusCondition(nm.Status.Conditions, maintenancev1.ConditionTypeReady); c == nil || c.Message != msg {
-			cond := metav1.Condition{Type: maintenancev1.ConditionTypeReady, Status: metav1.ConditionFalse, Reason: string(PhaseOf(nm)), Message: msg}
+			cond := metav1.Condition{Type: maintenancev1.ConditionTypeReady, Status: metav1.ConditionFalse, Reason: string(nm.Phase()), Message: msg}
 			if c != nil {
 				cond.Status = c.Status
 			}
 			cond.LastTransitionTime = metav1.NewTime(r.Clock.Now())
+			orig := nm.DeepCopy()
 			meta.SetStatusCondition(&nm.Status.Conditions, cond)
-			r.Recorder.Eventf(nm, node, corev1.EventTypeNormal, ReasonWaitingForRequestors, actionRelease, "%s", msg)
-			if err := r.Client.Status().Update(ctx, nm); err != nil {
+			if err := patchStatus(ctx, r.Client, orig, nm); err != nil {
 				if !apierrors.IsConflict(err) {
 					return fmt.Errorf("updating status: %w", err)
 				}
 				statusConflicts.WithLabelValues("lifecycle").Inc()
+				return nil // the newer version's event brings it back
 			}
+			r.own.wrote(client.ObjectKeyFromObject(nm), orig.ResourceVersion)
+			r.Recorder.Eventf(nm, node, corev1.EventTypeNormal, ReasonWaitingForRequestors, actionRelease, "%s", msg)
 		}
 		return nil
 	}
-	if node != nil && InProgress(nm) && nm.Status.NodeUnschedulableBefore != nil {
+	if node != nil && nm.InProgress() && nm.Status.NodeUnschedulableBefore != nil {
 		if err := r.release(ctx, nm, node); err != nil {
 			return err
 		}
 	}
-	if nm.Status.Drain != nil && nm.Status.Drain.StartTime != nil && PhaseOf(nm) == maintenancev1.PhaseDraining {
+	if nm.Status.Drain != nil && nm.Status.Drain.StartTime != nil && nm.Phase() == maintenancev1.PhaseDraining {
 		drainDuration.Observe(r.Clock.Since(nm.Status.Drain.StartTime.Time).Seconds())
 	}
 	key, rvBefore := client.ObjectKeyFromObject(nm), nm.ResourceVersion
@@ -347,7 +357,7 @@ func (r *Reconciler) release(ctx context.Context, nm *maintenancev1.NodeMaintena
 			"Node %s was cordoned before the maintenance; leaving it cordoned", node.Name)
 		return nil
 	}
-	if !cordonRequested(nm) {
+	if !nm.CordonRequested() {
 		return nil
 	}
 	holder, err := r.otherHolder(ctx, nm)
@@ -374,7 +384,7 @@ func (r *Reconciler) otherHolder(ctx context.Context, nm *maintenancev1.NodeMain
 	}
 	for i := range list.Items {
 		o := &list.Items[i]
-		if o.UID != nm.UID && o.DeletionTimestamp == nil && InProgress(o) {
+		if o.UID != nm.UID && o.DeletionTimestamp == nil && o.InProgress() {
 			return o.Namespace + "/" + o.Name, nil
 		}
 	}
@@ -394,9 +404,9 @@ func (r *Reconciler) setUnschedulable(ctx context.Context, node *corev1.Node, v 
 	return nil
 }
 
-func (r *Reconciler) invalidSpec(nm *maintenancev1.NodeMaintenance, msg string) {
+func (r *Reconciler) invalidSpec(nm *maintenancev1.NodeMaintenance, msg string, ev *pendingevents.Recorder) {
 	if c := meta.FindStatusCondition(nm.Status.Conditions, maintenancev1.ConditionTypeInvalidSpec); c == nil || c.Message != msg {
-		r.Recorder.Eventf(nm, nil, corev1.EventTypeWarning, ReasonInvalidSpec, actionValidate, "%s; nothing is evicted until it is fixed", msg)
+		ev.Eventf(nm, nil, corev1.EventTypeWarning, ReasonInvalidSpec, actionValidate, "%s; nothing is evicted until it is fixed", msg)
 	}
 	setCondition(nm, maintenancev1.ConditionTypeInvalidSpec, metav1.ConditionTrue, ReasonInvalidSpec, msg, r.Clock.Now())
 }

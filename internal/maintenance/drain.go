@@ -18,6 +18,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	maintenancev1 "github.com/gpufleet/gpufleet/api/maintenance/v1alpha1"
+	"github.com/gpufleet/gpufleet/internal/pendingevents"
 )
 
 // Drain tuning.
@@ -35,7 +36,7 @@ const (
 
 // drain performs one drain step: evict what can be evicted now, record
 // progress, and come back on pod events or after a backoff.
-func (r *Reconciler) drain(ctx context.Context, nm *maintenancev1.NodeMaintenance, node *corev1.Node) (reconcile.Result, error) {
+func (r *Reconciler) drain(ctx context.Context, nm *maintenancev1.NodeMaintenance, node *corev1.Node, ev *pendingevents.Recorder) (reconcile.Result, error) {
 	log := ctrl.LoggerFrom(ctx)
 	spec := nm.Spec.DrainSpec
 	now := r.Clock.Now()
@@ -46,7 +47,7 @@ func (r *Reconciler) drain(ctx context.Context, nm *maintenancev1.NodeMaintenanc
 	st := nm.Status.Drain
 	filters, err := evictionFilters(spec.PodEvictionFilters)
 	if err != nil {
-		r.invalidSpec(nm, err.Error())
+		r.invalidSpec(nm, err.Error(), ev)
 		return reconcile.Result{}, nil
 	}
 	clearCondition(nm, maintenancev1.ConditionTypeInvalidSpec)
@@ -74,7 +75,7 @@ func (r *Reconciler) drain(ctx context.Context, nm *maintenancev1.NodeMaintenanc
 		// storage without deleteEmptyDir): nothing is evicted, as kubectl
 		// drain does; the user must change the spec or the pods.
 		msg := fmt.Sprintf("cannot drain node %s: %s", node.Name, joinErrors(errs))
-		r.blocked(nm, node, ReasonDrainFailed, msg)
+		r.blocked(nm, node, ReasonDrainFailed, msg, ev)
 		return reconcile.Result{RequeueAfter: backoff(now.Sub(st.StartTime.Time))}, nil
 	}
 	pods := list.Pods()
@@ -112,7 +113,7 @@ func (r *Reconciler) drain(ctx context.Context, nm *maintenancev1.NodeMaintenanc
 		drainDuration.Observe(now.Sub(st.StartTime.Time).Seconds())
 		clearCondition(nm, maintenancev1.ConditionTypeDrainBlocked)
 		st.DrainProgress = 100
-		r.enter(nm, node, maintenancev1.PhaseReady)
+		r.enter(nm, node, maintenancev1.PhaseReady, ev)
 		return reconcile.Result{}, nil
 	}
 
@@ -120,7 +121,7 @@ func (r *Reconciler) drain(ctx context.Context, nm *maintenancev1.NodeMaintenanc
 	timeout := seconds(spec.TimeoutSeconds, 300)
 	if timeout > 0 && elapsed >= timeout {
 		r.blocked(nm, node, ReasonDrainBlocked, fmt.Sprintf("drain of node %s not done after %s; blocking pods: %s",
-			node.Name, timeout, summarize(remaining, 10)))
+			node.Name, timeout, summarize(remaining, 10)), ev)
 	}
 	if refused > 0 {
 		return reconcile.Result{RequeueAfter: backoff(elapsed)}, nil
@@ -145,9 +146,9 @@ func (r *Reconciler) drain(ctx context.Context, nm *maintenancev1.NodeMaintenanc
 
 // blocked sets the DrainBlocked condition, with a Warning event when its
 // message changes.
-func (r *Reconciler) blocked(nm *maintenancev1.NodeMaintenance, node *corev1.Node, reason, msg string) {
+func (r *Reconciler) blocked(nm *maintenancev1.NodeMaintenance, node *corev1.Node, reason, msg string, ev *pendingevents.Recorder) {
 	if c := meta.FindStatusCondition(nm.Status.Conditions, maintenancev1.ConditionTypeDrainBlocked); c == nil || c.Message != msg {
-		r.Recorder.Eventf(nm, node, corev1.EventTypeWarning, reason, actionDrain, "%s", msg)
+		ev.Eventf(nm, node, corev1.EventTypeWarning, reason, actionDrain, "%s", msg)
 	}
 	setCondition(nm, maintenancev1.ConditionTypeDrainBlocked, metav1.ConditionTrue, reason, msg, r.Clock.Now())
 }

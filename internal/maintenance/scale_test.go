@@ -17,7 +17,6 @@ import (
 
 	maintenancev1 "github.com/gpufleet/gpufleet/api/maintenance/v1alpha1"
 	"github.com/gpufleet/gpufleet/internal/devcluster"
-	"github.com/gpufleet/gpufleet/internal/maintenance"
 	"github.com/gpufleet/gpufleet/internal/operator"
 )
 
@@ -119,10 +118,10 @@ func BenchmarkRollout100(b *testing.B) {
 			if !strings.HasPrefix(nm.Name, "scale-") {
 				continue
 			}
-			if maintenance.InProgress(nm) {
+			if nm.InProgress() {
 				inProgress++
 			}
-			if maintenance.PhaseOf(nm) == maintenancev1.PhaseReady && nm.DeletionTimestamp == nil {
+			if nm.Phase() == maintenancev1.PhaseReady && nm.DeletionTimestamp == nil {
 				readyOnce[nm.Name] = true
 				_ = k8s.Delete(ctx, nm)
 			}

@@ -3,7 +3,6 @@ package maintenance
 import (
 	"context"
 	"fmt"
-	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -35,10 +34,9 @@ type Scheduler struct {
 	// Reasons writes the wait reasons of Pending objects, apart from the pass.
 	Reasons *WaitReasons
 
-	mu sync.Mutex
-	// expected: objects this scheduler moved to Scheduled that the cache
-	// still shows at their resourceVersion from before that write.
-	expected map[types.NamespacedName]string
+	// own: objects this scheduler moved to Scheduled that the cache may
+	// still show as they were before that write.
+	own ownWrites
 }
 
 // Reconcile runs one scheduling pass.
@@ -120,33 +118,19 @@ func (s *Scheduler) limits(ctx context.Context) (Limits, error) {
 }
 
 // cacheBehind reports whether the cache still shows an object this
-// scheduler scheduled as it was before that write (same resourceVersion);
-// it forgets the expectations the cache has met.
+// scheduler scheduled as it was before that write (every object is looked
+// at, so that the expectations the cache has met are forgotten).
 func (s *Scheduler) cacheBehind(list *maintenancev1.NodeMaintenanceList) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if len(s.expected) == 0 {
+	if s.own.len() == 0 {
 		return false
 	}
-	seen := make(map[types.NamespacedName]string, len(list.Items))
+	behind := false
 	for i := range list.Items {
-		seen[types.NamespacedName{Namespace: list.Items[i].Namespace, Name: list.Items[i].Name}] = list.Items[i].ResourceVersion
-	}
-	for key, rvBefore := range s.expected {
-		if rv, ok := seen[key]; !ok || rv != rvBefore {
-			delete(s.expected, key)
+		if s.own.behind(client.ObjectKeyFromObject(&list.Items[i]), list.Items[i].ResourceVersion) {
+			behind = true
 		}
 	}
-	return len(s.expected) > 0
-}
-
-func (s *Scheduler) expect(key types.NamespacedName, rvBefore string) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.expected == nil {
-		s.expected = map[types.NamespacedName]string{}
-	}
-	s.expected[key] = rvBefore
+	return behind
 }
 
 // schedule moves one object from Pending to Scheduled. The update carries
@@ -154,30 +138,25 @@ func (s *Scheduler) expect(key types.NamespacedName, rvBefore string) {
 // fails with a conflict and the pass is retried from fresh data.
 func (s *Scheduler) schedule(ctx context.Context, nm *maintenancev1.NodeMaintenance) error {
 	now := s.Clock.Now()
+	orig := nm
 	nm = nm.DeepCopy()
 	setPhase(nm, maintenancev1.PhaseScheduled, "scheduled for maintenance", now)
 	t := metav1.NewTime(now)
 	nm.Status.ScheduledTime = &t
 	nm.Status.ObservedGeneration = nm.Generation
-	// Expect before writing: the watch event may arrive before Update returns.
 	key := client.ObjectKeyFromObject(nm)
-	s.expect(key, nm.ResourceVersion)
-	if err := s.Client.Status().Update(ctx, nm); err != nil {
-		s.forget(key)
+	if err := patchStatus(ctx, s.Client, orig, nm); err != nil {
 		if apierrors.IsConflict(err) {
 			statusConflicts.WithLabelValues("scheduler").Inc()
 		}
 		return fmt.Errorf("scheduling %s: %w", key, err)
 	}
+	// The next pass waits until the cache shows this write (passes run
+	// one at a time, so none can start before it is recorded).
+	s.own.wrote(key, orig.ResourceVersion)
 	schedulingDecisions.WithLabelValues("scheduled").Inc()
 	s.Recorder.Eventf(nm, nil, corev1.EventTypeNormal, ReasonScheduled, actionSchedule, "Scheduled for maintenance of node %s", nm.Spec.NodeName)
 	return nil
-}
-
-func (s *Scheduler) forget(key types.NamespacedName) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	delete(s.expected, key)
 }
 
 // snapshot converts cached objects into the planner's input. Objects the
@@ -191,8 +170,8 @@ func snapshot(nodes *corev1.NodeList, list *maintenancev1.NodeMaintenanceList) S
 	}
 	for i := range list.Items {
 		nm := &list.Items[i]
-		inProgress := InProgress(nm)
-		if !inProgress && !hasFinalizer(nm) {
+		inProgress := nm.InProgress()
+		if !inProgress && !nm.HasFinalizer() {
 			continue
 		}
 		s.Objects = append(s.Objects, PlanObject{
@@ -206,7 +185,7 @@ func snapshot(nodes *corev1.NodeList, list *maintenancev1.NodeMaintenanceList) S
 func recordPhases(list *maintenancev1.NodeMaintenanceList) {
 	counts := map[maintenancev1.Phase]int{}
 	for i := range list.Items {
-		counts[PhaseOf(&list.Items[i])]++
+		counts[list.Items[i].Phase()]++
 	}
 	for _, p := range allPhases {
 		objectsByPhase.WithLabelValues(string(p)).Set(float64(counts[p]))

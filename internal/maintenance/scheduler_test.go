@@ -70,7 +70,7 @@ func TestSchedulerNeverSchedulesTwiceFromAStaleCache(t *testing.T) {
 		}
 		var out []string
 		for i := range l.Items {
-			if InProgress(&l.Items[i]) {
+			if l.Items[i].InProgress() {
 				out = append(out, l.Items[i].Name)
 			}
 		}
@@ -175,4 +175,9 @@ type countingStatus struct {
 func (s *countingStatus) Update(ctx context.Context, obj client.Object, opts ...client.SubResourceUpdateOption) error {
 	s.c.writes++
 	return s.SubResourceWriter.Update(ctx, obj, opts...)
+}
+
+func (s *countingStatus) Patch(ctx context.Context, obj client.Object, patch client.Patch, opts ...client.SubResourcePatchOption) error {
+	s.c.writes++
+	return s.SubResourceWriter.Patch(ctx, obj, patch, opts...)
 }

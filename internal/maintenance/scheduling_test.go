@@ -12,7 +12,6 @@ import (
 	"k8s.io/utils/ptr"
 
 	maintenancev1 "github.com/gpufleet/gpufleet/api/maintenance/v1alpha1"
-	"github.com/gpufleet/gpufleet/internal/maintenance"
 )
 
 // phases returns the phase of each listed object.
@@ -20,7 +19,7 @@ func phases(t *testing.T, names ...string) map[string]maintenancev1.Phase {
 	t.Helper()
 	out := map[string]maintenancev1.Phase{}
 	for _, n := range names {
-		out[n] = maintenance.PhaseOf(getNM(t, n))
+		out[n] = getNM(t, n).Phase()
 	}
 	return out
 }
@@ -55,7 +54,7 @@ func settle(t *testing.T, names ...string) []string {
 func inProgressOf(t *testing.T, names []string) []string {
 	var out []string
 	for _, n := range names {
-		if maintenance.InProgress(getNM(t, n)) {
+		if getNM(t, n).InProgress() {
 			out = append(out, n)
 		}
 	}
@@ -83,7 +82,7 @@ func TestSeedExampleParallelLimit(t *testing.T) {
 	}
 	for _, n := range names {
 		nm := getNM(t, n)
-		if !maintenance.InProgress(nm) && !strings.Contains(readyCondition(nm).Message, "maxParallelOperations reached: 2/2") {
+		if !nm.InProgress() && !strings.Contains(readyCondition(nm).Message, "maxParallelOperations reached: 2/2") {
 			t.Errorf("%s waits with %q, want the maxParallelOperations reason", n, readyCondition(nm).Message)
 		}
 	}
@@ -122,7 +121,7 @@ func TestSeedExampleUnavailableLimit(t *testing.T) {
 		t.Fatalf("in progress: %v, want exactly 1", got)
 	}
 	for _, n := range names {
-		if nm := getNM(t, n); !maintenance.InProgress(nm) {
+		if nm := getNM(t, n); !nm.InProgress() {
 			if msg := readyCondition(nm).Message; msg != "maxUnavailable budget exhausted: 3/3 nodes unavailable" {
 				t.Errorf("%s waits with %q", n, msg)
 			}

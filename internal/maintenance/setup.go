@@ -100,7 +100,7 @@ func Setup(mgr manager.Manager, opts Options) error {
 		}
 		reqs := make([]reconcile.Request, 0, len(list.Items))
 		for i := range list.Items {
-			if InProgress(&list.Items[i]) || list.Items[i].DeletionTimestamp != nil {
+			if list.Items[i].InProgress() || list.Items[i].DeletionTimestamp != nil {
 				reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&list.Items[i])})
 			}
 		}
@@ -135,7 +135,7 @@ func readyObjects(ctx context.Context, c client.Client) []reconcile.Request {
 	}
 	var reqs []reconcile.Request
 	for i := range list.Items {
-		if PhaseOf(&list.Items[i]) == maintenancev1.PhaseReady {
+		if list.Items[i].Phase() == maintenancev1.PhaseReady {
 			reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&list.Items[i])})
 		}
 	}
@@ -147,8 +147,8 @@ func readyObjects(ctx context.Context, c client.Client) []reconcile.Request {
 var schedulingRelevantNM = predicate.Funcs{
 	UpdateFunc: func(e event.UpdateEvent) bool {
 		o, n := e.ObjectOld.(*maintenancev1.NodeMaintenance), e.ObjectNew.(*maintenancev1.NodeMaintenance)
-		return PhaseOf(o) != PhaseOf(n) || (o.DeletionTimestamp == nil) != (n.DeletionTimestamp == nil) ||
-			hasFinalizer(o) != hasFinalizer(n)
+		return o.Phase() != n.Phase() || (o.DeletionTimestamp == nil) != (n.DeletionTimestamp == nil) ||
+			o.HasFinalizer() != n.HasFinalizer()
 	},
 }
 

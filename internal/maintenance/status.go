@@ -1,28 +1,22 @@
 package maintenance
 
 import (
-	"slices"
+	"context"
 	"time"
 
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	maintenancev1 "github.com/gpufleet/gpufleet/api/maintenance/v1alpha1"
 )
 
-// PhaseOf returns the object's phase: the Ready condition's reason, Pending
-// when there is none yet.
-func PhaseOf(nm *maintenancev1.NodeMaintenance) maintenancev1.Phase {
-	c := meta.FindStatusCondition(nm.Status.Conditions, maintenancev1.ConditionTypeReady)
-	if c == nil || c.Reason == "" {
-		return maintenancev1.PhasePending
-	}
-	return maintenancev1.Phase(c.Reason)
-}
-
-// InProgress reports whether the object holds its node: any phase after Pending.
-func InProgress(nm *maintenancev1.NodeMaintenance) bool {
-	return PhaseOf(nm) != maintenancev1.PhasePending
+// patchStatus writes after's status as a merge patch from before, with
+// before's resourceVersion as a precondition (optimistic lock): if the
+// object changed meanwhile the write fails with a conflict instead of
+// overwriting a decision made by someone else.
+func patchStatus(ctx context.Context, c client.Client, before, after *maintenancev1.NodeMaintenance) error {
+	return c.Status().Patch(ctx, after, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{}))
 }
 
 // setPhase sets the Ready condition: True only in phase Ready, reason = phase.
@@ -43,23 +37,6 @@ func setCondition(nm *maintenancev1.NodeMaintenance, typ string, status metav1.C
 
 func clearCondition(nm *maintenancev1.NodeMaintenance, typ string) {
 	meta.RemoveStatusCondition(&nm.Status.Conditions, typ)
-}
-
-// requestorFailed reports whether a requestor set RequestorFailed=True.
-func requestorFailed(nm *maintenancev1.NodeMaintenance) (bool, string) {
-	c := meta.FindStatusCondition(nm.Status.Conditions, maintenancev1.ConditionTypeRequestorFailed)
-	if c == nil || c.Status != metav1.ConditionTrue {
-		return false, ""
-	}
-	return true, c.Message
-}
-
-func hasFinalizer(nm *maintenancev1.NodeMaintenance) bool {
-	return slices.Contains(nm.Finalizers, maintenancev1.Finalizer)
-}
-
-func cordonRequested(nm *maintenancev1.NodeMaintenance) bool {
-	return nm.Spec.Cordon == nil || *nm.Spec.Cordon
 }
 
 // phaseAfterCordon is the phase that follows Cordon for this spec.

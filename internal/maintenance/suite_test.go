@@ -27,7 +27,6 @@ import (
 
 	maintenancev1 "github.com/gpufleet/gpufleet/api/maintenance/v1alpha1"
 	"github.com/gpufleet/gpufleet/internal/devcluster"
-	"github.com/gpufleet/gpufleet/internal/maintenance"
 	"github.com/gpufleet/gpufleet/internal/operator"
 )
 
@@ -198,10 +197,10 @@ func waitPhase(t *testing.T, name string, phase maintenancev1.Phase, timeout tim
 		if err := k8s.Get(ctx, types.NamespacedName{Namespace: "default", Name: name}, nm); err != nil {
 			return false, client.IgnoreNotFound(err)
 		}
-		return maintenance.PhaseOf(nm) == phase, nil
+		return nm.Phase() == phase, nil
 	})
 	if err != nil {
-		t.Fatalf("%s never reached phase %s (now %s, conditions %+v): %v", name, phase, maintenance.PhaseOf(nm), nm.Status.Conditions, err)
+		t.Fatalf("%s never reached phase %s (now %s, conditions %+v): %v", name, phase, nm.Phase(), nm.Status.Conditions, err)
 	}
 	return nm
 }

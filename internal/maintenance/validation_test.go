@@ -8,7 +8,6 @@ import (
 	"sigs.k8s.io/yaml"
 
 	maintenancev1 "github.com/gpufleet/gpufleet/api/maintenance/v1alpha1"
-	"github.com/gpufleet/gpufleet/internal/maintenance"
 )
 
 // applyYAML creates an object from YAML as an untyped client would.
@@ -135,5 +134,4 @@ func TestZeroValuesRoundTrip(t *testing.T) {
 	if got.Spec.Cordon == nil || !*got.Spec.Cordon || got.Spec.DrainSpec.TimeoutSeconds == nil || *got.Spec.DrainSpec.TimeoutSeconds != 300 {
 		t.Errorf("defaults: cordon=%v timeoutSeconds=%v, want true and 300", got.Spec.Cordon, got.Spec.DrainSpec.TimeoutSeconds)
 	}
-	_ = maintenance.PhaseOf
 }

@@ -82,7 +82,7 @@ func (w *WaitReasons) reason(k types.NamespacedName) (string, bool) {
 
 // needsReason reports whether a Pending object's status lacks reason.
 func needsReason(nm *maintenancev1.NodeMaintenance, reason string) bool {
-	if !hasFinalizer(nm) || nm.DeletionTimestamp != nil || PhaseOf(nm) != maintenancev1.PhasePending {
+	if !nm.HasFinalizer() || nm.DeletionTimestamp != nil || nm.Phase() != maintenancev1.PhasePending {
 		return false // the lifecycle controller initialises it first; or it moved on
 	}
 	c := meta.FindStatusCondition(nm.Status.Conditions, maintenancev1.ConditionTypeReady)
@@ -152,8 +152,9 @@ func (w *WaitReasons) write(ctx context.Context, k types.NamespacedName) error {
 		return nil
 	}
 	rvBefore := nm.ResourceVersion
+	orig := nm.DeepCopy()
 	setPhase(nm, maintenancev1.PhasePending, reason, w.Clock.Now())
-	if err := w.Client.Status().Update(ctx, nm); err != nil {
+	if err := patchStatus(ctx, w.Client, orig, nm); err != nil {
 		if apierrors.IsNotFound(err) {
 			return nil
 		}

@@ -73,10 +73,10 @@ func matching(node *corev1.Node, r repairv1.Rule) (corev1.NodeCondition, bool) {
 		if string(c.Status) != r.Status {
 			return c, false
 		}
-		if r.Reason != "" && c.Reason != r.Reason {
+		if r.Reason != "" && !strings.EqualFold(c.Reason, r.Reason) {
 			return c, false
 		}
-		if r.MessageContains != "" && !strings.Contains(c.Message, r.MessageContains) {
+		if r.MessageContains != "" && !strings.Contains(strings.ToLower(c.Message), strings.ToLower(r.MessageContains)) {
 			return c, false
 		}
 		return c, true

@@ -3,28 +3,38 @@ package repair
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/utils/clock"
 	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	maintenancev1 "github.com/gpufleet/gpufleet/api/maintenance/v1alpha1"
 	repairv1 "github.com/gpufleet/gpufleet/api/repair/v1alpha1"
+	"github.com/gpufleet/gpufleet/internal/maintenance/requestor"
+	"github.com/gpufleet/gpufleet/internal/pendingevents"
+)
+
+// Defaults of the ladder's bounds (the policy's fields override them).
+const (
+	defaultVerificationSeconds = 60
+	defaultActionTimeout       = 600 * time.Second
+	defaultRebootTimeout       = 1200 * time.Second
 )
 
 // Repairer walks one NodeRepair up the ladder, one step per reconcile:
 // component actions (run by the node agent), verification, then — if
 // allowed — cordon and drain through NodeMaintenance, reboot, and release.
-// All progress is in the NodeRepair's status.
+// All progress is in the NodeRepair's status; every wait has a bound.
 type Repairer struct {
 	Client client.Client
 	// Live reads what the operator does not cache: the pods of the node
@@ -35,7 +45,19 @@ type Repairer struct {
 	Recorder  events.EventRecorder
 }
 
-// Reconcile advances one NodeRepair.
+// ladder is one reconcile's view of a repair.
+type ladder struct {
+	nr     *repairv1.NodeRepair
+	policy *repairv1.NodeRepairPolicy
+	node   *corev1.Node
+	now    time.Time
+	events *pendingevents.Recorder
+	// final is the phase the repair ends in this step ("" = not yet).
+	final repairv1.Phase
+}
+
+// Reconcile advances one NodeRepair by one step and writes its status once;
+// events follow the write.
 func (r *Repairer) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
 	nr := &repairv1.NodeRepair{}
 	if err := r.Client.Get(ctx, req.NamespacedName, nr); err != nil {
@@ -44,185 +66,256 @@ func (r *Repairer) Reconcile(ctx context.Context, req reconcile.Request) (reconc
 	if nr.Status.Phase != "" && nr.Status.Phase != repairv1.PhaseRepairing {
 		return reconcile.Result{}, nil
 	}
-	policy := &repairv1.NodeRepairPolicy{}
-	if err := r.Client.Get(ctx, types.NamespacedName{Name: nr.Spec.Policy}, policy); err != nil {
-		return reconcile.Result{}, client.IgnoreNotFound(err)
-	}
-	node := &corev1.Node{}
-	if err := r.Client.Get(ctx, types.NamespacedName{Name: nr.Spec.NodeName}, node); err != nil {
-		if apierrors.IsNotFound(err) {
-			return reconcile.Result{}, r.finish(ctx, nr, nil, repairv1.PhaseIgnored, "node was deleted")
-		}
+	l := &ladder{nr: nr.DeepCopy(), now: r.Clock.Now(), events: pendingevents.New(r.Recorder)}
+	ctx = ctrl.LoggerInto(ctx, ctrl.LoggerFrom(ctx).WithValues("node", nr.Spec.NodeName, "rule", nr.Spec.Fault.Rule))
+	res, err := r.advance(ctx, l)
+	if err != nil {
 		return reconcile.Result{}, err
 	}
-	orig := nr.Status.DeepCopy()
-	res, done, err := r.step(ctx, nr, policy, node)
-	if err != nil || done {
-		return res, err
+	if equality.Semantic.DeepEqual(&nr.Status, &l.nr.Status) {
+		return res, nil
 	}
-	if !equality.Semantic.DeepEqual(orig, &nr.Status) {
-		if err := r.Client.Status().Update(ctx, nr); err != nil {
-			return reconcile.Result{}, fmt.Errorf("updating NodeRepair status: %w", err)
+	if err := r.Client.Status().Patch(ctx, l.nr, client.MergeFromWithOptions(nr, client.MergeFromWithOptimisticLock{})); err != nil {
+		if apierrors.IsConflict(err) {
+			// Changed meanwhile (the agent recorded an outcome): its event
+			// brings the new version; nothing of this step happened.
+			return reconcile.Result{}, nil
 		}
+		return reconcile.Result{}, fmt.Errorf("updating NodeRepair status: %w", err)
+	}
+	l.events.Flush()
+	if l.final != "" {
+		return res, r.finished(ctx, l)
 	}
 	return res, nil
 }
 
-func (r *Repairer) step(ctx context.Context, nr *repairv1.NodeRepair, policy *repairv1.NodeRepairPolicy, node *corev1.Node) (reconcile.Result, bool, error) {
-	now := r.Clock.Now()
+// advance reads what the step needs and takes it.
+func (r *Repairer) advance(ctx context.Context, l *ladder) (reconcile.Result, error) {
+	if l.nr.Recorded() {
+		// A dry-run or ignored record: complete when created, never acted on.
+		msg := l.nr.Spec.IgnoreReason
+		if l.nr.Spec.DryRun {
+			msg = fmt.Sprintf("dry run: would run %v", l.nr.Spec.Actions)
+		}
+		l.nr.Status.Phase, l.nr.Status.Message = repairv1.PhaseIgnored, msg
+		l.record("Done", string(repairv1.PhaseIgnored), msg)
+		return reconcile.Result{}, nil
+	}
+	l.policy = &repairv1.NodeRepairPolicy{}
+	if err := r.Client.Get(ctx, types.NamespacedName{Name: l.nr.Spec.Policy}, l.policy); err != nil {
+		if apierrors.IsNotFound(err) {
+			return reconcile.Result{}, r.end(ctx, l, repairv1.PhaseIgnored, fmt.Sprintf("policy %s was deleted", l.nr.Spec.Policy))
+		}
+		return reconcile.Result{}, fmt.Errorf("reading policy %s: %w", l.nr.Spec.Policy, err)
+	}
+	l.node = &corev1.Node{}
+	if err := r.Client.Get(ctx, types.NamespacedName{Name: l.nr.Spec.NodeName}, l.node); err != nil {
+		if apierrors.IsNotFound(err) {
+			l.node = nil
+			return reconcile.Result{}, r.end(ctx, l, repairv1.PhaseIgnored, "node was deleted")
+		}
+		return reconcile.Result{}, fmt.Errorf("reading node %s: %w", l.nr.Spec.NodeName, err)
+	}
+	return r.step(ctx, l)
+}
+
+func (r *Repairer) step(ctx context.Context, l *ladder) (reconcile.Result, error) {
+	nr, policy, node, now := l.nr, l.policy, l.node, l.now
 	if nr.Status.Phase == "" {
 		nr.Status.Phase = repairv1.PhaseRepairing
-		r.record(nr, "Start", "Started", fmt.Sprintf("%s on %s since %s", nr.Spec.Fault.Rule, nr.Spec.Fault.ConditionType, nr.Spec.Fault.Since.Format(time.RFC3339)))
-		return reconcile.Result{}, false, nil
+		l.record("Start", "Started", fmt.Sprintf("%s on %s since %s", nr.Spec.Fault.Rule, nr.Spec.Fault.ConditionType, nr.Spec.Fault.Since.Format(time.RFC3339)))
+		return reconcile.Result{}, nil
 	}
-	if nr.Spec.DryRun {
-		return reconcile.Result{}, true, r.finish(ctx, nr, node, repairv1.PhaseIgnored, fmt.Sprintf("dry run: would run %v", nr.Spec.Actions))
-	}
-	if nr.Status.Pending != nil {
-		return reconcile.Result{}, false, nil // the agent's status update brings us back
+	if p := nr.Status.Pending; p != nil {
+		// The agent's status update brings us back; a reboot is bounded
+		// by its own timeout below, any other action by this one.
+		if p.Action == repairv1.ActionReboot {
+			return r.awaitReboot(ctx, l)
+		}
+		limit := seconds(policy.Spec.ActionTimeoutSeconds, defaultActionTimeout)
+		if waited := now.Sub(p.RequestedAt.Time); waited < limit {
+			return reconcile.Result{RequeueAfter: limit - waited}, nil
+		}
+		return reconcile.Result{}, r.end(ctx, l, repairv1.PhaseRecoveryFailed,
+			fmt.Sprintf("the node agent did not run %s within %s (is gpufleet's agent running on node %s?)", p.Action, limit, node.Name))
 	}
 	rule := ruleNamed(policy, nr.Spec.Fault.Rule)
 	faulty := rule != nil && stillFaulty(node, *rule)
-	// A reboot in progress: wait for the new boot ID and Ready, then release.
 	if nr.Status.BootIDBefore != "" {
-		if node.Status.NodeInfo.BootID == nr.Status.BootIDBefore || !nodeReady(node) {
-			return reconcile.Result{RequeueAfter: 5 * time.Second}, false, nil
-		}
-		if err := r.release(ctx, nr); err != nil {
-			return reconcile.Result{}, false, err
-		}
-		if faulty {
-			return reconcile.Result{}, true, r.finish(ctx, nr, node, repairv1.PhaseRecoveryFailed, "fault persists after the reboot")
-		}
-		return reconcile.Result{}, true, r.finish(ctx, nr, node, repairv1.PhaseSucceeded, "node rebooted (new boot ID) and the fault cleared")
+		return r.awaitReboot(ctx, l)
 	}
 	if !faulty {
-		return reconcile.Result{}, true, r.finish(ctx, nr, node, repairv1.PhaseSucceeded, "fault cleared")
+		return reconcile.Result{}, r.end(ctx, l, repairv1.PhaseSucceeded, "fault cleared")
 	}
 	idx := int(nr.Status.NextAction)
 	if idx < len(nr.Spec.Actions) && nr.Spec.Actions[idx] != repairv1.ActionReboot {
-		r.request(nr, node, nr.Spec.Actions[idx])
-		return reconcile.Result{}, false, nil
+		r.request(l, nr.Spec.Actions[idx])
+		return reconcile.Result{}, nil
 	}
 	// Component actions done and the fault persists: give it the
 	// verification window, then the next rung.
 	if nr.Status.VerifyUntil == nil {
-		window := time.Duration(ptr.Deref(policy.Spec.VerificationSeconds, 60)) * time.Second
+		window := seconds(policy.Spec.VerificationSeconds, defaultVerificationSeconds*time.Second)
 		t := metav1.NewTime(now.Add(window))
 		nr.Status.VerifyUntil = &t
-		r.record(nr, "Verify", "Waiting", fmt.Sprintf("fault must clear within %s", window))
-		return reconcile.Result{RequeueAfter: window}, false, nil
+		l.record("Verify", "Waiting", fmt.Sprintf("fault must clear within %s", window))
+		return reconcile.Result{RequeueAfter: window}, nil
 	}
 	if now.Before(nr.Status.VerifyUntil.Time) {
-		return reconcile.Result{RequeueAfter: nr.Status.VerifyUntil.Sub(now)}, false, nil
+		return reconcile.Result{RequeueAfter: nr.Status.VerifyUntil.Sub(now)}, nil
 	}
 	if idx >= len(nr.Spec.Actions) {
 		msg := "fault persists after the component actions"
-		if !policy.Spec.AllowReboot && rule != nil && containsReboot(rule.Actions) {
+		if !policy.Spec.AllowReboot && rule != nil && slices.Contains(rule.Actions, repairv1.ActionReboot) {
 			msg += "; reboots are not allowed by the policy"
 		}
-		return reconcile.Result{}, true, r.finish(ctx, nr, node, repairv1.PhaseRecoveryFailed, msg)
+		return reconcile.Result{}, r.end(ctx, l, repairv1.PhaseRecoveryFailed, msg)
 	}
-	return r.rebootRung(ctx, nr, node)
+	return r.rebootRung(ctx, l)
 }
 
 // rebootRung holds the node through NodeMaintenance (cordon + drain), then
 // asks the agent to reboot. A drain that times out does not stop it.
-func (r *Repairer) rebootRung(ctx context.Context, nr *repairv1.NodeRepair, node *corev1.Node) (reconcile.Result, bool, error) {
+func (r *Repairer) rebootRung(ctx context.Context, l *ladder) (reconcile.Result, error) {
+	nr := l.nr
 	if nr.Status.MaintenanceName == "" {
-		nm, err := r.maintenance(ctx, nr, node)
+		req, err := r.maintenanceRequest(ctx, l)
 		if err != nil {
-			return reconcile.Result{}, false, err
+			return reconcile.Result{}, err
 		}
-		nr.Status.MaintenanceName = nm.Name
-		r.record(nr, "Maintenance", "Requested", fmt.Sprintf("NodeMaintenance %s/%s: cordon and drain", nm.Namespace, nm.Name))
-		return reconcile.Result{}, false, nil
+		if _, err := requestor.Ensure(ctx, r.Client, req); err != nil {
+			return reconcile.Result{}, err
+		}
+		nr.Status.MaintenanceName = req.Name
+		l.record("Maintenance", "Requested", fmt.Sprintf("NodeMaintenance %s/%s: cordon and drain", req.Namespace, req.Name))
+		return reconcile.Result{}, nil
 	}
-	nm := &maintenancev1.NodeMaintenance{}
-	if err := r.Client.Get(ctx, types.NamespacedName{Namespace: r.Namespace, Name: nr.Status.MaintenanceName}, nm); err != nil {
-		return reconcile.Result{}, false, client.IgnoreNotFound(err)
+	nm, err := requestor.Get(ctx, r.Client, r.Namespace, nr.Status.MaintenanceName)
+	if err != nil || nm == nil {
+		return reconcile.Result{}, err // gone: the cache will show it again, or the repair was deleted
 	}
-	ready := meta.IsStatusConditionTrue(nm.Status.Conditions, maintenancev1.ConditionTypeReady)
-	drainGaveUp := meta.IsStatusConditionTrue(nm.Status.Conditions, maintenancev1.ConditionTypeDrainBlocked)
-	if !ready && !drainGaveUp {
-		return reconcile.Result{}, false, nil // the NodeMaintenance watch brings us back
+	if !nm.IsReady() && !nm.DrainBlocked() {
+		return reconcile.Result{}, nil // the NodeMaintenance watch brings us back
 	}
-	if drainGaveUp {
-		r.record(nr, "Maintenance", "DrainTimedOut", "drain did not finish in time; rebooting anyway")
+	if !nm.IsReady() {
+		l.record("Maintenance", "DrainTimedOut", "drain did not finish in time; rebooting anyway")
 	}
-	nr.Status.BootIDBefore = node.Status.NodeInfo.BootID
-	r.request(nr, node, repairv1.ActionReboot)
-	return reconcile.Result{}, false, nil
+	t := metav1.NewTime(l.now)
+	nr.Status.BootIDBefore = l.node.Status.NodeInfo.BootID
+	nr.Status.RebootRequestedAt = &t
+	r.request(l, repairv1.ActionReboot)
+	return reconcile.Result{RequeueAfter: seconds(l.policy.Spec.RebootTimeoutSeconds, defaultRebootTimeout)}, nil
 }
 
-func (r *Repairer) maintenance(ctx context.Context, nr *repairv1.NodeRepair, node *corev1.Node) (*maintenancev1.NodeMaintenance, error) {
+// awaitReboot waits for the new boot ID and Ready, then releases the node;
+// past the reboot timeout the repair fails instead of holding the node.
+func (r *Repairer) awaitReboot(ctx context.Context, l *ladder) (reconcile.Result, error) {
+	nr, node := l.nr, l.node
+	rebooted := nr.Status.Pending == nil && node.Status.NodeInfo.BootID != nr.Status.BootIDBefore && nodeReady(node)
+	if rebooted {
+		rule := ruleNamed(l.policy, nr.Spec.Fault.Rule)
+		if rule != nil && stillFaulty(node, *rule) {
+			return reconcile.Result{}, r.end(ctx, l, repairv1.PhaseRecoveryFailed, "fault persists after the reboot")
+		}
+		return reconcile.Result{}, r.end(ctx, l, repairv1.PhaseSucceeded, "node rebooted (new boot ID) and the fault cleared")
+	}
+	limit := seconds(l.policy.Spec.RebootTimeoutSeconds, defaultRebootTimeout)
+	started := nr.Status.RebootRequestedAt
+	if started == nil && nr.Status.Pending != nil {
+		started = &nr.Status.Pending.RequestedAt
+	}
+	if started == nil {
+		started = &metav1.Time{Time: l.now} // written by an older version: the bound counts from now
+		nr.Status.RebootRequestedAt = started
+	}
+	if waited := l.now.Sub(started.Time); waited < limit {
+		return reconcile.Result{RequeueAfter: limit - waited}, nil // node events bring us back sooner
+	}
+	why := "its boot ID did not change"
+	if node.Status.NodeInfo.BootID != nr.Status.BootIDBefore {
+		why = "it did not become Ready"
+	}
+	if nr.Status.Pending != nil {
+		why = "the node agent did not run the reboot"
+	}
+	nr.Status.Pending = nil
+	return reconcile.Result{}, r.end(ctx, l, repairv1.PhaseRecoveryFailed,
+		fmt.Sprintf("node %s did not come back from the reboot within %s: %s", node.Name, limit, why))
+}
+
+// maintenanceRequest is the repair's request to hold its node: cordon, and
+// drain with the policy's settings and a timeout from the node's pods.
+func (r *Repairer) maintenanceRequest(ctx context.Context, l *ladder) (requestor.Request, error) {
 	var pods corev1.PodList
-	if err := r.Live.List(ctx, &pods, client.MatchingFields{"spec.nodeName": node.Name}); err != nil {
-		return nil, fmt.Errorf("listing pods on node %s: %w", node.Name, err)
+	if err := r.Live.List(ctx, &pods, client.MatchingFields{"spec.nodeName": l.node.Name}); err != nil {
+		return requestor.Request{}, fmt.Errorf("listing pods on node %s: %w", l.node.Name, err)
 	}
-	policy := &repairv1.NodeRepairPolicy{}
-	_ = r.Client.Get(ctx, types.NamespacedName{Name: nr.Spec.Policy}, policy)
-	timeout := int32(DrainTimeout(&policy.Spec.Drain, pods.Items) / time.Second)
-	nm := &maintenancev1.NodeMaintenance{
-		ObjectMeta: metav1.ObjectMeta{Namespace: r.Namespace, Name: "repair-" + nr.Name},
-		Spec: maintenancev1.NodeMaintenanceSpec{RequestorID: Requestor, NodeName: node.Name, Cordon: ptr.To(true),
-			DrainSpec: &maintenancev1.DrainSpec{Force: policy.Spec.Drain.Force, DeleteEmptyDir: policy.Spec.Drain.DeleteEmptyDir, TimeoutSeconds: &timeout}},
-	}
-	if err := r.Client.Create(ctx, nm); err != nil && !apierrors.IsAlreadyExists(err) {
-		return nil, fmt.Errorf("requesting maintenance of %s: %w", node.Name, err)
-	}
-	return nm, nil
-}
-
-// release deletes the repair's NodeMaintenance (which uncordons the node
-// unless it was cordoned before).
-func (r *Repairer) release(ctx context.Context, nr *repairv1.NodeRepair) error {
-	if nr.Status.MaintenanceName == "" {
-		return nil
-	}
-	nm := &maintenancev1.NodeMaintenance{ObjectMeta: metav1.ObjectMeta{Namespace: r.Namespace, Name: nr.Status.MaintenanceName}}
-	if err := r.Client.Delete(ctx, nm); client.IgnoreNotFound(err) != nil {
-		return fmt.Errorf("releasing node %s: %w", nr.Spec.NodeName, err)
-	}
-	return nil
+	d := l.policy.Spec.Drain
+	timeout := int32(DrainTimeout(&d, pods.Items) / time.Second)
+	return requestor.Request{
+		RequestorID: Requestor, Namespace: r.Namespace, Name: "repair-" + l.nr.Name, NodeName: l.node.Name, Owner: l.nr,
+		Cordon: ptr.To(true),
+		Drain:  &maintenancev1.DrainSpec{Force: d.Force, DeleteEmptyDir: d.DeleteEmptyDir, TimeoutSeconds: &timeout},
+	}, nil
 }
 
 // request hands an action to the node agent.
-func (r *Repairer) request(nr *repairv1.NodeRepair, node *corev1.Node, a repairv1.Action) {
-	nr.Status.Pending = &repairv1.PendingAction{Action: a, RequestedAt: metav1.NewTime(r.Clock.Now())}
-	r.record(nr, string(a), "Requested", "")
-	r.Recorder.Eventf(node, nr, corev1.EventTypeNormal, ReasonAction, actionRepair, "Node %s: %s", node.Name, a)
+func (r *Repairer) request(l *ladder, a repairv1.Action) {
+	l.nr.Status.Pending = &repairv1.PendingAction{Action: a, RequestedAt: metav1.NewTime(l.now)}
+	l.record(string(a), "Requested", "")
+	actionsRequested.WithLabelValues(string(a)).Inc()
+	l.events.Eventf(l.node, l.nr, corev1.EventTypeNormal, ReasonAction, actionRepair, "Node %s: %s", l.node.Name, a)
 }
 
-// finish writes the final phase, releases the node and reports it.
-func (r *Repairer) finish(ctx context.Context, nr *repairv1.NodeRepair, node *corev1.Node, phase repairv1.Phase, msg string) error {
-	if phase != repairv1.PhaseSucceeded || nr.Status.MaintenanceName != "" {
-		if err := r.release(ctx, nr); err != nil {
+// end releases the node's maintenance (deleting it uncordons the node
+// unless it was cordoned before) and records the final phase; the node's
+// state label and the metrics follow the status write (finished).
+func (r *Repairer) end(ctx context.Context, l *ladder, phase repairv1.Phase, msg string) error {
+	if l.nr.Status.MaintenanceName != "" {
+		if err := requestor.Release(ctx, r.Client, r.Namespace, l.nr.Status.MaintenanceName); err != nil {
 			return err
 		}
 	}
-	nr.Status.Phase, nr.Status.Message = phase, msg
-	r.record(nr, "Done", string(phase), msg)
-	if err := r.Client.Status().Update(ctx, nr); err != nil {
-		return fmt.Errorf("updating NodeRepair status: %w", err)
-	}
-	if node == nil {
+	l.nr.Status.Phase, l.nr.Status.Message, l.final = phase, msg, phase
+	l.record("Done", string(phase), msg)
+	if l.node == nil {
 		return nil
 	}
 	switch phase {
 	case repairv1.PhaseSucceeded:
-		r.Recorder.Eventf(node, nr, corev1.EventTypeNormal, ReasonSucceed, actionRepair, "Node %s repaired: %s", node.Name, msg)
-		return patchMeta(ctx, r.Client, node.Name, "labels", map[string]any{LabelState: nil})
+		l.events.Eventf(l.node, l.nr, corev1.EventTypeNormal, ReasonSucceed, actionRepair, "Node %s repaired: %s", l.node.Name, msg)
 	case repairv1.PhaseRecoveryFailed:
-		r.Recorder.Eventf(node, nr, corev1.EventTypeWarning, ReasonFailed, actionRepair, "Repair of node %s failed: %s; its pool is suspended until the fault clears", node.Name, msg)
-		return patchMeta(ctx, r.Client, node.Name, "labels", map[string]any{LabelState: string(repairv1.PhaseRecoveryFailed)})
-	default:
-		return patchMeta(ctx, r.Client, node.Name, "labels", map[string]any{LabelState: nil})
+		l.events.Eventf(l.node, l.nr, corev1.EventTypeWarning, ReasonFailed, actionRepair,
+			"Repair of node %s failed: %s; its pool %q is suspended until the fault clears", l.node.Name, msg, l.nr.Spec.Pool)
 	}
+	return nil
 }
 
-func (r *Repairer) record(nr *repairv1.NodeRepair, step, outcome, msg string) {
-	nr.Status.Timeline = append(nr.Status.Timeline, repairv1.TimelineEntry{Time: metav1.NewTime(r.Clock.Now()), Step: step, Outcome: outcome, Message: msg})
+// finished shows the final state on the node and counts the repair.
+func (r *Repairer) finished(ctx context.Context, l *ladder) error {
+	repairsFinished.WithLabelValues(l.nr.Spec.Fault.Rule, string(l.final)).Inc()
+	repairDuration.WithLabelValues(string(l.final)).Observe(l.now.Sub(l.nr.CreationTimestamp.Time).Seconds())
+	ctrl.LoggerFrom(ctx).Info("repair finished", "phase", l.final, "message", l.nr.Status.Message)
+	if l.node == nil {
+		return nil
+	}
+	state := ""
+	if l.final == repairv1.PhaseRecoveryFailed {
+		state = string(repairv1.PhaseRecoveryFailed)
+	}
+	return setNodeState(ctx, r.Client, l.node.Name, state)
+}
+
+func (l *ladder) record(step, outcome, msg string) {
+	l.nr.Status.Timeline = append(l.nr.Status.Timeline, repairv1.TimelineEntry{Time: metav1.NewTime(l.now), Step: step, Outcome: outcome, Message: msg})
+}
+
+func seconds(p *int32, def time.Duration) time.Duration {
+	if p == nil {
+		return def
+	}
+	return time.Duration(*p) * time.Second
 }
 
 func ruleNamed(p *repairv1.NodeRepairPolicy, name string) *repairv1.Rule {
@@ -237,15 +330,6 @@ func ruleNamed(p *repairv1.NodeRepairPolicy, name string) *repairv1.Rule {
 func stillFaulty(node *corev1.Node, rule repairv1.Rule) bool {
 	_, ok := matching(node, rule)
 	return ok
-}
-
-func containsReboot(actions []repairv1.Action) bool {
-	for _, a := range actions {
-		if a == repairv1.ActionReboot {
-			return true
-		}
-	}
-	return false
 }
 
 func nodeReady(n *corev1.Node) bool {

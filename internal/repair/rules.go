@@ -8,23 +8,37 @@ import (
 )
 
 // DefaultRules reproduce SPEC R1; a policy without rules uses them. Reboot
-// actions run only when the policy allows reboots.
+// actions run only when the policy allows reboots. Each fault is matched in
+// both spellings in use: the kubelet's own Ready condition and ACK's
+// node-problem-detector (KubeletNotReady with reasons KubeletHung / PLEG /
+// SandboxError, RuntimeOffline, NTPProblem, SystemdOffline,
+// ReadonlyFilesystem), and upstream node-problem-detector
+// (ContainerRuntimeUnhealthy, KubeletUnhealthy, ReadonlyFilesystem). Reasons
+// and message substrings match regardless of letter case.
 func DefaultRules() []repairv1.Rule {
+	restartRuntimeKubeletReboot := []repairv1.Action{repairv1.ActionRestartContainerRuntime, repairv1.ActionRestartKubelet, repairv1.ActionReboot}
+	sandbox := []repairv1.Action{repairv1.ActionDeleteBrokenSandbox, repairv1.ActionRestartKubelet}
+	kubeletReboot := []repairv1.Action{repairv1.ActionRestartKubelet, repairv1.ActionReboot}
+	runtimeReboot := []repairv1.Action{repairv1.ActionRestartContainerRuntime, repairv1.ActionReboot}
+	reboot := []repairv1.Action{repairv1.ActionReboot}
 	return []repairv1.Rule{
-		{Name: "kubelet-pleg", ConditionType: "Ready", Status: "False", MessageContains: "PLEG is not healthy", ThresholdSeconds: 180, Risk: "medium",
-			Actions: []repairv1.Action{repairv1.ActionRestartContainerRuntime, repairv1.ActionRestartKubelet, repairv1.ActionReboot}},
-		{Name: "kubelet-sandbox", ConditionType: "Ready", Status: "False", MessageContains: "sandbox", ThresholdSeconds: 180, Risk: "high",
-			Actions: []repairv1.Action{repairv1.ActionDeleteBrokenSandbox, repairv1.ActionRestartKubelet}},
-		{Name: "kubelet-hung", ConditionType: "Ready", Status: "Unknown", ThresholdSeconds: 180, Risk: "high",
-			Actions: []repairv1.Action{repairv1.ActionRestartKubelet, repairv1.ActionReboot}},
-		{Name: "container-runtime-offline", ConditionType: "ContainerRuntimeUnhealthy", Status: "True", ThresholdSeconds: 90, Risk: "high",
-			Actions: []repairv1.Action{repairv1.ActionRestartContainerRuntime, repairv1.ActionReboot}},
+		// Kubelet not ready: PLEG (medium risk).
+		{Name: "kubelet-pleg", ConditionType: "Ready", Status: "False", MessageContains: "PLEG is not healthy", ThresholdSeconds: 180, Risk: "medium", Actions: restartRuntimeKubeletReboot},
+		{Name: "kubelet-pleg-npd", ConditionType: "KubeletNotReady", Status: "True", Reason: "PLEG", ThresholdSeconds: 180, Risk: "medium", Actions: restartRuntimeKubeletReboot},
+		// Kubelet not ready: sandbox errors.
+		{Name: "kubelet-sandbox", ConditionType: "Ready", Status: "False", MessageContains: "sandbox", ThresholdSeconds: 180, Risk: "high", Actions: sandbox},
+		{Name: "kubelet-sandbox-npd", ConditionType: "KubeletNotReady", Status: "True", Reason: "SandboxError", ThresholdSeconds: 180, Risk: "high", Actions: sandbox},
+		// Kubelet not ready: hung (stopped posting status, or reported hung).
+		{Name: "kubelet-hung", ConditionType: "Ready", Status: "Unknown", ThresholdSeconds: 180, Risk: "high", Actions: kubeletReboot},
+		{Name: "kubelet-hung-npd", ConditionType: "KubeletNotReady", Status: "True", Reason: "KubeletHung", ThresholdSeconds: 180, Risk: "high", Actions: kubeletReboot},
+		{Name: "kubelet-unhealthy", ConditionType: "KubeletUnhealthy", Status: "True", ThresholdSeconds: 180, Risk: "high", Actions: kubeletReboot},
+		// Container runtime offline.
+		{Name: "container-runtime-offline", ConditionType: "ContainerRuntimeUnhealthy", Status: "True", ThresholdSeconds: 90, Risk: "high", Actions: runtimeReboot},
+		{Name: "container-runtime-offline-npd", ConditionType: "RuntimeOffline", Status: "True", ThresholdSeconds: 90, Risk: "high", Actions: runtimeReboot},
 		{Name: "ntp-problem", ConditionType: "NTPProblem", Status: "True", ThresholdSeconds: 10, Risk: "high",
 			Actions: []repairv1.Action{repairv1.ActionRestartNTP}},
-		{Name: "systemd-offline", ConditionType: "SystemdOffline", Status: "True", ThresholdSeconds: 90, Risk: "high",
-			Actions: []repairv1.Action{repairv1.ActionReboot}},
-		{Name: "readonly-filesystem", ConditionType: "ReadonlyFilesystem", Status: "True", ThresholdSeconds: 90, Risk: "high",
-			Actions: []repairv1.Action{repairv1.ActionReboot}},
+		{Name: "systemd-offline", ConditionType: "SystemdOffline", Status: "True", ThresholdSeconds: 90, Risk: "high", Actions: reboot},
+		{Name: "readonly-filesystem", ConditionType: "ReadonlyFilesystem", Status: "True", ThresholdSeconds: 90, Risk: "high", Actions: reboot},
 	}
 }
 

@@ -3,7 +3,6 @@ package repair
 import (
 	"context"
 	"fmt"
-	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
@@ -19,13 +18,17 @@ import (
 
 	maintenancev1 "github.com/gpufleet/gpufleet/api/maintenance/v1alpha1"
 	repairv1 "github.com/gpufleet/gpufleet/api/repair/v1alpha1"
+	"github.com/gpufleet/gpufleet/internal/maintenance/requestor"
 )
+
+// indexNode indexes NodeRepairs by node.
+const indexNode = "spec.nodeName"
 
 // +kubebuilder:rbac:groups=repair.gpufleet.dev,resources=noderepairpolicies,verbs=get;list;watch
 // +kubebuilder:rbac:groups=repair.gpufleet.dev,resources=noderepairpolicies/status,verbs=get;update;patch
 // +kubebuilder:rbac:groups=repair.gpufleet.dev,resources=noderepairs,verbs=get;list;watch;create;update;patch;delete
 // +kubebuilder:rbac:groups=repair.gpufleet.dev,resources=noderepairs/status,verbs=get;update;patch
-// +kubebuilder:rbac:groups=maintenance.nvidia.com,resources=nodemaintenances,verbs=get;list;watch;create;delete
+// +kubebuilder:rbac:groups=repair.gpufleet.dev,resources=noderepairs/finalizers,verbs=update
 // +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch;patch
 // +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch
 
@@ -42,12 +45,14 @@ func Setup(mgr manager.Manager, opts Options) error {
 		opts.Clock = clock.RealClock{}
 	}
 	c := mgr.GetClient()
+	log := mgr.GetLogger().WithName("repair")
 	allPolicies := handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, _ client.Object) []reconcile.Request {
 		var list repairv1.NodeRepairPolicyList
 		if err := c.List(ctx, &list); err != nil {
+			log.Error(err, "listing NodeRepairPolicies for an event; the policies' next event re-evaluates them")
 			return nil
 		}
-		var reqs []reconcile.Request
+		reqs := make([]reconcile.Request, 0, len(list.Items))
 		for i := range list.Items {
 			reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&list.Items[i])})
 		}
@@ -57,38 +62,38 @@ func Setup(mgr manager.Manager, opts Options) error {
 	err := builder.ControllerManagedBy(mgr).Named("noderepair-detector").
 		For(&repairv1.NodeRepairPolicy{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		Watches(&corev1.Node{}, allPolicies, builder.WithPredicates(healthChanged)).
-		Watches(&repairv1.NodeRepair{}, allPolicies, builder.WithPredicates(phaseChanged)).
-		Watches(&maintenancev1.NodeMaintenance{}, allPolicies).
+		Watches(&repairv1.NodeRepair{}, allPolicies, builder.WithPredicates(repairChanged)).
+		Watches(&maintenancev1.NodeMaintenance{}, allPolicies, builder.WithPredicates(holdChanged)).
 		WithOptions(controller.Options{MaxConcurrentReconciles: 1}).
 		Complete(det)
 	if err != nil {
 		return fmt.Errorf("setting up the repair detector: %w", err)
 	}
+	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &repairv1.NodeRepair{}, indexNode, func(o client.Object) []string {
+		return []string{o.(*repairv1.NodeRepair).Spec.NodeName}
+	}); err != nil {
+		return fmt.Errorf("indexing NodeRepairs by node: %w", err)
+	}
 	repairsOfNode := handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
 		var list repairv1.NodeRepairList
-		if err := c.List(ctx, &list); err != nil {
+		if err := c.List(ctx, &list, client.MatchingFields{indexNode: o.GetName()}); err != nil {
+			log.Error(err, "listing the repairs of a node for an event", "node", o.GetName())
 			return nil
 		}
 		var reqs []reconcile.Request
 		for i := range list.Items {
-			if list.Items[i].Spec.NodeName == o.GetName() && list.Items[i].Status.Phase == repairv1.PhaseRepairing {
+			if list.Items[i].Status.Phase == repairv1.PhaseRepairing {
 				reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&list.Items[i])})
 			}
 		}
 		return reqs
 	})
-	ownerRepair := handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
-		name, ok := strings.CutPrefix(o.GetName(), "repair-")
-		if !ok || o.(*maintenancev1.NodeMaintenance).Spec.RequestorID != Requestor {
-			return nil
-		}
-		return []reconcile.Request{{NamespacedName: client.ObjectKey{Name: name}}}
-	})
 	rep := &Repairer{Client: c, Live: mgr.GetAPIReader(), Namespace: opts.Namespace, Clock: opts.Clock, Recorder: mgr.GetEventRecorder("gpufleet-repair")}
 	err = builder.ControllerManagedBy(mgr).Named("noderepair").
 		For(&repairv1.NodeRepair{}).
 		Watches(&corev1.Node{}, repairsOfNode, builder.WithPredicates(healthChanged)).
-		Watches(&maintenancev1.NodeMaintenance{}, ownerRepair).
+		Watches(&maintenancev1.NodeMaintenance{}, requestor.EnqueueOwner(mgr.GetScheme(), mgr.GetRESTMapper(), &repairv1.NodeRepair{}),
+			builder.WithPredicates(requestor.OfRequestor(Requestor), requestor.Transitions)).
 		WithOptions(controller.Options{MaxConcurrentReconciles: 4}).
 		Complete(rep)
 	if err != nil {
@@ -119,8 +124,20 @@ func sameConditions(a, b []corev1.NodeCondition) bool {
 	return true
 }
 
-var phaseChanged = predicate.Funcs{
+// repairChanged passes NodeRepair changes the detector counts: a phase
+// change, or a failed repair marked resolved.
+var repairChanged = predicate.Funcs{
 	UpdateFunc: func(e event.UpdateEvent) bool {
-		return e.ObjectOld.(*repairv1.NodeRepair).Status.Phase != e.ObjectNew.(*repairv1.NodeRepair).Status.Phase
+		o, n := e.ObjectOld.(*repairv1.NodeRepair), e.ObjectNew.(*repairv1.NodeRepair)
+		return o.Status.Phase != n.Status.Phase || o.Labels[labelResolved] != n.Labels[labelResolved]
+	},
+}
+
+// holdChanged passes NodeMaintenance changes that make a node held by a
+// requestor or free again (creation and deletion included) — not a drain's
+// progress.
+var holdChanged = predicate.Funcs{
+	UpdateFunc: func(e event.UpdateEvent) bool {
+		return e.ObjectOld.(*maintenancev1.NodeMaintenance).Active() != e.ObjectNew.(*maintenancev1.NodeMaintenance).Active()
 	},
 }

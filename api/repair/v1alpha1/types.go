@@ -38,10 +38,12 @@ type Rule struct {
 	// Status that makes it a fault.
 	// +kubebuilder:validation:Enum=True;False;Unknown
 	Status string `json:"status"`
-	// Reason, if set, must equal the condition's reason.
+	// Reason, if set, must equal the condition's reason (letter case
+	// does not matter).
 	// +optional
 	Reason string `json:"reason,omitempty"`
-	// MessageContains, if set, must be a substring of the condition's message.
+	// MessageContains, if set, must be a substring of the condition's
+	// message (letter case does not matter).
 	// +optional
 	MessageContains string `json:"messageContains,omitempty"`
 	// ThresholdSeconds: the fault counts once it has persisted this long,
@@ -49,10 +51,11 @@ type Rule struct {
 	// +kubebuilder:validation:Minimum=1
 	// +kubebuilder:validation:Maximum=86400
 	ThresholdSeconds int32 `json:"thresholdSeconds"`
-	// Actions in order; Reboot, if present, must be last.
+	// Actions in order; Reboot, if present, must be the last and only
+	// Reboot (it ends the ladder).
 	// +kubebuilder:validation:MinItems=1
 	// +kubebuilder:validation:MaxItems=5
-	// +kubebuilder:validation:XValidation:rule="self.all(a, a != 'Reboot') || self[size(self)-1] == 'Reboot'",message="Reboot must be the last action"
+	// +kubebuilder:validation:XValidation:rule="self.all(a, a != 'Reboot') || (self[size(self)-1] == 'Reboot' && self.filter(a, a == 'Reboot').size() == 1)",message="Reboot may appear once, as the last action"
 	Actions []Action `json:"actions"`
 	// +optional
 	Risk Risk `json:"risk,omitempty"`
@@ -109,6 +112,24 @@ type NodeRepairPolicySpec struct {
 	// +kubebuilder:default=60
 	// +kubebuilder:validation:Minimum=1
 	VerificationSeconds *int32 `json:"verificationSeconds,omitempty"`
+	// ActionTimeoutSeconds bounds how long the node agent may take to run
+	// one component action (from the request to its recorded outcome); past
+	// it the repair fails (RecoveryFailed) — e.g. no agent runs on the node.
+	// Default 600.
+	// +optional
+	// +kubebuilder:default=600
+	// +kubebuilder:validation:Minimum=10
+	// +kubebuilder:validation:Maximum=86400
+	ActionTimeoutSeconds *int32 `json:"actionTimeoutSeconds,omitempty"`
+	// RebootTimeoutSeconds bounds a reboot: from the request until the node
+	// reports a new boot ID and Ready. Past it the repair fails
+	// (RecoveryFailed, pool suspended) and the node is released instead of
+	// being held cordoned. Default 1200.
+	// +optional
+	// +kubebuilder:default=1200
+	// +kubebuilder:validation:Minimum=60
+	// +kubebuilder:validation:Maximum=86400
+	RebootTimeoutSeconds *int32 `json:"rebootTimeoutSeconds,omitempty"`
 	// Paused stops new repairs (running ones finish).
 	// +optional
 	Paused bool `json:"paused,omitempty"`
@@ -207,8 +228,22 @@ type NodeRepairSpec struct {
 	// only remedy is a reboot the policy does not allow.
 	// +optional
 	Actions []Action `json:"actions,omitempty"`
+	// DryRun: the record of a fault that a dry run found; nothing runs.
 	// +optional
 	DryRun bool `json:"dryRun,omitempty"`
+	// IgnoreReason, when set, says why the detector decided not to repair
+	// this fault (the node is being deleted, or held by another requestor's
+	// maintenance). The record is complete when created: the repair
+	// controller never acts on it.
+	// +optional
+	// +kubebuilder:validation:MaxLength=1024
+	IgnoreReason string `json:"ignoreReason,omitempty"`
+}
+
+// Recorded reports whether the NodeRepair only records a fault (dry run, or
+// ignored) and is never acted on.
+func (nr *NodeRepair) Recorded() bool {
+	return nr.Spec.DryRun || nr.Spec.IgnoreReason != ""
 }
 
 // TimelineEntry is one thing that happened during a repair.
@@ -245,6 +280,10 @@ type NodeRepairStatus struct {
 	// BootIDBefore is the node's boot ID when the reboot was requested.
 	// +optional
 	BootIDBefore string `json:"bootIDBefore,omitempty"`
+	// RebootRequestedAt is when the reboot was requested (its timeout
+	// counts from here).
+	// +optional
+	RebootRequestedAt *metav1.Time `json:"rebootRequestedAt,omitempty"`
 	// MaintenanceName is the NodeMaintenance holding the node for a reboot.
 	// +optional
 	MaintenanceName string `json:"maintenanceName,omitempty"`

@@ -1,0 +1,76 @@
+package v1alpha1
+
+import (
+	"slices"
+
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// The NodeMaintenance contract, in one place: what the phase of an object
+// is, whether it holds its node, and whether its requestor may act. The
+// maintenance controllers, the GPU stack's driver upgrades and auto-repair
+// all read objects through these methods, so a new phase or condition
+// changes every reader at once.
+
+// Phase returns the object's phase: the Ready condition's reason, Pending
+// when there is none yet.
+func (nm *NodeMaintenance) Phase() Phase {
+	c := meta.FindStatusCondition(nm.Status.Conditions, ConditionTypeReady)
+	if c == nil || c.Reason == "" {
+		return PhasePending
+	}
+	return Phase(c.Reason)
+}
+
+// InProgress reports whether the object holds its node: any phase after
+// Pending, until the object is gone (a deleted object holds its node until
+// its finalizer has released it).
+func (nm *NodeMaintenance) InProgress() bool {
+	return nm.Phase() != PhasePending
+}
+
+// Active reports whether the object holds its node and is not being
+// deleted: its requestor is working on the node, or about to.
+func (nm *NodeMaintenance) Active() bool {
+	return nm.InProgress() && nm.DeletionTimestamp == nil
+}
+
+// IsReady reports whether the node is ready for the requestor's work
+// (Ready=True, only in phase Ready).
+func (nm *NodeMaintenance) IsReady() bool {
+	return meta.IsStatusConditionTrue(nm.Status.Conditions, ConditionTypeReady)
+}
+
+// DrainBlocked reports whether the drain has passed its timeout with pods
+// still on the node (the DrainBlocked condition names them).
+func (nm *NodeMaintenance) DrainBlocked() bool {
+	return meta.IsStatusConditionTrue(nm.Status.Conditions, ConditionTypeDrainBlocked)
+}
+
+// RequestorFailure reports whether a requestor set RequestorFailed=True,
+// and its message.
+func (nm *NodeMaintenance) RequestorFailure() (bool, string) {
+	c := meta.FindStatusCondition(nm.Status.Conditions, ConditionTypeRequestorFailed)
+	if c == nil || c.Status != metav1.ConditionTrue {
+		return false, ""
+	}
+	return true, c.Message
+}
+
+// CordonRequested reports whether the node is to be cordoned (default true).
+func (nm *NodeMaintenance) CordonRequested() bool {
+	return nm.Spec.Cordon == nil || *nm.Spec.Cordon
+}
+
+// HasFinalizer reports whether the maintenance finalizer is set: the
+// lifecycle controller has taken the object over and will clean up.
+func (nm *NodeMaintenance) HasFinalizer() bool {
+	return slices.Contains(nm.Finalizers, Finalizer)
+}
+
+// RequestedBy reports whether requestor is the object's requestor or one of
+// its additional requestors.
+func (nm *NodeMaintenance) RequestedBy(requestor string) bool {
+	return nm.Spec.RequestorID == requestor || slices.Contains(nm.Spec.AdditionalRequestors, requestor)
+}

@@ -1,0 +1,32 @@
+package repair
+
+// Node labels, annotations, condition types and event reasons of auto-repair.
+const (
+	// LabelState shows Repairing or RecoveryFailed on the node.
+	LabelState = "repair.gpufleet.dev/state"
+	// DefaultPoolLabel groups nodes into pools when the policy names none.
+	DefaultPoolLabel = "gpufleet.dev/pool"
+	// Requestor of the NodeMaintenance a rebooting repair uses.
+	Requestor = "repair.gpufleet.dev"
+
+	// annotationFaults holds when gpufleet first saw each rule match
+	// (JSON: rule -> RFC3339), so its clock survives operator restarts.
+	annotationFaults = "repair.gpufleet.dev/faults-since"
+	// labelResolved marks a RecoveryFailed NodeRepair whose fault cleared.
+	labelResolved = "repair.gpufleet.dev/resolved"
+	// labelNode on a NodeRepair names its node.
+	labelNode = "repair.gpufleet.dev/node"
+
+	// conditionBusy (RepairsBlocked) on the policy lists repairs that wait.
+	conditionBusy = "RepairsBlocked"
+	// conditionInvalid (InvalidSpec) on the policy: it cannot be applied.
+	conditionInvalid = "InvalidSpec"
+
+	ReasonStart   = "NodeRepairStart"
+	ReasonAction  = "NodeRepairAction"
+	ReasonSucceed = "NodeRepairSucceed"
+	ReasonFailed  = "NodeRepairFailed" // Warning
+	ReasonIgnore  = "NodeRepairIgnore"
+	ReasonBlocked = "NodeRepairBlocked"
+	actionRepair  = "Repair"
+)
