@@ -33,7 +33,6 @@ import (
 // +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch;patch
 // +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch;delete
 // +kubebuilder:rbac:groups=maintenance.nvidia.com,resources=nodemaintenances,verbs=get;list;watch;create;delete;patch
-// +kubebuilder:rbac:groups=nvidia.com,resources=clusterpolicies/finalizers,verbs=update
 
 // Options configure the GPU stack controller.
 type Options struct {

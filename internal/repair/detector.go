@@ -243,4 +243,3 @@ func patchMeta(ctx context.Context, c client.Client, node, field string, values 
 	}
 	return nil
 }
-

@@ -332,6 +332,7 @@ func TestFailedRepairSuspendsItsPoolOnly(t *testing.T) {
 
 func TestDryRunRecordsWithoutActing(t *testing.T) {
 	startOperator(t)
+	start := time.Now().Add(-time.Second)
 	policy(t, true, ntpRule)
 	p := &repairv1.NodeRepairPolicy{}
 	if err := env.Kube.Get(t.Context(), client.ObjectKey{Name: "test"}, p); err != nil {
@@ -354,6 +355,126 @@ func TestDryRunRecordsWithoutActing(t *testing.T) {
 	}
 	if evs := nodeEvents(t, "b-1", repair.ReasonStart); !strings.Contains(evs, repair.ReasonStart) {
 		t.Errorf("dry run must still report: events %s", evs)
+	}
+	// The fault persists: it was recorded once and stays recorded once
+	// (the defect: a new NodeRepair and NodeRepairStart about every second).
+	time.Sleep(5 * time.Second)
+	var list repairv1.NodeRepairList
+	if err := env.Kube.List(t.Context(), &list); err != nil {
+		t.Fatal(err)
+	}
+	if len(list.Items) != 1 {
+		t.Errorf("%d NodeRepairs for one persistent fault in a dry run, want 1", len(list.Items))
+	}
+	if evs := eventsSince(t, "b-1", start); strings.Count(evs, repair.ReasonStart) != 1 {
+		t.Errorf("events %s: want exactly one %s", evs, repair.ReasonStart)
+	}
+	if l := nodeLabelOf(t, "b-1"); l != "" {
+		t.Errorf("a dry run labelled the node %q", l)
+	}
+}
+
+// eventsSince returns the reasons of the events about node recorded since.
+func eventsSince(t *testing.T, node string, since time.Time) string {
+	t.Helper()
+	evs, err := env.Client.EventsV1().Events("").List(t.Context(), metav1.ListOptions{FieldSelector: "regarding.name=" + node})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var reasons []string
+	for _, e := range evs.Items {
+		if e.EventTime.After(since) {
+			reasons = append(reasons, e.Reason)
+		}
+	}
+	return strings.Join(reasons, ",")
+}
+
+func nodeLabelOf(t *testing.T, node string) string {
+	t.Helper()
+	n, err := env.Client.CoreV1().Nodes().Get(t.Context(), node, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n.Labels[repair.LabelState]
+}
+
+// TestIgnoredNodesGetTheIgnoreEventAndNothingElse: nodes held by another
+// requestor's NodeMaintenance fault at the same moment as a free node of
+// the same pool. Each held node gets one Ignored record and one
+// NodeRepairIgnore event and is never acted on; the free node is repaired
+// (an ignore record holds no pool).
+func TestIgnoredNodesGetTheIgnoreEventAndNothingElse(t *testing.T) {
+	startOperator(t)
+	start := time.Now().Add(-time.Second)
+	policy(t, true, ntpRule)
+	cfg := &maintenancev1.MaintenanceOperatorConfig{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "default"},
+		Spec: maintenancev1.MaintenanceOperatorConfigSpec{MaxParallelOperations: ptr.To(intstr.FromInt32(10))}}
+	if err := env.Kube.Create(t.Context(), cfg); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = env.Kube.Delete(context.Background(), cfg) })
+	held := []string{"a-0", "a-1", "a-2"}
+	for _, node := range held {
+		nm := &maintenancev1.NodeMaintenance{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "human-" + node},
+			Spec: maintenancev1.NodeMaintenanceSpec{RequestorID: "human.example.com", NodeName: node, Cordon: ptr.To(false)}}
+		if err := env.Kube.Create(t.Context(), nm); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = env.Kube.Delete(context.Background(), nm) })
+	}
+	err := wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		var list maintenancev1.NodeMaintenanceList
+		if err := env.Kube.List(ctx, &list, client.InNamespace("default")); err != nil {
+			return false, nil //nolint:nilerr // keep polling
+		}
+		ready := 0
+		for i := range list.Items {
+			if list.Items[i].IsReady() {
+				ready++
+			}
+		}
+		return ready == len(held), nil
+	})
+	if err != nil {
+		t.Fatal("the human NodeMaintenance objects never became Ready")
+	}
+	for _, node := range append(slices.Clone(held), "b-0") {
+		fault(t, node, "NTPProblem", string(repairv1.ActionRestartNTP))
+	}
+	repairOf(t, "b-0", repairv1.PhaseSucceeded, 30*time.Second)
+	for _, node := range held {
+		r := repairOf(t, node, repairv1.PhaseIgnored, 30*time.Second)
+		if !strings.Contains(r.Spec.IgnoreReason, "planned maintenance by human.example.com") || r.Status.Pending != nil || r.Status.MaintenanceName != "" {
+			t.Errorf("%s: ignore reason %q, pending %v, maintenance %q", node, r.Spec.IgnoreReason, r.Status.Pending, r.Status.MaintenanceName)
+		}
+	}
+	time.Sleep(3 * time.Second) // anything that would wrongly follow has had its chance
+	var list repairv1.NodeRepairList
+	if err := env.Kube.List(t.Context(), &list); err != nil {
+		t.Fatal(err)
+	}
+	perNode := map[string]int{}
+	for _, r := range list.Items {
+		perNode[r.Spec.NodeName]++
+	}
+	for _, node := range held {
+		if perNode[node] != 1 {
+			t.Errorf("%d NodeRepairs for %s, want 1 ignored record", perNode[node], node)
+		}
+		nodeEvents(t, node, repair.ReasonIgnore)
+		if evs := eventsSince(t, node, start); evs != repair.ReasonIgnore {
+			t.Errorf("events of %s: %s; want %s and nothing else", node, evs, repair.ReasonIgnore)
+		}
+		if l := nodeLabelOf(t, node); l != "" {
+			t.Errorf("ignored node %s labelled %q", node, l)
+		}
+		n, _ := env.Client.CoreV1().Nodes().Get(t.Context(), node, metav1.GetOptions{})
+		for _, c := range n.Status.Conditions {
+			if c.Type == "NTPProblem" && c.Status != corev1.ConditionTrue {
+				t.Errorf("ignored node %s was repaired: %+v", node, c)
+			}
+		}
 	}
 }
 
@@ -589,8 +710,12 @@ func TestDefaultRulesFireAtTheirThreshold(t *testing.T) {
 	for _, rule := range repair.DefaultRules() {
 		t.Run(rule.Name, func(t *testing.T) {
 			node := "b-0"
+			reason := rule.Reason
+			if reason == "" {
+				reason = "Injected"
+			}
 			c := corev1.NodeCondition{Type: corev1.NodeConditionType(rule.ConditionType), Status: corev1.ConditionStatus(rule.Status),
-				Reason: "Injected", Message: rule.MessageContains}
+				Reason: reason, Message: rule.MessageContains}
 			if err := env.SetNodeCondition(t.Context(), node, c); err != nil {
 				t.Fatal(err)
 			}

@@ -30,13 +30,25 @@ func TestEvaluateDefaultRules(t *testing.T) {
 		wantRule  string
 		threshold time.Duration
 	}{
-		"kubelet hung (Ready Unknown)":          {nodeWith(cond("Ready", "Unknown", "NodeStatusUnknown", "Kubelet stopped posting node status.")), "kubelet-hung", 180 * time.Second},
-		"kubelet PLEG":                          {nodeWith(cond("Ready", "False", "KubeletNotReady", "PLEG is not healthy: pleg was last seen active 3m0s ago")), "kubelet-pleg", 180 * time.Second},
-		"kubelet sandbox error":                 {nodeWith(cond("Ready", "False", "KubeletNotReady", "failed to create pod sandbox: rpc error")), "kubelet-sandbox", 180 * time.Second},
-		"container runtime offline":             {nodeWith(cond("Ready", "True", "", ""), cond("ContainerRuntimeUnhealthy", "True", "ContainerdUnhealthy", "")), "container-runtime-offline", 90 * time.Second},
-		"NTP problem":                           {nodeWith(cond("NTPProblem", "True", "NTPIsDown", "")), "ntp-problem", 10 * time.Second},
-		"systemd offline":                       {nodeWith(cond("SystemdOffline", "True", "", "")), "systemd-offline", 90 * time.Second},
-		"read-only filesystem":                  {nodeWith(cond("ReadonlyFilesystem", "True", "FilesystemIsReadOnly", "")), "readonly-filesystem", 90 * time.Second},
+		"kubelet hung (Ready Unknown)": {nodeWith(cond("Ready", "Unknown", "NodeStatusUnknown", "Kubelet stopped posting node status.")), "kubelet-hung", 180 * time.Second},
+		"kubelet PLEG":                 {nodeWith(cond("Ready", "False", "KubeletNotReady", "PLEG is not healthy: pleg was last seen active 3m0s ago")), "kubelet-pleg", 180 * time.Second},
+		"kubelet sandbox error":        {nodeWith(cond("Ready", "False", "KubeletNotReady", "failed to create pod sandbox: rpc error")), "kubelet-sandbox", 180 * time.Second},
+		"container runtime offline":    {nodeWith(cond("Ready", "True", "", ""), cond("ContainerRuntimeUnhealthy", "True", "ContainerdUnhealthy", "")), "container-runtime-offline", 90 * time.Second},
+		"NTP problem":                  {nodeWith(cond("NTPProblem", "True", "NTPIsDown", "")), "ntp-problem", 10 * time.Second},
+		"systemd offline":              {nodeWith(cond("SystemdOffline", "True", "", "")), "systemd-offline", 90 * time.Second},
+		"read-only filesystem":         {nodeWith(cond("ReadonlyFilesystem", "True", "FilesystemIsReadOnly", "")), "readonly-filesystem", 90 * time.Second},
+		// ACK's node-problem-detector spelling of the same faults.
+		"ACK: kubelet hung":          {nodeWith(cond("Ready", "True", "KubeletReady", ""), cond("KubeletNotReady", "True", "KubeletHung", "kubelet is hung")), "kubelet-hung-npd", 180 * time.Second},
+		"ACK: kubelet PLEG":          {nodeWith(cond("KubeletNotReady", "True", "PLEG", "")), "kubelet-pleg-npd", 180 * time.Second},
+		"ACK: kubelet sandbox error": {nodeWith(cond("KubeletNotReady", "True", "SandboxError", "")), "kubelet-sandbox-npd", 180 * time.Second},
+		"ACK: runtime offline":       {nodeWith(cond("RuntimeOffline", "True", "ContainerdIsDown", "")), "container-runtime-offline-npd", 90 * time.Second},
+		// Upstream node-problem-detector's health checker.
+		"NPD: kubelet unhealthy": {nodeWith(cond("KubeletUnhealthy", "True", "KubeletUnhealthy", "kubelet:kubelet was found unhealthy")), "kubelet-unhealthy", 180 * time.Second},
+		// Letter case does not matter in reasons and messages.
+		"reason in another case":                {nodeWith(cond("KubeletNotReady", "True", "sandboxerror", "")), "kubelet-sandbox-npd", 180 * time.Second},
+		"message in another case":               {nodeWith(cond("Ready", "False", "KubeletNotReady", "Failed to create PodSandbox for pod x")), "kubelet-sandbox", 180 * time.Second},
+		"PLEG message in capitals":              {nodeWith(cond("Ready", "False", "KubeletNotReady", "PLEG IS NOT HEALTHY")), "kubelet-pleg", 180 * time.Second},
+		"ACK condition cleared":                 {nodeWith(cond("KubeletNotReady", "False", "KubeletIsReady", "")), "", 0},
 		"healthy":                               {nodeWith(cond("Ready", "True", "KubeletReady", ""), cond("ReadonlyFilesystem", "False", "", "")), "", 0},
 		"not ready for another reason: no rule": {nodeWith(cond("Ready", "False", "KubeletNotReady", "container runtime network not ready")), "", 0},
 	}

@@ -28,7 +28,6 @@ const indexNode = "spec.nodeName"
 // +kubebuilder:rbac:groups=repair.gpufleet.dev,resources=noderepairpolicies/status,verbs=get;update;patch
 // +kubebuilder:rbac:groups=repair.gpufleet.dev,resources=noderepairs,verbs=get;list;watch;create;update;patch;delete
 // +kubebuilder:rbac:groups=repair.gpufleet.dev,resources=noderepairs/status,verbs=get;update;patch
-// +kubebuilder:rbac:groups=repair.gpufleet.dev,resources=noderepairs/finalizers,verbs=update
 // +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch;patch
 // +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch
 

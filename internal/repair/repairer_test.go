@@ -1,0 +1,318 @@
+package repair_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/events"
+	clocktesting "k8s.io/utils/clock/testing"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	maintenancev1 "github.com/gpufleet/gpufleet/api/maintenance/v1alpha1"
+	repairv1 "github.com/gpufleet/gpufleet/api/repair/v1alpha1"
+	"github.com/gpufleet/gpufleet/internal/maintenance/requestor"
+	"github.com/gpufleet/gpufleet/internal/repair"
+)
+
+// The tests in this file drive the Repairer's Reconcile directly against
+// the real API server (no operator running): they set a NodeRepair up in a
+// given state, reconcile it once with a fake clock, and check what was
+// written.
+
+type direct struct {
+	t     *testing.T
+	clock *clocktesting.FakeClock
+	rec   *events.FakeRecorder
+	r     *repair.Repairer
+}
+
+func newDirect(t *testing.T) *direct {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("integration test: needs the local cluster (run without -short)")
+	}
+	policy(t, true, roRule, ntpRule)
+	d := &direct{t: t, clock: clocktesting.NewFakeClock(time.Now().Truncate(time.Second)), rec: events.NewFakeRecorder(100)}
+	d.r = &repair.Repairer{Client: env.Kube, Live: env.Kube, Namespace: ns, Clock: d.clock, Recorder: d.rec}
+	return d
+}
+
+// repair creates a NodeRepair of node for rule and sets its status.
+func (d *direct) repair(name, node string, rule repairv1.Rule, mut func(*repairv1.NodeRepair)) *repairv1.NodeRepair {
+	d.t.Helper()
+	nr := &repairv1.NodeRepair{ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec: repairv1.NodeRepairSpec{NodeName: node, Pool: "a", Policy: "test", Actions: rule.Actions,
+			Fault: repairv1.Fault{Rule: rule.Name, ConditionType: rule.ConditionType, Status: rule.Status, Since: metav1.NewTime(d.clock.Now().Add(-time.Hour))}}}
+	if err := env.Kube.Create(d.t.Context(), nr); err != nil {
+		d.t.Fatal(err)
+	}
+	if mut != nil {
+		mut(nr)
+		if err := env.Kube.Status().Update(d.t.Context(), nr); err != nil {
+			d.t.Fatal(err)
+		}
+	}
+	return nr
+}
+
+func (d *direct) reconcile(name string) (reconcile.Result, *repairv1.NodeRepair) {
+	d.t.Helper()
+	res, err := d.r.Reconcile(d.t.Context(), reconcile.Request{NamespacedName: types.NamespacedName{Name: name}})
+	if err != nil {
+		d.t.Fatalf("reconcile %s: %v", name, err)
+	}
+	got := &repairv1.NodeRepair{}
+	if err := env.Kube.Get(d.t.Context(), types.NamespacedName{Name: name}, got); err != nil {
+		d.t.Fatal(err)
+	}
+	return res, got
+}
+
+func (d *direct) events() []string {
+	var out []string
+	for {
+		select {
+		case e := <-d.rec.Events:
+			out = append(out, e)
+		default:
+			return out
+		}
+	}
+}
+
+func nodeLabel(t *testing.T, node string) string {
+	t.Helper()
+	n, err := env.Client.CoreV1().Nodes().Get(t.Context(), node, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n.Labels[repair.LabelState]
+}
+
+// holdNode creates the repair's NodeMaintenance as the reboot rung does.
+func holdNode(t *testing.T, nr *repairv1.NodeRepair) string {
+	t.Helper()
+	req := requestor.Request{RequestorID: repair.Requestor, Namespace: ns, Name: "repair-" + nr.Name, NodeName: nr.Spec.NodeName, Owner: nr}
+	if _, err := requestor.Ensure(t.Context(), env.Kube, req); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = requestor.Release(context.Background(), env.Kube, ns, req.Name) })
+	return req.Name
+}
+
+func TestRebootThatNeverCompletesFailsTheRepairAndReleasesTheNode(t *testing.T) {
+	d := newDirect(t)
+	if err := env.SetNodeCondition(t.Context(), "a-2", corev1.NodeCondition{Type: "ReadonlyFilesystem", Status: corev1.ConditionTrue, Reason: "Injected"}); err != nil {
+		t.Fatal(err)
+	}
+	node, err := env.Client.CoreV1().Nodes().Get(t.Context(), "a-2", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	nr := d.repair("a-2-reboot", "a-2", roRule, nil)
+	hold := holdNode(t, nr)
+	requested := metav1.NewTime(d.clock.Now())
+	nr.Status = repairv1.NodeRepairStatus{Phase: repairv1.PhaseRepairing, NextAction: 1, MaintenanceName: hold,
+		BootIDBefore: node.Status.NodeInfo.BootID, RebootRequestedAt: &requested} // the agent ran Reboot; the boot ID never changed
+	if err := env.Kube.Status().Update(t.Context(), nr); err != nil {
+		t.Fatal(err)
+	}
+
+	// Within the bound: it waits, and says when it will look again.
+	d.clock.Step(19 * time.Minute)
+	res, got := d.reconcile(nr.Name)
+	if got.Status.Phase != repairv1.PhaseRepairing || res.RequeueAfter != time.Minute {
+		t.Fatalf("19 minutes into a 20-minute reboot bound: phase %s, requeue %s; want Repairing, 1m", got.Status.Phase, res.RequeueAfter)
+	}
+	// Past it: RecoveryFailed, the node is released and labelled, a
+	// Warning names the node.
+	d.clock.Step(time.Minute)
+	_, got = d.reconcile(nr.Name)
+	if got.Status.Phase != repairv1.PhaseRecoveryFailed || !strings.Contains(got.Status.Message, "did not come back from the reboot within 20m0s") {
+		t.Fatalf("past the reboot bound: phase %s, message %q", got.Status.Phase, got.Status.Message)
+	}
+	if nm, err := requestor.Get(t.Context(), env.Kube, ns, hold); err != nil || (nm != nil && nm.DeletionTimestamp == nil) {
+		t.Errorf("the node's NodeMaintenance %s is still held: %v", hold, err)
+	}
+	if l := nodeLabel(t, "a-2"); l != string(repairv1.PhaseRecoveryFailed) {
+		t.Errorf("node label %q, want RecoveryFailed", l)
+	}
+	evs := strings.Join(d.events(), "\n")
+	if !strings.Contains(evs, "Warning "+repair.ReasonFailed) || !strings.Contains(evs, "a-2") {
+		t.Errorf("events %q: want a %s Warning naming a-2", evs, repair.ReasonFailed)
+	}
+	// Done: another reconcile writes nothing.
+	before := got.ResourceVersion
+	if _, again := d.reconcile(nr.Name); again.ResourceVersion != before {
+		t.Errorf("a finished repair was written again")
+	}
+}
+
+func TestAgentThatNeverRunsAnActionFailsTheRepair(t *testing.T) {
+	d := newDirect(t)
+	if err := env.SetNodeCondition(t.Context(), "a-1", corev1.NodeCondition{Type: "NTPProblem", Status: corev1.ConditionTrue, Reason: "Injected"}); err != nil {
+		t.Fatal(err)
+	}
+	nr := d.repair("a-1-ntp", "a-1", ntpRule, func(nr *repairv1.NodeRepair) {
+		nr.Status = repairv1.NodeRepairStatus{Phase: repairv1.PhaseRepairing,
+			Pending: &repairv1.PendingAction{Action: repairv1.ActionRestartNTP, RequestedAt: metav1.NewTime(d.clock.Now())}}
+	})
+	d.clock.Step(599 * time.Second)
+	if res, got := d.reconcile(nr.Name); got.Status.Phase != repairv1.PhaseRepairing || res.RequeueAfter != time.Second {
+		t.Fatalf("within the action bound: phase %s, requeue %s", got.Status.Phase, res.RequeueAfter)
+	}
+	d.clock.Step(time.Second)
+	_, got := d.reconcile(nr.Name)
+	if got.Status.Phase != repairv1.PhaseRecoveryFailed || !strings.Contains(got.Status.Message, "did not run RestartNTP within 10m0s") {
+		t.Fatalf("past the action bound: phase %s, message %q", got.Status.Phase, got.Status.Message)
+	}
+}
+
+func TestRecordsAreNeverActedOn(t *testing.T) {
+	d := newDirect(t)
+	for _, node := range []string{"b-0", "b-1"} {
+		if err := env.SetNodeCondition(t.Context(), node, corev1.NodeCondition{Type: "ReadonlyFilesystem", Status: corev1.ConditionTrue, Reason: "Injected"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ignored := d.repair("b-0-ignored", "b-0", roRule, nil)
+	ignored.Spec.IgnoreReason = "node is in planned maintenance by human.example.com"
+	dry := d.repair("b-1-dryrun", "b-1", roRule, nil)
+	dry.Spec.DryRun = true
+	for _, nr := range []*repairv1.NodeRepair{ignored, dry} {
+		// The spec is complete when the detector creates it; here it is
+		// set after the create, before any reconcile.
+		if err := env.Kube.Update(t.Context(), nr); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, name := range []string{ignored.Name, dry.Name} {
+		_, got := d.reconcile(name)
+		if got.Status.Phase != repairv1.PhaseIgnored || got.Status.Pending != nil || got.Status.MaintenanceName != "" {
+			t.Errorf("%s: phase %s pending %v maintenance %q; want Ignored and nothing requested", name, got.Status.Phase, got.Status.Pending, got.Status.MaintenanceName)
+		}
+	}
+	if evs := d.events(); len(evs) != 0 {
+		t.Errorf("the repairer reported records it must not act on: %v", evs)
+	}
+	var nms maintenancev1.NodeMaintenanceList
+	if err := env.Kube.List(t.Context(), &nms, client.InNamespace(ns)); err != nil {
+		t.Fatal(err)
+	}
+	for _, nm := range nms.Items {
+		if nm.Spec.NodeName == "b-0" || nm.Spec.NodeName == "b-1" {
+			t.Errorf("NodeMaintenance %s requested for a record", nm.Name)
+		}
+	}
+	for _, node := range []string{"b-0", "b-1"} {
+		if l := nodeLabel(t, node); l != "" {
+			t.Errorf("node %s labelled %q by a record", node, l)
+		}
+	}
+}
+
+// TestCrashBetweenTheMaintenanceRequestAndItsRecord: the repairer created
+// the NodeMaintenance but stopped before recording it; the next reconcile
+// adopts it (no second object, no error).
+func TestCrashBetweenTheMaintenanceRequestAndItsRecord(t *testing.T) {
+	d := newDirect(t)
+	if err := env.SetNodeCondition(t.Context(), "b-2", corev1.NodeCondition{Type: "ReadonlyFilesystem", Status: corev1.ConditionTrue, Reason: "Injected"}); err != nil {
+		t.Fatal(err)
+	}
+	past := metav1.NewTime(d.clock.Now().Add(-time.Second))
+	nr := d.repair("b-2-crash", "b-2", roRule, func(nr *repairv1.NodeRepair) {
+		nr.Status = repairv1.NodeRepairStatus{Phase: repairv1.PhaseRepairing, VerifyUntil: &past}
+	})
+	hold := holdNode(t, nr) // created before the crash
+	_, got := d.reconcile(nr.Name)
+	if got.Status.MaintenanceName != hold {
+		t.Fatalf("maintenance %q recorded, want the existing %s", got.Status.MaintenanceName, hold)
+	}
+	var nms maintenancev1.NodeMaintenanceList
+	if err := env.Kube.List(t.Context(), &nms, client.InNamespace(ns)); err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, nm := range nms.Items {
+		if nm.Spec.NodeName == "b-2" && nm.DeletionTimestamp == nil {
+			n++
+			if requestor.OwnerOf(&nm, "NodeRepair") != nr.Name {
+				t.Errorf("NodeMaintenance %s owned by %v, want NodeRepair %s", nm.Name, nm.OwnerReferences, nr.Name)
+			}
+		}
+	}
+	if n != 1 {
+		t.Errorf("%d NodeMaintenance objects for b-2, want 1", n)
+	}
+	// Deleting the repair releases the node (owner reference → garbage
+	// collector → the maintenance finalizer).
+	if err := env.Kube.Delete(t.Context(), got, client.PropagationPolicy(metav1.DeletePropagationBackground)); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		nm := &maintenancev1.NodeMaintenance{}
+		err := env.Kube.Get(t.Context(), types.NamespacedName{Namespace: ns, Name: hold}, nm)
+		if apierrors.IsNotFound(err) || (err == nil && nm.DeletionTimestamp != nil) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("NodeMaintenance %s not deleted with its NodeRepair: %v", hold, err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// TestRuleActionsValidation: the schema rejects a Reboot anywhere but last.
+func TestRuleActionsValidation(t *testing.T) {
+	if testing.Short() {
+		t.Skip("integration test: needs the local cluster (run without -short)")
+	}
+	a := func(actions ...repairv1.Action) []repairv1.Action { return actions }
+	k, r, n, rb := repairv1.ActionRestartKubelet, repairv1.ActionRestartContainerRuntime, repairv1.ActionRestartNTP, repairv1.ActionReboot
+	tests := map[string]struct {
+		actions []repairv1.Action
+		wantErr string
+	}{
+		"reboot alone":                    {a(rb), ""},
+		"reboot last":                     {a(k, r, rb), ""},
+		"no reboot":                       {a(k, n), ""},
+		"reboot in the middle and last":   {a(k, rb, n, rb), "Reboot may appear once, as the last action"},
+		"reboot first":                    {a(rb, k), "Reboot may appear once, as the last action"},
+		"reboot twice at the end":         {a(k, rb, rb), "Reboot may appear once, as the last action"},
+		"an action outside the fixed set": {a(k, "RunScript"), "Unsupported value"},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			p := &repairv1.NodeRepairPolicy{ObjectMeta: metav1.ObjectMeta{GenerateName: "validation-"},
+				Spec: repairv1.NodeRepairPolicySpec{Rules: []repairv1.Rule{{Name: "r", ConditionType: "X", Status: "True", ThresholdSeconds: 1, Actions: tc.actions}}}}
+			err := env.Kube.Create(t.Context(), p, client.DryRunAll)
+			switch {
+			case tc.wantErr == "" && err != nil:
+				t.Errorf("rejected: %v", err)
+			case tc.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tc.wantErr)):
+				t.Errorf("error %v, want one containing %q", err, tc.wantErr)
+			}
+		})
+	}
+	// The ladder's bounds have defaults and limits.
+	p := &repairv1.NodeRepairPolicy{ObjectMeta: metav1.ObjectMeta{GenerateName: "validation-"}}
+	if err := env.Kube.Create(t.Context(), p, client.DryRunAll); err != nil {
+		t.Fatal(err)
+	}
+	if ptr.Deref(p.Spec.RebootTimeoutSeconds, 0) != 1200 || ptr.Deref(p.Spec.ActionTimeoutSeconds, 0) != 600 {
+		t.Errorf("defaults: rebootTimeoutSeconds %v actionTimeoutSeconds %v, want 1200 and 600", p.Spec.RebootTimeoutSeconds, p.Spec.ActionTimeoutSeconds)
+	}
+	p = &repairv1.NodeRepairPolicy{ObjectMeta: metav1.ObjectMeta{GenerateName: "validation-"}, Spec: repairv1.NodeRepairPolicySpec{RebootTimeoutSeconds: ptr.To[int32](0)}}
+	if err := env.Kube.Create(t.Context(), p, client.DryRunAll); err == nil || !strings.Contains(err.Error(), "rebootTimeoutSeconds") {
+		t.Errorf("rebootTimeoutSeconds 0: error %v, want a rejection", err)
+	}
+}
