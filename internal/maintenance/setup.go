@@ -96,6 +96,7 @@ func Setup(mgr manager.Manager, opts Options) error {
 	byNode := func(node string) []reconcile.Request {
 		var list maintenancev1.NodeMaintenanceList
 		if err := mgr.GetClient().List(context.Background(), &list, client.MatchingFields{indexNodeName: node}); err != nil {
+			mgr.GetLogger().WithName("maintenance").Error(err, "listing the NodeMaintenance objects of a node for an event; their next event reconciles them", "node", node)
 			return nil
 		}
 		reqs := make([]reconcile.Request, 0, len(list.Items))
@@ -116,7 +117,7 @@ func Setup(mgr manager.Manager, opts Options) error {
 			func(_ context.Context, node string) []reconcile.Request { return byNode(node) }))).
 		Watches(&maintenancev1.MaintenanceOperatorConfig{}, handler.EnqueueRequestsFromMapFunc(
 			func(ctx context.Context, _ client.Object) []reconcile.Request {
-				return readyObjects(ctx, mgr.GetClient())
+				return readyObjects(ctx, mgr)
 			}),
 			builder.WithPredicates(isDefaultConfig)).
 		WithOptions(controller.Options{MaxConcurrentReconciles: 16}).
@@ -128,9 +129,10 @@ func Setup(mgr manager.Manager, opts Options) error {
 }
 
 // readyObjects re-examines Ready objects when the GC age limit may have changed.
-func readyObjects(ctx context.Context, c client.Client) []reconcile.Request {
+func readyObjects(ctx context.Context, mgr manager.Manager) []reconcile.Request {
 	var list maintenancev1.NodeMaintenanceList
-	if err := c.List(ctx, &list); err != nil {
+	if err := mgr.GetClient().List(ctx, &list); err != nil {
+		mgr.GetLogger().WithName("maintenance").Error(err, "listing NodeMaintenance after a config change; Ready objects are re-examined at their next event")
 		return nil
 	}
 	var reqs []reconcile.Request
