@@ -9,7 +9,8 @@ COMMIT ?= $(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)
 LDFLAGS := -X github.com/gpufleet/gpufleet/internal/version.Version=$(VERSION) -X github.com/gpufleet/gpufleet/internal/version.Commit=$(COMMIT)
 CONTROLLER_GEN := $(BIN)/controller-gen
 # Integration test packages start their own local cluster; run packages one at a time on 2 cores.
-GOTEST_FLAGS ?= -count=1 -p 1 -timeout 45m
+# -race: every test runs under the race detector.
+GOTEST_FLAGS ?= -race -count=1 -p 1 -timeout 45m
 
 .PHONY: all
 all: build
@@ -33,6 +34,14 @@ generate: controller-gen ## Regenerate deepcopy, CRDs and RBAC from the Go types
 helm:
 	hack/build-tools.sh helm
 
+.PHONY: golangci-lint
+golangci-lint:
+	hack/build-tools.sh golangci-lint
+
+.PHONY: lint
+lint: golangci-lint ## Run golangci-lint (configuration in .golangci.yml).
+	$(BIN)/golangci-lint run ./...
+
 .PHONY: lint-chart
 lint-chart: helm ## helm lint --strict the chart.
 	$(BIN)/helm lint --strict charts/gpufleet
@@ -54,10 +63,11 @@ unit: ## Unit tests only (no local cluster).
 	go test -count=1 -short ./...
 
 .PHONY: verify
-verify: generate ## Fail if generated files are stale, code is unformatted or go vet complains.
+verify: generate ## Fail if generated files are stale, code is unformatted, go vet or golangci-lint complains.
 	@git diff --exit-code -- api config charts && test -z "$$(git ls-files --others --exclude-standard -- api config charts)" || { git ls-files --others --exclude-standard -- api config charts; echo "generated files are stale: run 'make generate' and commit"; exit 1; }
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { echo "gofmt needed:"; gofmt -l $$(git ls-files '*.go'); exit 1; }
 	go vet ./...
+	$(MAKE) --no-print-directory lint
 
 .PHONY: bench
 bench: tools ## Planner micro-benchmarks and scale scenarios on the local cluster; reports in results/.

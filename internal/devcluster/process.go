@@ -105,7 +105,7 @@ func (p *process) failure(reason error) error {
 // waitHealthy polls url until it answers 200, the process exits or the
 // context ends. client may carry client certificates.
 func (p *process) waitHealthy(ctx context.Context, client *http.Client, url string) error {
-	var lastErr error = errors.New("no answer yet")
+	lastErr := errors.New("no answer yet")
 	for {
 		if p.exited() {
 			return p.failure(lastErr)
@@ -128,7 +128,7 @@ func (p *process) waitHealthy(ctx context.Context, client *http.Client, url stri
 		}
 		select {
 		case <-ctx.Done():
-			return p.failure(fmt.Errorf("%w (last: %v)", ctx.Err(), lastErr))
+			return p.failure(fmt.Errorf("%w (last: %w)", ctx.Err(), lastErr))
 		case <-p.done:
 		case <-time.After(100 * time.Millisecond):
 		}

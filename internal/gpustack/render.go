@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"embed"
+	"errors"
 	"fmt"
 	"io"
 	"io/fs"
@@ -28,7 +29,7 @@ import (
 var embeddedAssets embed.FS
 
 // Assets are the manifests compiled into the binary, one file per component.
-var Assets fs.FS = mustSub(embeddedAssets, "assets")
+var Assets = mustSub(embeddedAssets, "assets")
 
 func mustSub(f fs.FS, dir string) fs.FS {
 	sub, err := fs.Sub(f, dir)
@@ -136,7 +137,7 @@ func decodeAsset(assets fs.FS, name string) ([]client.Object, error) {
 	reader := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(data)))
 	for i := 0; ; i++ {
 		doc, err := reader.Read()
-		if err == io.EOF {
+		if errors.Is(err, io.EOF) {
 			break
 		}
 		if err != nil {

@@ -159,7 +159,7 @@ func TestRolloutSurvivesKills(t *testing.T) {
 		t.Fatalf("rollout not done within %s (%d kills so far): %v; ready seen for %d/%d objects", bound, killed, err, chk.readyCount(), *objects)
 	}
 	op.kill()
-	chk.final(t, ctx, *objects)
+	chk.final(ctx, t, *objects)
 	t.Logf("rollout of %d objects done in %s; survived %d SIGKILLs%s; invariants checked on %d events; max in progress %d (limit %d), max held or cordoned %d (limit %d), max NotReady %d; %d informer-order blips not confirmed by fresh reads",
 		*objects, elapsed.Round(100*time.Millisecond), killed, map[bool]string{true: " and a kube-apiserver restart", false: ""}[*restartAPIServer],
 		chk.events, chk.maxInProgress, maxParallel, chk.maxUnavailable, maxUnavail, chk.notReadySeen, chk.transients)

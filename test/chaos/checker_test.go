@@ -350,7 +350,7 @@ func (c *checker) readyCount() int {
 // final checks the end state and resolves pod-deletion suspects: a pod may
 // only be evicted while a drain of its node runs (server timestamps, 1 s
 // resolution).
-func (c *checker) final(t testing.TB, ctx context.Context, objects int) {
+func (c *checker) final(ctx context.Context, t testing.TB, objects int) {
 	t.Helper()
 	c.mu.Lock()
 	defer c.mu.Unlock()

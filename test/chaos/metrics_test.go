@@ -23,8 +23,11 @@ func freeAddr() (string, error) {
 	if err != nil {
 		return "", err
 	}
-	defer l.Close()
-	return l.Addr().String(), nil
+	addr := l.Addr().String()
+	if err := l.Close(); err != nil {
+		return "", err
+	}
+	return addr, nil
 }
 
 // scrape reads the operator's Prometheus metrics.
@@ -34,7 +37,7 @@ func scrape(addr string) (map[string]*dto.MetricFamily, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer resp.Body.Close()
+	defer func() { _ = resp.Body.Close() }() // read side: nothing to lose
 	if resp.StatusCode != http.StatusOK {
 		return nil, fmt.Errorf("GET /metrics: %s", resp.Status)
 	}
@@ -87,13 +90,16 @@ func saveHeapProfile(addr, path string) error {
 	if err != nil {
 		return err
 	}
-	defer resp.Body.Close()
+	defer func() { _ = resp.Body.Close() }() // read side: nothing to lose
 	f, err := os.Create(path)
 	if err != nil {
 		return err
 	}
-	defer f.Close()
 	_, err = io.Copy(f, resp.Body)
+	// A failed Close can lose written data: report it.
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
 	return err
 }
 

@@ -83,7 +83,12 @@ func TestHumansUpgradesAndRepairsShareTheLimits(t *testing.T) {
 		agentCtx, stop := context.WithCancel(ctx)
 		done := make(chan error, 1)
 		go func() { done <- mgr.Start(agentCtx) }()
-		t.Cleanup(func() { stop(); <-done })
+		t.Cleanup(func() {
+			stop()
+			if err := <-done; err != nil {
+				t.Errorf("agent of %s: %v", n, err)
+			}
+		})
 	}
 
 	chk := newChecker(env.Cluster, env.Kube, "", maxParallel, maxUnavail)
@@ -166,7 +171,7 @@ func TestHumansUpgradesAndRepairsShareTheLimits(t *testing.T) {
 		t.Fatalf("not done within %s after %d kills: %s", bound, killed, missing)
 	}
 	op.kill()
-	chk.final(t, ctx, humans)
+	chk.final(ctx, t, humans)
 	requestors := map[string]int{}
 	chk.mu.Lock()
 	for key := range chk.readySeen {

@@ -176,7 +176,7 @@ func BenchmarkScaleRollout(b *testing.B) {
 	afterIdle := mustRequests(b, addr)
 	rss, hwm := memoryOf(op.pid())
 	stopChecker()
-	chk.final(b, ctx, nodes)
+	chk.final(ctx, b, nodes)
 
 	idle := diffCounts(afterRollout, afterIdle)
 	rep := scaleReportData{

@@ -245,17 +245,17 @@ func apply(t *testing.T, cfg *rest.Config, objs []*unstructured.Unstructured) {
 	for _, o := range objs {
 		gvk := o.GroupVersionKind()
 		var m *meta.RESTMapping
+		var lastErr error // the mapping's last error, kept for the failure message
 		err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
-			var err error
-			m, err = mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
-			if err != nil {
+			m, lastErr = mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
+			if lastErr != nil {
 				mapper.Reset()
-				return false, nil
+				return false, nil //nolint:nilerr // not served yet (a CRD just created): read discovery again; the last error is reported on timeout
 			}
 			return true, nil
 		})
 		if err != nil {
-			t.Fatalf("no API for %s: %v", gvk, err)
+			t.Fatalf("no API for %s: %v (last: %v)", gvk, err, lastErr)
 		}
 		var ri dynamic.ResourceInterface = dyn.Resource(m.Resource)
 		if m.Scope.Name() == meta.RESTScopeNameNamespace {
