@@ -64,7 +64,7 @@ func runDev(ctx context.Context, p devParams) error {
 	var missing *devcluster.MissingBinariesError
 	if errors.As(err, &missing) {
 		if buildErr := buildControlPlane(say); buildErr != nil {
-			return fmt.Errorf("%w (building them failed: %v)", err, buildErr)
+			return fmt.Errorf("%w (building them failed: %w)", err, buildErr)
 		}
 		cluster, err = devcluster.Start(ctx, opts)
 	}
@@ -143,7 +143,10 @@ Logs of the control plane are in %s. Press Ctrl-C to stop and clean up.
 	stopOperator()
 	if p.operator {
 		select {
-		case <-errc:
+		case err := <-errc:
+			if err != nil {
+				say("operator stopped with an error: %v", err)
+			}
 		case <-time.After(15 * time.Second):
 			say("operator did not stop within 15s")
 		}

@@ -157,7 +157,7 @@ func (r *Reconciler) step(ctx context.Context, nm *maintenancev1.NodeMaintenance
 	case maintenancev1.PhaseCordon:
 		return r.cordon(ctx, nm, node, ev)
 	case maintenancev1.PhaseWaitForPodCompletion:
-		return r.waitForPods(ctx, nm, node, ev)
+		return r.waitForPods(nm, node, ev)
 	case maintenancev1.PhaseDraining:
 		return r.drain(ctx, nm, node, ev)
 	case maintenancev1.PhaseReady, maintenancev1.PhaseRequestorFailed:
@@ -202,7 +202,7 @@ func (r *Reconciler) enter(nm *maintenancev1.NodeMaintenance, node *corev1.Node,
 }
 
 // waitForPods waits until the selected pods on the node have completed.
-func (r *Reconciler) waitForPods(ctx context.Context, nm *maintenancev1.NodeMaintenance, node *corev1.Node, ev *pendingevents.Recorder) (reconcile.Result, error) {
+func (r *Reconciler) waitForPods(nm *maintenancev1.NodeMaintenance, node *corev1.Node, ev *pendingevents.Recorder) (reconcile.Result, error) {
 	now := r.Clock.Now()
 	sel, err := labels.Parse(string(nm.Spec.WaitForPodCompletion.PodSelector))
 	if err != nil {

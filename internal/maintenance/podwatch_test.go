@@ -12,10 +12,12 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 )
 
-func testPod(namespace, name, node string, labels map[string]string) *corev1.Pod {
+// testPod is a running pod on node "a" (the fake clientset ignores the
+// watch's field selector, so every test pod is on the watched node).
+func testPod(namespace, name string, labels map[string]string) *corev1.Pod {
 	return &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: name, Labels: labels},
-		Spec:       corev1.PodSpec{NodeName: node},
+		Spec:       corev1.PodSpec{NodeName: "a"},
 		Status:     corev1.PodStatus{Phase: corev1.PodRunning},
 	}
 }
@@ -45,7 +47,7 @@ func TestPodWatchFollowsItsHolders(t *testing.T) {
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
 	// The fake clientset ignores field selectors: every pod is on node a.
-	kube := fake.NewClientset(testPod("default", "train", "a", nil))
+	kube := fake.NewClientset(testPod("default", "train", nil))
 	w := NewPodWatch(kube)
 	first := types.NamespacedName{Namespace: "default", Name: "first"}
 	second := types.NamespacedName{Namespace: "default", Name: "second"}
@@ -65,7 +67,7 @@ func TestPodWatchFollowsItsHolders(t *testing.T) {
 	}
 
 	// A phase change and a deletion are announced; a label change is not.
-	p := testPod("default", "train", "a", map[string]string{"x": "y"})
+	p := testPod("default", "train", map[string]string{"x": "y"})
 	if _, err := kube.CoreV1().Pods("default").Update(ctx, p, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -114,13 +116,13 @@ func TestPodWatchFollowsItsHolders(t *testing.T) {
 
 func TestPodsFromServesTheDrainListFromTheWatch(t *testing.T) {
 	pods := []corev1.Pod{
-		*testPod("default", "train", "a", map[string]string{"app": "train"}),
-		*testPod("default", "serve", "a", map[string]string{"app": "serve"}),
-		*testPod("other", "batch", "a", map[string]string{"app": "train"}),
+		*testPod("default", "train", map[string]string{"app": "train"}),
+		*testPod("default", "serve", map[string]string{"app": "serve"}),
+		*testPod("other", "batch", map[string]string{"app": "train"}),
 	}
 	// The API server has a pod the watch has not seen: only a query the
 	// watch cannot answer reaches it.
-	live := fake.NewClientset(testPod("default", "live", "a", nil))
+	live := fake.NewClientset(testPod("default", "live", nil))
 	c := podsFrom{Interface: live, pods: pods}
 	cases := map[string]struct {
 		namespace string

@@ -85,7 +85,12 @@ func BenchmarkRollout100(b *testing.B) {
 	opCtx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- mgr.Start(opCtx) }()
-	defer func() { cancel(); <-done }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			b.Errorf("operator: %v", err)
+		}
+	}()
 
 	cfg := &maintenancev1.MaintenanceOperatorConfig{
 		ObjectMeta: metav1.ObjectMeta{Namespace: operatorNS, Name: "default"},

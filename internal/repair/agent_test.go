@@ -3,6 +3,7 @@ package repair_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"io"
 	"testing"
 	"time"
@@ -35,7 +36,7 @@ func TestAgentRunsItsNodesActionsUnderItsOwnRBAC(t *testing.T) {
 	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(agentconfig.RBAC), 4096)
 	for {
 		var raw map[string]any
-		if err := dec.Decode(&raw); err == io.EOF {
+		if err := dec.Decode(&raw); errors.Is(err, io.EOF) {
 			break
 		} else if err != nil {
 			t.Fatal(err)
@@ -77,7 +78,12 @@ func TestAgentRunsItsNodesActionsUnderItsOwnRBAC(t *testing.T) {
 	mctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- mgr.Start(mctx) }()
-	t.Cleanup(func() { cancel(); <-done })
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("agent manager: %v", err)
+		}
+	})
 
 	mine := pendingRepair(t, "agent-a-0", "a-0")
 	other := pendingRepair(t, "agent-b-0", "b-0")

@@ -118,7 +118,7 @@ func Detect(in DetectInput) Detection {
 			// within one threshold window count together.
 			ps.Unhealthy++
 		}
-		if f := ev.Fault; f != nil && !active[n.Name] && !(spec.DryRun && recorded["dryrun:"+occurrence(n.Name, f.Rule.Name, f.Since)]) {
+		if f := ev.Fault; f != nil && !active[n.Name] && (!spec.DryRun || !recorded["dryrun:"+occurrence(n.Name, f.Rule.Name, f.Since)]) {
 			faults[n.Name] = f
 			fr := failed[n.Name]
 			cands = append(cands, Candidate{Node: n.Name, Pool: pool, Deleting: n.DeletionTimestamp != nil,

@@ -586,7 +586,14 @@ func startStoppable(t *testing.T, clk clock.WithTicker, capabilities ...string) 
 	done := make(chan error, 1)
 	go func() { done <- mgr.Start(ctx) }()
 	var once sync.Once
-	stop := func() { once.Do(func() { cancel(); <-done }) }
+	stop := func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("operator: %v", err)
+			}
+		})
+	}
 	t.Cleanup(stop)
 	return stop
 }

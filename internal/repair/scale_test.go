@@ -44,7 +44,12 @@ func BenchmarkHealthyFleet500(b *testing.B) {
 	opCtx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- mgr.Start(opCtx) }()
-	defer func() { cancel(); <-done }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			b.Errorf("operator: %v", err)
+		}
+	}()
 	p := &repairv1.NodeRepairPolicy{ObjectMeta: metav1.ObjectMeta{Name: "fleet"}, Spec: repairv1.NodeRepairPolicySpec{AllowReboot: true}}
 	if err := env.Kube.Create(ctx, p); err != nil {
 		b.Fatal(err)

@@ -7,15 +7,27 @@
 package v1alpha1
 
 import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	"sigs.k8s.io/controller-runtime/pkg/scheme"
 )
 
 var (
 	// GroupVersion is the API group and version of these types.
 	GroupVersion = schema.GroupVersion{Group: "maintenance.nvidia.com", Version: "v1alpha1"}
-	// SchemeBuilder registers the types with a scheme.
-	SchemeBuilder = &scheme.Builder{GroupVersion: GroupVersion}
+	// SchemeBuilder collects what adds these types to a scheme.
+	SchemeBuilder = runtime.NewSchemeBuilder(func(s *runtime.Scheme) error {
+		metav1.AddToGroupVersion(s, GroupVersion)
+		return nil
+	})
 	// AddToScheme adds the types to a scheme.
 	AddToScheme = SchemeBuilder.AddToScheme
 )
+
+// register adds objs to this group's types in a scheme.
+func register(objs ...runtime.Object) {
+	SchemeBuilder.Register(func(s *runtime.Scheme) error {
+		s.AddKnownTypes(GroupVersion, objs...)
+		return nil
+	})
+}

@@ -73,5 +73,5 @@ type MaintenanceOperatorConfigList struct {
 }
 
 func init() {
-	SchemeBuilder.Register(&MaintenanceOperatorConfig{}, &MaintenanceOperatorConfigList{})
+	register(&MaintenanceOperatorConfig{}, &MaintenanceOperatorConfigList{})
 }

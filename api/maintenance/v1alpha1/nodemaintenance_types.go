@@ -232,5 +232,5 @@ type NodeMaintenanceList struct {
 }
 
 func init() {
-	SchemeBuilder.Register(&NodeMaintenance{}, &NodeMaintenanceList{})
+	register(&NodeMaintenance{}, &NodeMaintenanceList{})
 }

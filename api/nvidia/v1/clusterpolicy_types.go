@@ -262,5 +262,5 @@ type ClusterPolicyList struct {
 }
 
 func init() {
-	SchemeBuilder.Register(&ClusterPolicy{}, &ClusterPolicyList{})
+	register(&ClusterPolicy{}, &ClusterPolicyList{})
 }

@@ -322,5 +322,5 @@ type NodeRepairList struct {
 }
 
 func init() {
-	SchemeBuilder.Register(&NodeRepairPolicy{}, &NodeRepairPolicyList{}, &NodeRepair{}, &NodeRepairList{})
+	register(&NodeRepairPolicy{}, &NodeRepairPolicyList{}, &NodeRepair{}, &NodeRepairList{})
 }
