@@ -55,8 +55,9 @@ func (a *Agent) Reconcile(ctx context.Context, req reconcile.Request) (reconcile
 		log.Info("not running host action again: its start is recorded but not its outcome",
 			"node", nr.Spec.NodeName, "action", p.Action)
 	} else {
+		before := nr.DeepCopy()
 		nr.Status.Timeline = append(nr.Status.Timeline, entry(a.Clock, string(p.Action), "Started", ""))
-		if err := a.Client.Status().Update(ctx, nr); err != nil {
+		if err := patchStatus(ctx, a.Client, before, nr); err != nil {
 			return reconcile.Result{}, fmt.Errorf("recording the start of %s: %w", p.Action, err)
 		}
 		node := &corev1.Node{}
@@ -67,13 +68,21 @@ func (a *Agent) Reconcile(ctx context.Context, req reconcile.Request) (reconcile
 			outcome, msg = "Failed", err.Error()
 		}
 	}
+	before := nr.DeepCopy()
 	nr.Status.Timeline = append(nr.Status.Timeline, entry(a.Clock, string(p.Action), outcome, msg))
 	nr.Status.Pending = nil
 	nr.Status.NextAction++
-	if err := a.Client.Status().Update(ctx, nr); err != nil {
+	if err := patchStatus(ctx, a.Client, before, nr); err != nil {
 		return reconcile.Result{}, fmt.Errorf("recording the outcome of %s: %w", p.Action, err)
 	}
 	return reconcile.Result{}, nil
+}
+
+// patchStatus writes the NodeRepair's status as a merge patch that fails
+// with a conflict if the object changed since before was read: a start or
+// an outcome is recorded on the version the agent acted on, or not at all.
+func patchStatus(ctx context.Context, c client.Client, before, after *repairv1.NodeRepair) error {
+	return c.Status().Patch(ctx, after, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{}))
 }
 
 func lastEntry(nr *repairv1.NodeRepair) *repairv1.TimelineEntry {
