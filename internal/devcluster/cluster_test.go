@@ -22,6 +22,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/gpufleet/gpufleet/internal/devcluster"
+	"github.com/gpufleet/gpufleet/internal/devcluster/devtest"
 )
 
 // One cluster for the package, started in TestMain.
@@ -60,15 +61,9 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-func needCluster(t *testing.T) {
-	t.Helper()
-	if testing.Short() {
-		t.Skip("integration test: needs the local cluster (run without -short)")
-	}
-}
 
 func TestDaemonSetRunsOnEveryGPUNode(t *testing.T) {
-	needCluster(t)
+	devtest.NeedCluster(t)
 	ctx := t.Context()
 	labels := map[string]string{"app": "gpu-probe"}
 	ds := &appsv1.DaemonSet{
@@ -122,7 +117,7 @@ func TestDaemonSetRunsOnEveryGPUNode(t *testing.T) {
 }
 
 func TestEvictionHonoursPodDisruptionBudget(t *testing.T) {
-	needCluster(t)
+	devtest.NeedCluster(t)
 	ctx := t.Context()
 	ns := "pdb-test"
 	if err := devcluster.EnsureNamespace(ctx, cluster.Client, ns); err != nil {
@@ -209,7 +204,7 @@ func TestEvictionHonoursPodDisruptionBudget(t *testing.T) {
 }
 
 func TestInjectedConditionIsVisible(t *testing.T) {
-	needCluster(t)
+	devtest.NeedCluster(t)
 	ctx := t.Context()
 	node := "gpu-003"
 	cond := corev1.NodeCondition{Type: "ReadonlyFilesystem", Status: corev1.ConditionTrue, Reason: "FilesystemIsReadOnly", Message: "/ is read-only"}
@@ -250,7 +245,7 @@ func TestInjectedConditionIsVisible(t *testing.T) {
 }
 
 func TestStoppedHeartbeatMakesNodeNotReady(t *testing.T) {
-	needCluster(t)
+	devtest.NeedCluster(t)
 	ctx := t.Context()
 	node := "gpu-005"
 	if err := cluster.StopKubelet(ctx, node); err != nil {
@@ -268,7 +263,7 @@ func TestStoppedHeartbeatMakesNodeNotReady(t *testing.T) {
 }
 
 func TestReboot(t *testing.T) {
-	needCluster(t)
+	devtest.NeedCluster(t)
 	ctx := t.Context()
 	node := "gpu-006"
 	before, err := cluster.Client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
@@ -292,7 +287,7 @@ func TestReboot(t *testing.T) {
 }
 
 func TestSimulatedNodesLookLikeGPUNodes(t *testing.T) {
-	needCluster(t)
+	devtest.NeedCluster(t)
 	n, err := cluster.Client.CoreV1().Nodes().Get(t.Context(), "gpu-001", metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -312,7 +307,7 @@ func TestSimulatedNodesLookLikeGPUNodes(t *testing.T) {
 // without stopping it (as a panicking test would); no process of that
 // cluster may survive the child.
 func TestNoOrphans(t *testing.T) {
-	needCluster(t)
+	devtest.NeedCluster(t)
 	cmd := exec.CommandContext(t.Context(), os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), "DEVCLUSTER_ORPHAN_CHILD=1")
 	out, _ := cmd.CombinedOutput() // the child panics on purpose

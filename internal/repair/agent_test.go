@@ -22,6 +22,7 @@ import (
 	agentconfig "github.com/gpufleet/gpufleet/config/agent"
 	"github.com/gpufleet/gpufleet/internal/agent"
 	"github.com/gpufleet/gpufleet/internal/devcluster"
+	"github.com/gpufleet/gpufleet/internal/devcluster/devtest"
 )
 
 // TestAgentRunsItsNodesActionsUnderItsOwnRBAC installs the agent's RBAC from
@@ -29,9 +30,7 @@ import (
 // node with that identity, and checks that it runs a pending action of its
 // node — and leaves another node's alone.
 func TestAgentRunsItsNodesActionsUnderItsOwnRBAC(t *testing.T) {
-	if testing.Short() {
-		t.Skip("integration test: needs the local cluster (run without -short)")
-	}
+	devtest.NeedCluster(t)
 	ctx := t.Context()
 	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(agentconfig.RBAC), 4096)
 	for {

@@ -2,12 +2,10 @@ package repair_test
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"os"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -22,12 +20,13 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/config"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
 
 	maintenancev1 "github.com/gpufleet/gpufleet/api/maintenance/v1alpha1"
 	repairv1 "github.com/gpufleet/gpufleet/api/repair/v1alpha1"
 	"github.com/gpufleet/gpufleet/internal/agent"
 	"github.com/gpufleet/gpufleet/internal/devcluster"
+	"github.com/gpufleet/gpufleet/internal/devcluster/devtest"
 	"github.com/gpufleet/gpufleet/internal/operator"
 	"github.com/gpufleet/gpufleet/internal/repair"
 )
@@ -37,14 +36,6 @@ const ns = "gpufleet-system"
 var env *devcluster.Env
 
 func TestMain(m *testing.M) {
-	flag.Parse()
-	if testing.Short() {
-		os.Exit(m.Run())
-	}
-	os.Exit(run(m))
-}
-
-func run(m *testing.M) int {
 	var specs []devcluster.NodeSpec
 	for _, pool := range []string{"a", "b"} {
 		for i := range 3 {
@@ -54,22 +45,15 @@ func run(m *testing.M) int {
 	scheme, err := operator.Scheme()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
-		return 1
+		os.Exit(1)
 	}
-	if env, err = devcluster.NewEnv(context.Background(), devcluster.Options{}, specs, ns, scheme); err != nil {
-		fmt.Fprintln(os.Stderr, "starting the local cluster:", err)
-		return 1
-	}
-	defer env.Stop()
-	return m.Run()
+	os.Exit(devtest.Main(m, specs, ns, scheme, func(e *devcluster.Env) { env = e }))
 }
 
 // startOperator runs maintenance and repair with the simulated agent.
 func startOperator(t *testing.T) {
 	t.Helper()
-	if testing.Short() {
-		t.Skip("integration test: needs the local cluster (run without -short)")
-	}
+	devtest.NeedCluster(t)
 	startStoppable(t, nil, "maintenance", "repair")
 }
 
@@ -535,9 +519,7 @@ func TestAdminCordonSurvivesARebootRepair(t *testing.T) {
 func intstrFrom(v int) intstr.IntOrString { return intstr.FromInt32(int32(v)) }
 
 func TestOperatorRestartMidRepairResumes(t *testing.T) {
-	if testing.Short() {
-		t.Skip("integration test: needs the local cluster (run without -short)")
-	}
+	devtest.NeedCluster(t)
 	// A first operator starts the repair; it is stopped once the node is
 	// held for its reboot; a second one finishes. No action runs twice.
 	first := startStoppable(t, nil, "maintenance", "repair")
@@ -571,31 +553,10 @@ func TestOperatorRestartMidRepairResumes(t *testing.T) {
 // simulated agent and returns its stop function (also run at cleanup).
 func startStoppable(t *testing.T, clk clock.WithTicker, capabilities ...string) func() {
 	t.Helper()
-	mgr, err := operator.New(env.OperatorConfig, operator.Options{
-		Namespace: ns, MetricsAddr: "0", ProbeAddr: "0", Clock: clk,
-		Controller:   config.Controller{SkipNameValidation: ptr.To(true)},
-		Capabilities: capabilities,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := agent.AddInProcess(mgr, devcluster.SimExecutor{Cluster: env.Cluster, RebootDowntime: time.Second}, clk); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- mgr.Start(ctx) }()
-	var once sync.Once
-	stop := func() {
-		once.Do(func() {
-			cancel()
-			if err := <-done; err != nil {
-				t.Errorf("operator: %v", err)
-			}
+	return devtest.StartOperator(t, env.OperatorConfig, operator.Options{Namespace: ns, Clock: clk, Capabilities: capabilities},
+		func(mgr manager.Manager) error {
+			return agent.AddInProcess(mgr, devcluster.SimExecutor{Cluster: env.Cluster, RebootDowntime: time.Second}, clk)
 		})
-	}
-	t.Cleanup(stop)
-	return stop
 }
 
 func TestRepairsNeverOverlapAcrossPools(t *testing.T) {
@@ -686,9 +647,7 @@ func TestRebootRepairHonoursPDBAndGoesOnAfterTheDrainTimeout(t *testing.T) {
 // clock: injected condition → no repair just before the threshold → the
 // repair starts at it, with the rule's actions in order and its events.
 func TestDefaultRulesFireAtTheirThreshold(t *testing.T) {
-	if testing.Short() {
-		t.Skip("integration test: needs the local cluster (run without -short)")
-	}
+	devtest.NeedCluster(t)
 	fake := clocktesting.NewFakeClock(time.Now())
 	startStoppable(t, fake, "repair")
 	policy(t, true) // no rules: the defaults

@@ -18,6 +18,7 @@ import (
 
 	maintenancev1 "github.com/gpufleet/gpufleet/api/maintenance/v1alpha1"
 	repairv1 "github.com/gpufleet/gpufleet/api/repair/v1alpha1"
+	"github.com/gpufleet/gpufleet/internal/devcluster/devtest"
 	"github.com/gpufleet/gpufleet/internal/maintenance/requestor"
 	"github.com/gpufleet/gpufleet/internal/repair"
 )
@@ -36,9 +37,7 @@ type direct struct {
 
 func newDirect(t *testing.T) *direct {
 	t.Helper()
-	if testing.Short() {
-		t.Skip("integration test: needs the local cluster (run without -short)")
-	}
+	devtest.NeedCluster(t)
 	policy(t, true, roRule, ntpRule)
 	d := &direct{t: t, clock: clocktesting.NewFakeClock(time.Now().Truncate(time.Second)), rec: events.NewFakeRecorder(100)}
 	d.r = &repair.Repairer{Client: env.Kube, Live: env.Kube, Namespace: ns, Clock: d.clock, Recorder: d.rec}
@@ -273,9 +272,7 @@ func TestCrashBetweenTheMaintenanceRequestAndItsRecord(t *testing.T) {
 
 // TestRuleActionsValidation: the schema rejects a Reboot anywhere but last.
 func TestRuleActionsValidation(t *testing.T) {
-	if testing.Short() {
-		t.Skip("integration test: needs the local cluster (run without -short)")
-	}
+	devtest.NeedCluster(t)
 	a := func(actions ...repairv1.Action) []repairv1.Action { return actions }
 	k, r, n, rb := repairv1.ActionRestartKubelet, repairv1.ActionRestartContainerRuntime, repairv1.ActionRestartNTP, repairv1.ActionReboot
 	tests := map[string]struct {

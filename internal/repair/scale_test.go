@@ -8,12 +8,12 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/utils/ptr"
-	"sigs.k8s.io/controller-runtime/pkg/config"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
 
 	repairv1 "github.com/gpufleet/gpufleet/api/repair/v1alpha1"
 	"github.com/gpufleet/gpufleet/internal/agent"
 	"github.com/gpufleet/gpufleet/internal/devcluster"
+	"github.com/gpufleet/gpufleet/internal/devcluster/devtest"
 	"github.com/gpufleet/gpufleet/internal/operator"
 )
 
@@ -33,23 +33,10 @@ func BenchmarkHealthyFleet500(b *testing.B) {
 		b.Fatal(err)
 	}
 	cfg, counter := devcluster.CountRequests(env.OperatorConfig)
-	mgr, err := operator.New(cfg, operator.Options{Namespace: ns, MetricsAddr: "0", ProbeAddr: "0",
-		Controller: config.Controller{SkipNameValidation: ptr.To(true)}, Capabilities: []string{"maintenance", "repair"}})
-	if err != nil {
-		b.Fatal(err)
-	}
-	if err := agent.AddInProcess(mgr, devcluster.SimExecutor{Cluster: env.Cluster}, nil); err != nil {
-		b.Fatal(err)
-	}
-	opCtx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- mgr.Start(opCtx) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			b.Errorf("operator: %v", err)
-		}
-	}()
+	stop := devtest.StartOperator(b, cfg, operator.Options{Namespace: ns, Capabilities: []string{"maintenance", "repair"}},
+		func(mgr manager.Manager) error { return agent.AddInProcess(mgr, devcluster.SimExecutor{Cluster: env.Cluster}, nil) })
+	defer stop()
+
 	p := &repairv1.NodeRepairPolicy{ObjectMeta: metav1.ObjectMeta{Name: "fleet"}, Spec: repairv1.NodeRepairPolicySpec{AllowReboot: true}}
 	if err := env.Kube.Create(ctx, p); err != nil {
 		b.Fatal(err)
