@@ -27,6 +27,7 @@ import (
 
 	maintenancev1 "github.com/gpufleet/gpufleet/api/maintenance/v1alpha1"
 	"github.com/gpufleet/gpufleet/internal/devcluster"
+	"github.com/gpufleet/gpufleet/internal/maintenance"
 	"github.com/gpufleet/gpufleet/internal/operator"
 )
 
@@ -65,6 +66,7 @@ func runWithCluster(m *testing.M) int {
 	}
 	defer env.Stop()
 	cluster, k8s, operatorCfg = env.Cluster, env.Kube, env.OperatorConfig
+	maintenance.AdminConfigForTest = env.Config // for the reconcilers tested directly (package maintenance)
 	return m.Run()
 }
 
