@@ -11,6 +11,8 @@ package requestor
 import (
 	"context"
 	"fmt"
+	"maps"
+	"slices"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -59,11 +61,11 @@ func (r Request) Object(scheme *runtime.Scheme) (*maintenancev1.NodeMaintenance,
 		return nil, fmt.Errorf("maintenance request %s/%s: requestor, name and node are required", r.Namespace, r.Name)
 	}
 	nm := &maintenancev1.NodeMaintenance{
-		ObjectMeta: metav1.ObjectMeta{Namespace: r.Namespace, Name: r.Name, Labels: r.Labels},
+		ObjectMeta: metav1.ObjectMeta{Namespace: r.Namespace, Name: r.Name, Labels: maps.Clone(r.Labels)},
 		Spec: maintenancev1.NodeMaintenanceSpec{
 			RequestorID: r.RequestorID, NodeName: r.NodeName, Cordon: r.Cordon,
 			DrainSpec: r.Drain.DeepCopy(), WaitForPodCompletion: r.WaitForPodCompletion.DeepCopy(),
-			AdditionalRequestors: r.AdditionalRequestors,
+			AdditionalRequestors: slices.Clone(r.AdditionalRequestors),
 		},
 	}
 	if r.Owner != nil {

@@ -514,3 +514,21 @@ func TestTransitions(t *testing.T) {
 		t.Error("Transitions dropped a deletion")
 	}
 }
+
+func TestRequestObjectCopiesLabelsAndAdditionalRequestors(t *testing.T) {
+	r := request("nm", "gpu-000", "test.gpufleet.dev")
+	r.Labels = map[string]string{"component": "driver"}
+	r.AdditionalRequestors = []string{"other.requestor"}
+	nm, err := r.Object(testScheme(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	nm.Labels["component"] = "changed"
+	nm.Spec.AdditionalRequestors[0] = "changed"
+	if r.Labels["component"] != "driver" {
+		t.Errorf("labels aliased: %v", r.Labels)
+	}
+	if r.AdditionalRequestors[0] != "other.requestor" {
+		t.Errorf("additionalRequestors aliased: %v", r.AdditionalRequestors)
+	}
+}
