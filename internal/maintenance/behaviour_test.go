@@ -14,6 +14,7 @@ import (
 
 	maintenancev1 "github.com/gpufleet/gpufleet/api/maintenance/v1alpha1"
 	"github.com/gpufleet/gpufleet/internal/devcluster"
+	"github.com/gpufleet/gpufleet/internal/devcluster/devtest"
 )
 
 // evictionCalls reads the API server's count of successful eviction requests.
@@ -38,9 +39,9 @@ func evictionCalls(t *testing.T) int {
 }
 
 func TestOperatorRestartMidDrainResumes(t *testing.T) {
-	needCluster(t)
+	devtest.NeedCluster(t)
 	defer uncordonAll(t)
-	op := startOperator(t)
+	stop := startOperator(t)
 	defer cleanupNMs(t)
 	setConfig(t, ios(1), nil)
 	node := "gpu-004"
@@ -61,7 +62,7 @@ func TestOperatorRestartMidDrainResumes(t *testing.T) {
 	if err != nil {
 		t.Fatalf("drain never evicted the %d pods", onNode)
 	}
-	op.stop()
+	stop()
 	if p := readyCondition(getNM(t, "restart")).Reason; p != "Draining" {
 		t.Fatalf("phase after stop = %s, want Draining (the test needs a drain in progress)", p)
 	}

@@ -415,7 +415,7 @@ func (s *staleOnce) Get(ctx context.Context, key client.ObjectKey, obj client.Ob
 	}
 	s.fired = true
 	other := &maintenancev1.NodeMaintenance{ObjectMeta: metav1.ObjectMeta{Namespace: key.Namespace, Name: key.Name}}
-	return s.Client.Patch(ctx, other, client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"labels":{"direct.test/changed":"meanwhile"}}}`)))
+	return s.Patch(ctx, other, client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"labels":{"direct.test/changed":"meanwhile"}}}`)))
 }
 
 func TestDirectEventsOnlyAfterStatusWrite(t *testing.T) {

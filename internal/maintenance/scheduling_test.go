@@ -12,6 +12,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	maintenancev1 "github.com/gpufleet/gpufleet/api/maintenance/v1alpha1"
+	"github.com/gpufleet/gpufleet/internal/devcluster/devtest"
 )
 
 // phases returns the phase of each listed object.
@@ -62,7 +63,7 @@ func inProgressOf(t *testing.T, names []string) []string {
 }
 
 func TestSeedExampleParallelLimit(t *testing.T) {
-	needCluster(t)
+	devtest.NeedCluster(t)
 	defer uncordonAll(t)
 	startOperator(t)
 	defer cleanupNMs(t)
@@ -103,7 +104,7 @@ func TestSeedExampleParallelLimit(t *testing.T) {
 }
 
 func TestSeedExampleUnavailableLimit(t *testing.T) {
-	needCluster(t)
+	devtest.NeedCluster(t)
 	defer uncordonAll(t)
 	startOperator(t)
 	defer cleanupNMs(t)

@@ -2,11 +2,9 @@ package maintenance_test
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"os"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -22,11 +20,11 @@ import (
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/config"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	maintenancev1 "github.com/gpufleet/gpufleet/api/maintenance/v1alpha1"
 	"github.com/gpufleet/gpufleet/internal/devcluster"
+	"github.com/gpufleet/gpufleet/internal/devcluster/devtest"
 	"github.com/gpufleet/gpufleet/internal/maintenance"
 	"github.com/gpufleet/gpufleet/internal/operator"
 )
@@ -43,38 +41,18 @@ var (
 )
 
 func TestMain(m *testing.M) {
-	flag.Parse()
-	if testing.Short() {
-		os.Exit(m.Run())
-	}
 	if os.Getenv("GPUFLEET_TEST_LOGS") != "" {
 		ctrl.SetLogger(zap.New(zap.UseDevMode(true)))
 	}
-	os.Exit(runWithCluster(m))
-}
-
-func runWithCluster(m *testing.M) int {
 	scheme, err := operator.Scheme()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
-		return 1
+		os.Exit(1)
 	}
-	env, err := devcluster.NewEnv(context.Background(), devcluster.Options{}, devcluster.GPUNodes(testNodes, 2), operatorNS, scheme)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "starting the local cluster:", err)
-		return 1
-	}
-	defer env.Stop()
-	cluster, k8s, operatorCfg = env.Cluster, env.Kube, env.OperatorConfig
-	maintenance.AdminConfigForTest = env.Config // for the reconcilers tested directly (package maintenance)
-	return m.Run()
-}
-
-func needCluster(t *testing.T) {
-	t.Helper()
-	if testing.Short() {
-		t.Skip("integration test: needs the local cluster (run without -short)")
-	}
+	os.Exit(devtest.Main(m, devcluster.GPUNodes(testNodes, 2), operatorNS, scheme, func(env *devcluster.Env) {
+		cluster, k8s, operatorCfg = env.Cluster, env.Kube, env.OperatorConfig
+		maintenance.AdminConfigForTest = env.Config // for the reconcilers tested directly (package maintenance)
+	}))
 }
 
 // withOperator prepares a test that needs the operator: limits set, and on
@@ -82,43 +60,18 @@ func needCluster(t *testing.T) {
 // the operator stopped and every node uncordoned.
 func withOperator(t *testing.T, maxParallel, maxUnavailable *intstr.IntOrString) {
 	t.Helper()
-	needCluster(t)
+	devtest.NeedCluster(t)
 	t.Cleanup(func() { uncordonAll(t) })
 	startOperator(t)
 	t.Cleanup(func() { cleanupNMs(t) })
 	setConfig(t, maxParallel, maxUnavailable)
 }
 
-// runningOperator is an operator started in-process.
-type runningOperator struct {
-	cancel context.CancelFunc
-	done   chan error
-	once   sync.Once
-}
-
-// startOperator runs the operator with its own RBAC identity until the
-// test ends or stop is called.
-func startOperator(t *testing.T) *runningOperator {
+// startOperator runs the maintenance capability with its own RBAC identity
+// until the test ends or the returned stop is called.
+func startOperator(t *testing.T) (stop func()) {
 	t.Helper()
-	mgr, err := operator.New(operatorCfg, operator.Options{
-		Namespace: operatorNS, MetricsAddr: "0", ProbeAddr: "0", Controller: config.Controller{SkipNameValidation: ptr.To(true)},
-		Capabilities: []string{"maintenance"},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	op := &runningOperator{cancel: cancel, done: make(chan error, 1)}
-	go func() { op.done <- mgr.Start(ctx) }()
-	t.Cleanup(op.stop)
-	return op
-}
-
-func (o *runningOperator) stop() {
-	o.once.Do(func() {
-		o.cancel()
-		<-o.done
-	})
+	return devtest.StartOperator(t, operatorCfg, operator.Options{Namespace: operatorNS, Capabilities: []string{"maintenance"}})
 }
 
 // setConfig writes the default MaintenanceOperatorConfig.

@@ -8,6 +8,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	maintenancev1 "github.com/gpufleet/gpufleet/api/maintenance/v1alpha1"
+	"github.com/gpufleet/gpufleet/internal/devcluster/devtest"
 )
 
 // applyYAML creates an object from YAML as an untyped client would.
@@ -21,7 +22,7 @@ func applyYAML(t *testing.T, doc string) error {
 }
 
 func TestSchemaRejectsBadObjects(t *testing.T) {
-	needCluster(t)
+	devtest.NeedCluster(t)
 	nm := func(spec string) string {
 		return "apiVersion: maintenance.nvidia.com/v1alpha1\nkind: NodeMaintenance\nmetadata:\n  generateName: bad-\n  namespace: default\nspec:\n" + spec
 	}
@@ -71,7 +72,7 @@ func TestSchemaRejectsBadObjects(t *testing.T) {
 }
 
 func TestSchemaAcceptsGoodValues(t *testing.T) {
-	needCluster(t)
+	devtest.NeedCluster(t)
 	for _, v := range []string{"0", "5", "0%", "7%", "100%"} {
 		doc := "apiVersion: maintenance.nvidia.com/v1alpha1\nkind: MaintenanceOperatorConfig\nmetadata:\n  generateName: good-\n  namespace: default\nspec:\n  maxParallelOperations: " + quoteIfPercent(v) + "\n  maxUnavailable: " + quoteIfPercent(v) + "\n"
 		if err := applyYAML(t, doc); err != nil {
@@ -95,7 +96,7 @@ func quoteIfPercent(v string) string {
 }
 
 func TestImmutableFields(t *testing.T) {
-	needCluster(t)
+	devtest.NeedCluster(t)
 	nm := newNM("immutable", "no-such-node", "first.requestor")
 	create(t, nm)
 	t.Cleanup(func() { cleanupNMs(t) })
@@ -111,7 +112,7 @@ func TestImmutableFields(t *testing.T) {
 }
 
 func TestZeroValuesRoundTrip(t *testing.T) {
-	needCluster(t)
+	devtest.NeedCluster(t)
 	f, zero := false, int32(0)
 	nm := newNM("zero", "no-such-node", "a.b")
 	nm.Spec.Cordon = &f
