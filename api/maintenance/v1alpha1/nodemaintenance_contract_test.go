@@ -1,0 +1,102 @@
+package v1alpha1
+
+import (
+	"testing"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+)
+
+// nm builds a NodeMaintenance with a Ready condition (reason "" = none)
+// and the given extra conditions.
+func nm(readyReason string, ready metav1.ConditionStatus, extra ...metav1.Condition) *NodeMaintenance {
+	o := &NodeMaintenance{Spec: NodeMaintenanceSpec{RequestorID: "a.example.com", NodeName: "n"}}
+	if readyReason != "" || ready != "" {
+		o.Status.Conditions = append(o.Status.Conditions, metav1.Condition{Type: ConditionTypeReady, Status: ready, Reason: readyReason})
+	}
+	o.Status.Conditions = append(o.Status.Conditions, extra...)
+	return o
+}
+
+func TestContract(t *testing.T) {
+	deleting := nm(string(PhaseDraining), metav1.ConditionFalse)
+	deleting.DeletionTimestamp = ptr.To(metav1.Now())
+	blocked := metav1.Condition{Type: ConditionTypeDrainBlocked, Status: metav1.ConditionTrue, Reason: "DrainBlocked"}
+	unblocked := metav1.Condition{Type: ConditionTypeDrainBlocked, Status: metav1.ConditionFalse, Reason: "DrainBlocked"}
+	tests := map[string]struct {
+		obj                                  *NodeMaintenance
+		phase                                Phase
+		inProgress, active, ready, drainStop bool
+	}{
+		"new: no condition is Pending":          {obj: nm("", ""), phase: PhasePending},
+		"empty reason is Pending":               {obj: nm("", metav1.ConditionFalse), phase: PhasePending},
+		"waiting with a reason":                 {obj: nm(string(PhasePending), metav1.ConditionFalse), phase: PhasePending},
+		"scheduled holds the node":              {obj: nm(string(PhaseScheduled), metav1.ConditionFalse), phase: PhaseScheduled, inProgress: true, active: true},
+		"draining":                              {obj: nm(string(PhaseDraining), metav1.ConditionFalse), phase: PhaseDraining, inProgress: true, active: true},
+		"draining past its timeout":             {obj: nm(string(PhaseDraining), metav1.ConditionFalse, blocked), phase: PhaseDraining, inProgress: true, active: true, drainStop: true},
+		"a cleared DrainBlocked does not count": {obj: nm(string(PhaseDraining), metav1.ConditionFalse, unblocked), phase: PhaseDraining, inProgress: true, active: true},
+		"ready":                                 {obj: nm(string(PhaseReady), metav1.ConditionTrue), phase: PhaseReady, inProgress: true, active: true, ready: true},
+		"requestor failed holds the node":       {obj: nm(string(PhaseRequestorFailed), metav1.ConditionFalse), phase: PhaseRequestorFailed, inProgress: true, active: true},
+		"being deleted still holds, not active": {obj: deleting, phase: PhaseDraining, inProgress: true},
+		"an unknown phase written by another":   {obj: nm("Frobnicating", metav1.ConditionFalse), phase: "Frobnicating", inProgress: true, active: true},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			o := tc.obj
+			if got := o.Phase(); got != tc.phase {
+				t.Errorf("Phase() = %s, want %s", got, tc.phase)
+			}
+			if got := o.InProgress(); got != tc.inProgress {
+				t.Errorf("InProgress() = %t, want %t", got, tc.inProgress)
+			}
+			if got := o.Active(); got != tc.active {
+				t.Errorf("Active() = %t, want %t", got, tc.active)
+			}
+			if got := o.IsReady(); got != tc.ready {
+				t.Errorf("IsReady() = %t, want %t", got, tc.ready)
+			}
+			if got := o.DrainBlocked(); got != tc.drainStop {
+				t.Errorf("DrainBlocked() = %t, want %t", got, tc.drainStop)
+			}
+		})
+	}
+}
+
+func TestRequestorFailure(t *testing.T) {
+	failed := metav1.Condition{Type: ConditionTypeRequestorFailed, Status: metav1.ConditionTrue, Reason: "Failed", Message: "firmware flash failed"}
+	withdrawn := failed
+	withdrawn.Status = metav1.ConditionFalse
+	if ok, msg := nm(string(PhaseReady), metav1.ConditionTrue, failed).RequestorFailure(); !ok || msg != "firmware flash failed" {
+		t.Errorf("RequestorFailure() = %t %q, want true and the message", ok, msg)
+	}
+	if ok, _ := nm(string(PhaseReady), metav1.ConditionTrue, withdrawn).RequestorFailure(); ok {
+		t.Errorf("a withdrawn failure (False) still counts")
+	}
+	if ok, _ := nm(string(PhaseReady), metav1.ConditionTrue).RequestorFailure(); ok {
+		t.Errorf("no condition counts as a failure")
+	}
+}
+
+func TestSpecAccessors(t *testing.T) {
+	o := nm("", "")
+	if !o.CordonRequested() {
+		t.Errorf("cordon unset: want the API's default, true")
+	}
+	o.Spec.Cordon = ptr.To(false)
+	if o.CordonRequested() {
+		t.Errorf("cordon: false must be honoured")
+	}
+	if o.HasFinalizer() {
+		t.Errorf("no finalizer yet")
+	}
+	o.Finalizers = []string{"other/finalizer", Finalizer}
+	if !o.HasFinalizer() {
+		t.Errorf("finalizer %s not seen among %v", Finalizer, o.Finalizers)
+	}
+	o.Spec.AdditionalRequestors = []string{"b.example.com"}
+	for requestor, want := range map[string]bool{"a.example.com": true, "b.example.com": true, "c.example.com": false, "": false} {
+		if got := o.RequestedBy(requestor); got != want {
+			t.Errorf("RequestedBy(%q) = %t, want %t", requestor, got, want)
+		}
+	}
+}
