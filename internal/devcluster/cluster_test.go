@@ -61,7 +61,6 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-
 func TestDaemonSetRunsOnEveryGPUNode(t *testing.T) {
 	devtest.NeedCluster(t)
 	ctx := t.Context()

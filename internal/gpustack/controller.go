@@ -82,7 +82,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	}
 	status := policy.Status.DeepCopy()
 	status.Namespace = r.Namespace
-	objs, err := Render(policy, factsOf(&nodes, r.Namespace), r.Assets)
+	objs, err := Render(policy, factsOf(&nodes, r.Namespace, policy.Spec.Operator.DefaultRuntime), r.Assets)
 	if err != nil {
 		if c := meta.FindStatusCondition(policy.Status.Conditions, nvidiav1.ConditionDegraded); c == nil || c.Message != err.Error() {
 			ev.Eventf(policy, nil, corev1.EventTypeWarning, ReasonRenderFailed, actionDeploy, "%v", err)
@@ -147,7 +147,7 @@ func (r *Reconciler) ignore(ctx context.Context, policy *nvidiav1.ClusterPolicy,
 }
 
 // factsOf collects the OS flavours and runtimes of the GPU nodes.
-func factsOf(nodes *corev1.NodeList, ns string) Facts {
+func factsOf(nodes *corev1.NodeList, ns, defaultRuntime string) Facts {
 	f := Facts{Namespace: ns}
 	seenOS, seenRT := map[OSFlavour]bool{}, map[string]bool{}
 	for i := range nodes.Items {
@@ -159,7 +159,10 @@ func factsOf(nodes *corev1.NodeList, ns string) Facts {
 			seenOS[os] = true
 			f.OSFlavours = append(f.OSFlavours, os)
 		}
-		if rt := n.Labels[LabelRuntime]; rt != "" && !seenRT[rt] {
+		// The runtime as detected now, not its node label: the label is
+		// written later in this pass, and the first pass must render the
+		// toolkit for it too.
+		if rt := Runtime(n, defaultRuntime); !seenRT[rt] {
 			seenRT[rt] = true
 			f.Runtimes = append(f.Runtimes, rt)
 		}
@@ -207,7 +210,7 @@ func (r *Reconciler) apply(ctx context.Context, objs []client.Object) error {
 		if err := r.Client.Update(ctx, updated); err != nil {
 			return fmt.Errorf("updating %T %s: %w", want, want.GetName(), err)
 		}
-		ctrl.LoggerFrom(ctx).Info("reverted drift", "kind", fmt.Sprintf("%T", want), "name", want.GetName())
+		ctrl.LoggerFrom(ctx).Info("updated to the rendered spec (a policy change, or drift reverted)", "kind", fmt.Sprintf("%T", want), "name", want.GetName())
 	}
 	return nil
 }

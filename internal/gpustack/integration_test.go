@@ -2,11 +2,9 @@ package gpustack_test
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"os"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -21,12 +19,12 @@ import (
 	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/config"
 	"sigs.k8s.io/yaml"
 
 	maintenancev1 "github.com/gpufleet/gpufleet/api/maintenance/v1alpha1"
 	nvidiav1 "github.com/gpufleet/gpufleet/api/nvidia/v1"
 	"github.com/gpufleet/gpufleet/internal/devcluster"
+	"github.com/gpufleet/gpufleet/internal/devcluster/devtest"
 	"github.com/gpufleet/gpufleet/internal/gpustack"
 	"github.com/gpufleet/gpufleet/internal/operator"
 )
@@ -40,14 +38,6 @@ var (
 )
 
 func TestMain(m *testing.M) {
-	flag.Parse()
-	if testing.Short() {
-		os.Exit(m.Run())
-	}
-	os.Exit(run(m))
-}
-
-func run(m *testing.M) int {
 	// 8 GPU nodes: 5 ubuntu 22.04 + containerd, 2 ubuntu 20.04 + docker,
 	// 1 whose stack never comes up; plus 2 CPU-only nodes.
 	var specs []devcluster.NodeSpec
@@ -63,41 +53,18 @@ func run(m *testing.M) int {
 	scheme, err := operator.Scheme()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
-		return 1
+		os.Exit(1)
 	}
-	env, err := devcluster.NewEnv(context.Background(), devcluster.Options{}, specs, ns, scheme)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "starting the local cluster:", err)
-		return 1
-	}
-	defer env.Stop()
-	cluster, k8s, operatorCfg = env.Cluster, env.Kube, env.OperatorConfig
-	return m.Run()
-}
-
-func needCluster(t *testing.T) {
-	t.Helper()
-	if testing.Short() {
-		t.Skip("integration test: needs the local cluster (run without -short)")
-	}
+	os.Exit(devtest.Main(m, specs, ns, scheme, func(env *devcluster.Env) {
+		cluster, k8s, operatorCfg = env.Cluster, env.Kube, env.OperatorConfig
+	}))
 }
 
 // startOperator runs the gpustack capability with its own RBAC identity.
 func startOperator(t *testing.T, cfg *rest.Config) {
 	t.Helper()
-	mgr, err := operator.New(cfg, operator.Options{
-		Namespace: ns, MetricsAddr: "0", ProbeAddr: "0", Controller: config.Controller{SkipNameValidation: ptr.To(true)},
-		Capabilities: []string{"gpustack", "maintenance"}, GPUStackDegradedAfter: 3 * time.Second,
-		DriverUpgradeTimeout: 5 * time.Second,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- mgr.Start(ctx) }()
-	var once sync.Once
-	t.Cleanup(func() { once.Do(func() { cancel(); <-done }) })
+	devtest.StartOperator(t, cfg, operator.Options{Namespace: ns, Capabilities: []string{"gpustack", "maintenance"},
+		GPUStackDegradedAfter: 3 * time.Second, DriverUpgradeTimeout: 5 * time.Second})
 }
 
 func seedYAML(tb testing.TB) []byte {
@@ -163,7 +130,7 @@ func component(p *nvidiav1.ClusterPolicy, name string) nvidiav1.ComponentStatus 
 // TestSeedPolicyDeploysTheStack is the main GPU stack scenario; the
 // sub-steps share the deployed stack.
 func TestSeedPolicyDeploysTheStack(t *testing.T) {
-	needCluster(t)
+	devtest.NeedCluster(t)
 	cfg, counter := devcluster.CountRequests(operatorCfg)
 	startOperator(t, cfg)
 	policy := seedPolicy(t)
@@ -454,12 +421,12 @@ func TestSeedPolicyDeploysTheStack(t *testing.T) {
 					LabelSelector: "app.kubernetes.io/component=driver", FieldSelector: "spec.nodeName=" + n,
 				})
 				if err != nil || len(pods.Items) != 1 || !strings.Contains(pods.Items[0].Spec.Containers[0].Image, ":550.54.15-") || pods.Items[0].DeletionTimestamp != nil {
-					return false, nil
+					return false, nil //nolint:nilerr // not there yet (or a transient error): keep polling
 				}
 			}
 			var nms maintenancev1.NodeMaintenanceList
 			if err := k8s.List(ctx, &nms, client.InNamespace(ns)); err != nil || len(nms.Items) != 0 {
-				return false, nil
+				return false, nil //nolint:nilerr // not there yet (or a transient error): keep polling
 			}
 			bad, err := cluster.Client.CoreV1().Nodes().Get(ctx, "unhealthy-gpu-007", metav1.GetOptions{})
 			return err == nil && bad.Labels[gpustack.LabelUpgradeState] == "failed", nil
@@ -527,7 +494,7 @@ func TestSeedPolicyDeploysTheStack(t *testing.T) {
 }
 
 func TestClusterPolicySchema(t *testing.T) {
-	needCluster(t)
+	devtest.NeedCluster(t)
 	tests := map[string]struct{ spec, want string }{
 		"empty image while enabled":  {"  devicePlugin:\n    enabled: true\n    image: \"\"\n", "image must not be empty when the component is enabled"},
 		"bad pull policy":            {"  driver:\n    imagePullPolicy: Sometimes\n", "Unsupported value: \"Sometimes\""},

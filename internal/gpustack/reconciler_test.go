@@ -37,6 +37,7 @@ import (
 	maintenancev1 "github.com/gpufleet/gpufleet/api/maintenance/v1alpha1"
 	nvidiav1 "github.com/gpufleet/gpufleet/api/nvidia/v1"
 	"github.com/gpufleet/gpufleet/internal/devcluster"
+	"github.com/gpufleet/gpufleet/internal/devcluster/devtest"
 	"github.com/gpufleet/gpufleet/internal/gpustack"
 	"github.com/gpufleet/gpufleet/internal/maintenance/requestor"
 )
@@ -203,7 +204,7 @@ var quietClients sync.Once
 
 func newDirect(t *testing.T) *direct {
 	t.Helper()
-	needCluster(t)
+	devtest.NeedCluster(t)
 	quietClients.Do(func() { ctrl.SetLogger(logr.Discard()) })
 	cleanSlate(t)
 	cfg, wire := devcluster.CountRequests(cluster.Config)

@@ -9,11 +9,10 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
-	"k8s.io/utils/ptr"
-	"sigs.k8s.io/controller-runtime/pkg/config"
 
 	nvidiav1 "github.com/gpufleet/gpufleet/api/nvidia/v1"
 	"github.com/gpufleet/gpufleet/internal/devcluster"
+	"github.com/gpufleet/gpufleet/internal/devcluster/devtest"
 	"github.com/gpufleet/gpufleet/internal/operator"
 )
 
@@ -39,15 +38,8 @@ func BenchmarkClusterPolicy100(b *testing.B) {
 		b.Fatal(err)
 	}
 	cfg, counter := devcluster.CountRequests(operatorCfg)
-	mgr, err := operator.New(cfg, operator.Options{Namespace: ns, MetricsAddr: "0", ProbeAddr: "0", Controller: config.Controller{SkipNameValidation: ptr.To(true)},
-		Capabilities: []string{"gpustack"}})
-	if err != nil {
-		b.Fatal(err)
-	}
-	opCtx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- mgr.Start(opCtx) }()
-	defer func() { cancel(); <-done }()
+	stop := devtest.StartOperator(b, cfg, operator.Options{Namespace: ns, Capabilities: []string{"gpustack"}})
+	defer stop()
 	time.Sleep(2 * time.Second) // caches synced
 
 	policy := &nvidiav1.ClusterPolicy{}
@@ -62,7 +54,7 @@ func BenchmarkClusterPolicy100(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer func() { _ = k8s.Delete(context.Background(), policy) }()
-	err = wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, 10*time.Minute, true, func(ctx context.Context) (bool, error) {
+	err := wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, 10*time.Minute, true, func(ctx context.Context) (bool, error) {
 		p := &nvidiav1.ClusterPolicy{}
 		if err := k8s.Get(ctx, keyOf("bench-policy"), p); err != nil {
 			return false, nil //nolint:nilerr // keep polling

@@ -34,7 +34,9 @@ func BenchmarkHealthyFleet500(b *testing.B) {
 	}
 	cfg, counter := devcluster.CountRequests(env.OperatorConfig)
 	stop := devtest.StartOperator(b, cfg, operator.Options{Namespace: ns, Capabilities: []string{"maintenance", "repair"}},
-		func(mgr manager.Manager) error { return agent.AddInProcess(mgr, devcluster.SimExecutor{Cluster: env.Cluster}, nil) })
+		func(mgr manager.Manager) error {
+			return agent.AddInProcess(mgr, devcluster.SimExecutor{Cluster: env.Cluster}, nil)
+		})
 	defer stop()
 
 	p := &repairv1.NodeRepairPolicy{ObjectMeta: metav1.ObjectMeta{Name: "fleet"}, Spec: repairv1.NodeRepairPolicySpec{AllowReboot: true}}
