@@ -526,7 +526,9 @@ func (s nodeSet) facts() gpustack.Facts {
 		if os, ok := gpustack.NodeOS(labels); ok && !slices.Contains(f.OSFlavours, os) {
 			f.OSFlavours = append(f.OSFlavours, os)
 		}
-		if rt := labels[gpustack.LabelRuntime]; rt != "" && !slices.Contains(f.Runtimes, rt) {
+		// As the reconciler does: the runtime the kubelet reports.
+		node := s.items[name]
+		if rt := gpustack.Runtime(&node, ""); !slices.Contains(f.Runtimes, rt) {
 			f.Runtimes = append(f.Runtimes, rt)
 		}
 	}

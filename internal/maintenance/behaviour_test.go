@@ -211,7 +211,7 @@ func TestWaitForPodCompletion(t *testing.T) {
 	waitGone(t, "wait")
 	create(t, other)
 	waitPhase(t, "wait-timeout", maintenancev1.PhaseReady, 30*time.Second)
-	if !hasEvent(eventsFor(t, "wait-timeout"), "PodCompletionTimeout") {
+	if !eventSeen(t, "wait-timeout", "PodCompletionTimeout") {
 		t.Errorf("no PodCompletionTimeout event: %v", eventsFor(t, "wait-timeout"))
 	}
 }
@@ -260,7 +260,7 @@ func TestInvalidEvictionRegexEvictsNothing(t *testing.T) {
 	if err != nil {
 		t.Fatalf("no InvalidSpec condition for an uncompilable regex")
 	}
-	if !hasEvent(eventsFor(t, "bad-regex"), "InvalidSpec") {
+	if !eventSeen(t, "bad-regex", "InvalidSpec") {
 		t.Errorf("no InvalidSpec Warning event")
 	}
 	if got := len(podsOn(t, "regex", "victim", node)); got != onNode {

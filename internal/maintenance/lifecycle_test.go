@@ -115,7 +115,7 @@ func TestPDBKeepsObjectDraining(t *testing.T) {
 	if w := got.Status.Drain.WaitForEviction; len(w) == 0 || !strings.Contains(strings.Join(w, ","), pods[0].Name) {
 		t.Errorf("status.drain.waitForEviction = %v, want the blocking pod", w)
 	}
-	if !hasEvent(eventsFor(t, "pdb"), "DrainBlocked") {
+	if !eventSeen(t, "pdb", "DrainBlocked") {
 		t.Errorf("no DrainBlocked Warning event")
 	}
 	// Still Draining, not Ready.

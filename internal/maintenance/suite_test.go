@@ -267,6 +267,16 @@ func eventsFor(t *testing.T, name string) []string {
 	return out
 }
 
+// eventSeen waits up to 10 s for an event with reason about the object
+// name (events are sent after the status write a test waits for).
+func eventSeen(t *testing.T, name, reason string) bool {
+	t.Helper()
+	err := wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
+		return hasEvent(eventsFor(t, name), reason), nil
+	})
+	return err == nil
+}
+
 func hasEvent(events []string, reason string) bool {
 	for _, e := range events {
 		if strings.HasPrefix(e, reason+":") {
