@@ -139,9 +139,15 @@ func TestMaxUnavailableZeroOnlyAlreadyUnavailableNodes(t *testing.T) {
 		t.Fatalf("in progress: %v, want only the request on the cordoned node", got)
 	}
 	// Raising the budget schedules the others, reacting to the config change.
+	// (settle would sample before the config's event reached the
+	// scheduler: wait for the change, bounded.)
 	setConfig(t, ios(10), nil)
-	if got := settle(t, "zero-down", "zero-up-1", "zero-up-2"); len(got) != 3 {
-		t.Fatalf("after lifting maxUnavailable: %v", got)
+	names := []string{"zero-down", "zero-up-1", "zero-up-2"}
+	err := wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
+		return len(inProgressOf(t, names)) == 3, nil
+	})
+	if err != nil {
+		t.Fatalf("after lifting maxUnavailable: in progress %v, want all three", inProgressOf(t, names))
 	}
 }
 
