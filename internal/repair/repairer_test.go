@@ -313,3 +313,51 @@ func TestRuleActionsValidation(t *testing.T) {
 		t.Errorf("rebootTimeoutSeconds 0: error %v, want a rejection", err)
 	}
 }
+
+// TestDetectorReportsAnUnusableNodeSelector: a selector the schema lets
+// through but that is no selector (an unknown operator) repairs nothing and
+// says so in an InvalidSpec condition, instead of failing silently.
+func TestDetectorReportsAnUnusableNodeSelector(t *testing.T) {
+	devtest.NeedCluster(t)
+	p := &repairv1.NodeRepairPolicy{ObjectMeta: metav1.ObjectMeta{Name: "bad-selector"},
+		Spec: repairv1.NodeRepairPolicySpec{Rules: []repairv1.Rule{ntpRule}, NodeSelector: &metav1.LabelSelector{
+			MatchExpressions: []metav1.LabelSelectorRequirement{{Key: "pool", Operator: "Near", Values: []string{"a"}}}}}}
+	if err := env.Kube.Create(t.Context(), p); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = env.Kube.Delete(context.Background(), p) })
+	rec := events.NewFakeRecorder(10)
+	d := &repair.Detector{Client: env.Kube, Namespace: ns, Clock: clocktesting.NewFakeClock(time.Now()), Recorder: rec}
+	if _, err := d.Reconcile(t.Context(), reconcile.Request{NamespacedName: types.NamespacedName{Name: p.Name}}); err != nil {
+		t.Fatalf("reconcile: %v", err)
+	}
+	got := &repairv1.NodeRepairPolicy{}
+	if err := env.Kube.Get(t.Context(), types.NamespacedName{Name: p.Name}, got); err != nil {
+		t.Fatal(err)
+	}
+	var cond *metav1.Condition
+	for i := range got.Status.Conditions {
+		if got.Status.Conditions[i].Type == "InvalidSpec" {
+			cond = &got.Status.Conditions[i]
+		}
+	}
+	if cond == nil || cond.Status != metav1.ConditionTrue || !strings.Contains(cond.Message, "no node is repaired") {
+		t.Errorf("conditions %+v: want InvalidSpec=True saying no node is repaired", got.Status.Conditions)
+	}
+	// Fixed: the condition goes away.
+	got.Spec.NodeSelector = nil
+	if err := env.Kube.Update(t.Context(), got); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.Reconcile(t.Context(), reconcile.Request{NamespacedName: types.NamespacedName{Name: p.Name}}); err != nil {
+		t.Fatalf("reconcile: %v", err)
+	}
+	if err := env.Kube.Get(t.Context(), types.NamespacedName{Name: p.Name}, got); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range got.Status.Conditions {
+		if c.Type == "InvalidSpec" {
+			t.Errorf("InvalidSpec still set after the selector was fixed: %+v", c)
+		}
+	}
+}
