@@ -5,6 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -13,8 +16,10 @@ import (
 	"github.com/go-logr/logr/funcr"
 	"github.com/google/go-cmp/cmp"
 	corev1 "k8s.io/api/core/v1"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	clocktesting "k8s.io/utils/clock/testing"
+	"sigs.k8s.io/yaml"
 
 	repairv1 "github.com/gpufleet/gpufleet/api/repair/v1alpha1"
 )
@@ -194,5 +199,69 @@ func TestTrimOutput(t *testing.T) {
 	got := trimOutput(long)
 	if !strings.HasSuffix(got, " the error") || len(got) > maxOutput+len("…") {
 		t.Errorf("trimOutput of %d bytes: %d bytes, ends %q", len(long), len(got), got[len(got)-20:])
+	}
+}
+
+// crdActions reads the actions the API server accepts from the generated
+// NodeRepair CRD (the enum of spec.actions).
+func crdActions(t *testing.T) []repairv1.Action {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join("..", "..", "config", "crd", "bases", "repair.gpufleet.dev_noderepairs.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var crd apiextensionsv1.CustomResourceDefinition
+	if err := yaml.Unmarshal(data, &crd); err != nil {
+		t.Fatal(err)
+	}
+	if len(crd.Spec.Versions) != 1 {
+		t.Fatalf("CRD versions %d, want 1", len(crd.Spec.Versions))
+	}
+	items := crd.Spec.Versions[0].Schema.OpenAPIV3Schema.Properties["spec"].Properties["actions"].Items
+	if items == nil || items.Schema == nil {
+		t.Fatal("spec.actions of the NodeRepair CRD has no item schema")
+	}
+	var out []repairv1.Action
+	for _, v := range items.Schema.Enum {
+		var a repairv1.Action
+		if err := json.Unmarshal(v.Raw, &a); err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, a)
+	}
+	return out
+}
+
+// TestHostExecutorRunsTheFixedSetOnly: every action the API accepts has a
+// host implementation; anything else is refused with an error naming it,
+// before any command runs.
+func TestHostExecutorRunsTheFixedSetOnly(t *testing.T) {
+	known := crdActions(t)
+	if diff := cmp.Diff([]repairv1.Action{repairv1.ActionRestartKubelet, repairv1.ActionRestartContainerRuntime,
+		repairv1.ActionRestartNTP, repairv1.ActionDeleteBrokenSandbox, repairv1.ActionReboot}, known); diff != "" {
+		t.Errorf("actions of the CRD (-want +got):\n%s", diff)
+	}
+	for _, a := range known {
+		t.Run(string(a), func(t *testing.T) {
+			host := &fakeHost{pods: `{"items":[]}`}
+			if err := (HostExecutor{Runner: host, Clock: sandboxClock}).Execute(context.Background(), &corev1.Node{}, a); err != nil {
+				t.Errorf("action %s of the API: %v", a, err)
+			}
+			if len(host.calls) == 0 {
+				t.Errorf("action %s ran no host command", a)
+			}
+		})
+	}
+	for _, a := range []repairv1.Action{"", "rm -rf /", "restartkubelet", "Reboot ", "RestartKubelet; reboot"} {
+		t.Run("refused "+strconv.Quote(string(a)), func(t *testing.T) {
+			host := &fakeHost{}
+			err := (HostExecutor{Runner: host, Clock: sandboxClock}).Execute(context.Background(), &corev1.Node{}, a)
+			if want := fmt.Sprintf("unknown action %q", a); err == nil || err.Error() != want {
+				t.Errorf("error %v, want %q", err, want)
+			}
+			if len(host.calls) != 0 {
+				t.Errorf("commands ran for a refused action: %q", host.calls)
+			}
+		})
 	}
 }
