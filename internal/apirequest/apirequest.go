@@ -28,8 +28,12 @@ func Describe(r *http.Request) (verb, resource string) {
 	default:
 		return r.Method, r.URL.Path
 	}
-	// namespaces/<ns>/<resource>/... but not namespaces/<ns> itself.
+	// namespaces/<ns>/<resource>/... but not namespaces/<ns> itself, nor
+	// the namespace's own subresources (namespaces/<ns>/status, /finalize).
 	if len(parts) > 2 && parts[0] == "namespaces" {
+		if len(parts) == 3 && (parts[2] == "status" || parts[2] == "finalize") {
+			return r.Method, "namespaces/" + parts[2]
+		}
 		parts = parts[2:]
 	}
 	resource = parts[0]

@@ -36,6 +36,8 @@ func TestDescribeEveryShape(t *testing.T) {
 		"delete a node":          {"DELETE", "/api/v1/nodes/gpu-1", named{"DELETE", "nodes"}},
 		"trailing slash":         {"GET", "/api/v1/nodes/", named{"LIST", "nodes"}},
 		"create a namespace":     {"POST", "/api/v1/namespaces", named{"POST", "namespaces"}},
+		"a namespace's status":   {"PUT", "/api/v1/namespaces/x/status", named{"PUT", "namespaces/status"}},
+		"a namespace's finalize": {"PUT", "/api/v1/namespaces/x/finalize", named{"PUT", "namespaces/finalize"}},
 		"get a namespace":        {"GET", "/api/v1/namespaces/gpufleet-system", named{"GET", "namespaces"}},
 		"delete a namespace":     {"DELETE", "/api/v1/namespaces/gpufleet-system", named{"DELETE", "namespaces"}},
 		"watch namespaces":       {"GET", "/api/v1/namespaces?watch=true", named{"WATCH", "namespaces"}},

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/google/uuid"
@@ -57,7 +58,7 @@ type NodeSpec struct {
 }
 
 // GPUNodes returns n GPU node specs named gpu-000…, spread round-robin over
-// pools pools (pool-a, pool-b, …), all ubuntu 22.04 with containerd and 8 GPUs.
+// pools pools (pool-a, pool-b, … pool-z, then pool-26, …), all ubuntu 22.04 with containerd and 8 GPUs.
 func GPUNodes(n, pools int) []NodeSpec {
 	if pools < 1 {
 		pools = 1
@@ -66,7 +67,7 @@ func GPUNodes(n, pools int) []NodeSpec {
 	for i := range specs {
 		specs[i] = NodeSpec{
 			Name: fmt.Sprintf("gpu-%03d", i),
-			Pool: "pool-" + string(rune('a'+i%pools)),
+			Pool: "pool-" + poolSuffix(i%pools),
 			GPUs: 8,
 		}
 	}
@@ -298,4 +299,12 @@ func (c *Cluster) setLabel(ctx context.Context, node, key, value string) error {
 		return fmt.Errorf("labelling node %s %s=%q: %w", node, key, value, err)
 	}
 	return nil
+}
+
+// poolSuffix names the k-th pool: a letter for the first 26, then its number.
+func poolSuffix(k int) string {
+	if k < 26 {
+		return string(rune('a' + k))
+	}
+	return strconv.Itoa(k)
 }

@@ -182,6 +182,7 @@ func TestGPUNodes(t *testing.T) {
 		"negative pools: one":      {n: 2, pools: -3, wantPools: []string{"pool-a", "pool-a"}},
 		"one pool per node (z)":    {n: 26, pools: 26},
 		"three digits in the name": {n: 101, pools: 3},
+		"more than 26 pools":       {n: 30, pools: 30},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
