@@ -55,14 +55,17 @@ func (a *Agent) Reconcile(ctx context.Context, req reconcile.Request) (reconcile
 		log.Info("not running host action again: its start is recorded but not its outcome",
 			"node", nr.Spec.NodeName, "action", p.Action)
 	} else {
+		// Read the node before recording the start: a start is recorded
+		// only when the action is about to run, so a failed read is
+		// retried instead of being taken for an interrupted action.
+		node := &corev1.Node{}
+		if err := a.Client.Get(ctx, types.NamespacedName{Name: nr.Spec.NodeName}, node); err != nil {
+			return reconcile.Result{}, fmt.Errorf("reading node %s before %s: %w", nr.Spec.NodeName, p.Action, err)
+		}
 		before := nr.DeepCopy()
 		nr.Status.Timeline = append(nr.Status.Timeline, entry(a.Clock, string(p.Action), "Started", ""))
 		if err := patchStatus(ctx, a.Client, before, nr); err != nil {
 			return reconcile.Result{}, fmt.Errorf("recording the start of %s: %w", p.Action, err)
-		}
-		node := &corev1.Node{}
-		if err := a.Client.Get(ctx, types.NamespacedName{Name: nr.Spec.NodeName}, node); err != nil {
-			return reconcile.Result{}, err
 		}
 		if err := a.Executor.Execute(ctx, node, p.Action); err != nil {
 			outcome, msg = "Failed", err.Error()

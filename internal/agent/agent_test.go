@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -298,5 +299,33 @@ func TestAgentWritesOnTheVersionItRead(t *testing.T) {
 	}
 	if got := getRepair(t, a); got.Status.Message != "written by the controller" || len(got.Status.Timeline) != 0 {
 		t.Errorf("the controller's write was overwritten: status %+v", got.Status)
+	}
+}
+
+// TestAgentNodeReadFailureIsRetriedNotInterrupted: when the node cannot be
+// read, nothing is recorded, and the retry runs the action (once).
+func TestAgentNodeReadFailureIsRetriedNotInterrupted(t *testing.T) {
+	exec := &recordingExecutor{}
+	failOnce := true
+	funcs := &interceptor.Funcs{Get: func(ctx context.Context, c client.WithWatch, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+		if _, ok := obj.(*corev1.Node); ok && failOnce {
+			failOnce = false
+			return fmt.Errorf("injected: the API server is not reachable")
+		}
+		return c.Get(ctx, key, obj, opts...)
+	}}
+	a := newTestAgent(t, "gpu-1", exec, funcs, testNode("gpu-1"), testRepair("gpu-1", repairv1.ActionRestartKubelet))
+	if err := reconcileRepair(t, a, repairName); err == nil {
+		t.Fatal("a failed node read must be an error (retried)")
+	}
+	if got := getRepair(t, a); len(got.Status.Timeline) != 0 || got.Status.Pending == nil {
+		t.Fatalf("after a failed node read: timeline %+v, pending %v; want nothing recorded", got.Status.Timeline, got.Status.Pending)
+	}
+	if err := reconcileRepair(t, a, repairName); err != nil {
+		t.Fatal(err)
+	}
+	got := getRepair(t, a)
+	if len(exec.calls) != 1 || len(got.Status.Timeline) != 2 || got.Status.Timeline[1].Outcome != "Succeeded" {
+		t.Errorf("retry: executor calls %v, timeline %+v; want one run, Started then Succeeded", exec.calls, got.Status.Timeline)
 	}
 }
