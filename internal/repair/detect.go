@@ -99,8 +99,9 @@ func Detect(in DetectInput) Detection {
 		nodePool[n.Name] = pool
 		ps := pools[pool]
 		ps.Size++
-		ev := Evaluate(n, rules, trackedOf(n), in.Now)
-		if !sameTracked(trackedOf(n), ev.Tracked) {
+		tracked := trackedOf(n)
+		ev := Evaluate(n, rules, tracked, in.Now)
+		if !sameTracked(tracked, ev.Tracked) {
 			out.Tracked[n.Name] = ev.Tracked
 		}
 		if ev.NextCheck > 0 && (out.Next == 0 || ev.NextCheck < out.Next) {

@@ -27,10 +27,9 @@ import (
 // Detector watches node conditions for the policy's rules and starts
 // repairs under the blast-radius limits.
 type Detector struct {
-	Client    client.Client
-	Namespace string
-	Clock     clock.PassiveClock
-	Recorder  events.EventRecorder
+	Client   client.Client
+	Clock    clock.PassiveClock
+	Recorder events.EventRecorder
 }
 
 // Reconcile evaluates every node of one NodeRepairPolicy (Detect) and

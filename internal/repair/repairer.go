@@ -140,11 +140,11 @@ func (r *Repairer) step(ctx context.Context, l *ladder) (reconcile.Result, error
 		return reconcile.Result{}, r.end(ctx, l, repairv1.PhaseRecoveryFailed,
 			fmt.Sprintf("the node agent did not run %s within %s (is gpufleet's agent running on node %s?)", p.Action, limit, node.Name))
 	}
-	rule := ruleNamed(policy, nr.Spec.Fault.Rule)
-	faulty := rule != nil && stillFaulty(node, *rule)
 	if nr.Status.BootIDBefore != "" {
 		return r.awaitReboot(ctx, l)
 	}
+	rule := ruleNamed(policy, nr.Spec.Fault.Rule)
+	faulty := rule != nil && stillFaulty(node, *rule)
 	if !faulty {
 		return reconcile.Result{}, r.end(ctx, l, repairv1.PhaseSucceeded, "fault cleared")
 	}

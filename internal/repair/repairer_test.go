@@ -327,7 +327,7 @@ func TestDetectorReportsAnUnusableNodeSelector(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = env.Kube.Delete(context.Background(), p) })
 	rec := events.NewFakeRecorder(10)
-	d := &repair.Detector{Client: env.Kube, Namespace: ns, Clock: clocktesting.NewFakeClock(time.Now()), Recorder: rec}
+	d := &repair.Detector{Client: env.Kube, Clock: clocktesting.NewFakeClock(time.Now()), Recorder: rec}
 	if _, err := d.Reconcile(t.Context(), reconcile.Request{NamespacedName: types.NamespacedName{Name: p.Name}}); err != nil {
 		t.Fatalf("reconcile: %v", err)
 	}

@@ -57,7 +57,7 @@ func Setup(mgr manager.Manager, opts Options) error {
 		}
 		return reqs
 	})
-	det := &Detector{Client: c, Namespace: opts.Namespace, Clock: opts.Clock, Recorder: mgr.GetEventRecorder("gpufleet-repair")}
+	det := &Detector{Client: c, Clock: opts.Clock, Recorder: mgr.GetEventRecorder("gpufleet-repair")}
 	err := builder.ControllerManagedBy(mgr).Named("noderepair-detector").
 		For(&repairv1.NodeRepairPolicy{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		Watches(&corev1.Node{}, allPolicies, builder.WithPredicates(healthChanged)).
