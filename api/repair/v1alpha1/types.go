@@ -7,7 +7,7 @@ import (
 
 // Action is one thing the node agent can do. The set is fixed: the API
 // never carries an arbitrary command.
-// +kubebuilder:validation:Enum=RestartKubelet;RestartContainerRuntime;RestartNTP;DeleteBrokenSandbox;Reboot
+// +kubebuilder:validation:Enum=RestartKubelet;RestartContainerRuntime;RestartNTP;DeleteBrokenSandbox;ResetGPU;Reboot
 type Action string
 
 // Actions.
@@ -16,6 +16,10 @@ const (
 	ActionRestartContainerRuntime Action = "RestartContainerRuntime"
 	ActionRestartNTP              Action = "RestartNTP"
 	ActionDeleteBrokenSandbox     Action = "DeleteBrokenSandbox"
+	// ActionResetGPU resets the repair's faulty GPUs (spec.gpus), after the
+	// pods using them were drained through NodeMaintenance (the node is not
+	// cordoned; the GPUs are isolated).
+	ActionResetGPU Action = "ResetGPU"
 	// ActionReboot runs only when the policy allows reboots, after a cordon
 	// and drain through NodeMaintenance.
 	ActionReboot Action = "Reboot"
@@ -52,8 +56,8 @@ type Rule struct {
 	// +kubebuilder:validation:Maximum=86400
 	ThresholdSeconds int32 `json:"thresholdSeconds"`
 	// Actions in order; Reboot, if present, must be the last and only
-	// Reboot (it ends the ladder).
-	// +kubebuilder:validation:MinItems=1
+	// Reboot (it ends the ladder). No actions: the fault is reported
+	// (RecoveryFailed, with the condition's message) and nothing runs.
 	// +kubebuilder:validation:MaxItems=5
 	// +kubebuilder:validation:XValidation:rule="self.all(a, a != 'Reboot') || (self[size(self)-1] == 'Reboot' && self.filter(a, a == 'Reboot').size() == 1)",message="Reboot may appear once, as the last action"
 	Actions []Action `json:"actions"`
@@ -133,9 +137,14 @@ type NodeRepairPolicySpec struct {
 	// Paused stops new repairs (running ones finish).
 	// +optional
 	Paused bool `json:"paused,omitempty"`
-	// DryRun records and reports what would be repaired; no action runs.
+	// DryRun records and reports what would be repaired; no action runs
+	// and no GPU is isolated.
 	// +optional
 	DryRun bool `json:"dryRun,omitempty"`
+	// GPU configures the handling of GPU faults (the GPUProblem condition
+	// and GPUFault records of the node agent).
+	// +optional
+	GPU GPUSpec `json:"gpu,omitempty"`
 }
 
 // SuspendedPool is a pool where repairs stopped.
@@ -238,6 +247,19 @@ type NodeRepairSpec struct {
 	// +optional
 	// +kubebuilder:validation:MaxLength=1024
 	IgnoreReason string `json:"ignoreReason,omitempty"`
+	// GPUs the repair is about (GPU faults only): ResetGPU resets them and
+	// drains only the pods using them; the repair succeeds when all of
+	// them are back in service.
+	// +optional
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=16
+	GPUs []GPURef `json:"gpus,omitempty"`
+	// Recommendation, when set, is what a person has to do (e.g. replace a
+	// GPU that faulted too often); nothing runs and the repair ends
+	// RecoveryFailed with it, shown on the node.
+	// +optional
+	// +kubebuilder:validation:MaxLength=1024
+	Recommendation string `json:"recommendation,omitempty"`
 }
 
 // Recorded reports whether the NodeRepair only records a fault (dry run, or
@@ -287,6 +309,10 @@ type NodeRepairStatus struct {
 	// MaintenanceName is the NodeMaintenance holding the node for a reboot.
 	// +optional
 	MaintenanceName string `json:"maintenanceName,omitempty"`
+	// GPUMaintenanceName is the NodeMaintenance that drains only the pods
+	// using spec.gpus before ResetGPU (the node is not cordoned).
+	// +optional
+	GPUMaintenanceName string `json:"gpuMaintenanceName,omitempty"`
 	// +optional
 	Timeline []TimelineEntry `json:"timeline,omitempty"`
 	// +optional

@@ -1,0 +1,217 @@
+package v1alpha1
+
+import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// GPU fault classes: what a fault calls for (internal/gpufault's catalogue).
+// +kubebuilder:validation:Enum=Informational;Application;ResetGPU;Reboot;Replace
+type GPUFaultClass string
+
+// Classes, from the least to the most severe.
+const (
+	// GPUClassInformational: an event, nothing is broken. Recorded only.
+	GPUClassInformational GPUFaultClass = "Informational"
+	// GPUClassApplication: the application's fault; the GPU stays in
+	// service. Recorded only.
+	GPUClassApplication GPUFaultClass = "Application"
+	// GPUClassResetGPU: reset the GPU once no pod uses it.
+	GPUClassResetGPU GPUFaultClass = "ResetGPU"
+	// GPUClassReboot: only a reboot of the node recovers the GPU.
+	GPUClassReboot GPUFaultClass = "Reboot"
+	// GPUClassReplace: the GPU needs a person (replacement, inspection).
+	GPUClassReplace GPUFaultClass = "Replace"
+)
+
+// Repairs reports whether the class takes the GPU out of service (it is
+// isolated and repaired, or reported for replacement).
+func (c GPUFaultClass) Repairs() bool {
+	return c == GPUClassResetGPU || c == GPUClassReboot || c == GPUClassReplace
+}
+
+// Rank orders the classes by severity (Informational 0 … Replace 4, -1
+// for an unknown class).
+func (c GPUFaultClass) Rank() int {
+	switch c {
+	case GPUClassInformational:
+		return 0
+	case GPUClassApplication:
+		return 1
+	case GPUClassResetGPU:
+		return 2
+	case GPUClassReboot:
+		return 3
+	case GPUClassReplace:
+		return 4
+	}
+	return -1
+}
+
+// Node condition the node agent writes in node-problem-detector style:
+// True while a GPU of the node has a fault that takes it out of service,
+// with the most severe class as its reason; False (reason GPUsHealthy)
+// otherwise. The default repair rules match it.
+const (
+	ConditionGPUProblem = "GPUProblem"
+	ReasonGPUsHealthy   = "GPUsHealthy"
+)
+
+// GPURef identifies one GPU of a node.
+type GPURef struct {
+	// Index is nvidia-smi's index (DCGM's GPU id); unset when not known
+	// (a kernel log line names the PCI address only).
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	Index *int32 `json:"index,omitempty"`
+	// UUID, e.g. GPU-5c1b7a39-....
+	// +optional
+	// +kubebuilder:validation:MaxLength=128
+	UUID string `json:"uuid,omitempty"`
+	// PCIBusID in the long form, e.g. 0000:3b:00.0.
+	// +kubebuilder:validation:MaxLength=32
+	PCIBusID string `json:"pciBusID"`
+}
+
+// GPUFaultEntry is one kind of fault seen on a GPU.
+type GPUFaultEntry struct {
+	// Code is the XID; 0 for a fault read from a counter.
+	// +optional
+	Code int32 `json:"code,omitempty"`
+	// Counter is the health counter the fault was read from (a
+	// dcgm-exporter metric, or GPUMissing); empty for an XID.
+	// +optional
+	// +kubebuilder:validation:MaxLength=128
+	Counter string        `json:"counter,omitempty"`
+	Class   GPUFaultClass `json:"class"`
+	// Meaning in NVIDIA's words, and where NVIDIA says so.
+	// +optional
+	// +kubebuilder:validation:MaxLength=512
+	Meaning string `json:"meaning,omitempty"`
+	// +optional
+	// +kubebuilder:validation:MaxLength=512
+	Citation  string      `json:"citation,omitempty"`
+	FirstSeen metav1.Time `json:"firstSeen"`
+	LastSeen  metav1.Time `json:"lastSeen"`
+	// Count of times it was seen (XID lines, or counter increases).
+	Count int64 `json:"count"`
+	// Active until a reset or reboot of the GPU cleared it.
+	Active bool `json:"active"`
+}
+
+// GPUFaultSpec identifies the GPU (immutable).
+type GPUFaultSpec struct {
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="nodeName is immutable"
+	NodeName string `json:"nodeName"`
+	GPU      GPURef `json:"gpu"`
+}
+
+// GPUFaultStatus is what the node agent found.
+type GPUFaultStatus struct {
+	// Class is the most severe class of the active faults that take the
+	// GPU out of service (ResetGPU, Reboot, Replace); empty when none: the
+	// GPU is in service.
+	// +optional
+	Class GPUFaultClass `json:"class,omitempty"`
+	// Summary of the active faults, for kubectl (e.g. "Xid 48: DBE ECC").
+	// +optional
+	// +kubebuilder:validation:MaxLength=1024
+	Summary string `json:"summary,omitempty"`
+	// Faults seen on this GPU, one entry per XID code or counter.
+	// +optional
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=64
+	Faults []GPUFaultEntry `json:"faults,omitempty"`
+	// Occurrences: when the GPU was taken out of service by a fault, oldest
+	// first, the last 16. The repair policy's replaceAfter counts them.
+	// +optional
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=16
+	Occurrences []metav1.Time `json:"occurrences,omitempty"`
+	// BootID of the node when the faults were recorded: a reboot clears
+	// what the kernel log reported before it.
+	// +optional
+	BootID string `json:"bootID,omitempty"`
+}
+
+// InService reports whether no active fault takes the GPU out of service.
+func (g *GPUFault) InService() bool { return !g.Status.Class.Repairs() }
+
+// GPUFault records the faults of one GPU, written by its node's agent
+// (named <node>-<PCI bus ID>). While it shows a fault that takes the GPU
+// out of service, gpufleet isolates the GPU (no new pod gets it) and the
+// node's GPUProblem condition starts the repair ladder.
+//
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:scope=Cluster,shortName=gpuf
+// +kubebuilder:printcolumn:name="Node",type="string",JSONPath=`.spec.nodeName`
+// +kubebuilder:printcolumn:name="GPU",type="integer",JSONPath=`.spec.gpu.index`
+// +kubebuilder:printcolumn:name="PCI",type="string",JSONPath=`.spec.gpu.pciBusID`
+// +kubebuilder:printcolumn:name="Class",type="string",JSONPath=`.status.class`
+// +kubebuilder:printcolumn:name="Faults",type="string",JSONPath=`.status.summary`
+// +kubebuilder:printcolumn:name="UUID",type="string",JSONPath=`.spec.gpu.uuid`,priority=1
+// +kubebuilder:printcolumn:name="Age",type="date",JSONPath=`.metadata.creationTimestamp`
+type GPUFault struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	Spec   GPUFaultSpec   `json:"spec,omitempty"`
+	Status GPUFaultStatus `json:"status,omitempty"`
+}
+
+// GPUFaultList is a list of GPUFault.
+//
+// +kubebuilder:object:root=true
+type GPUFaultList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []GPUFault `json:"items"`
+}
+
+// GPUSpec configures GPU fault handling in a NodeRepairPolicy.
+type GPUSpec struct {
+	// DRADriver is the DRA driver whose ResourceSlices publish the GPUs;
+	// a faulty GPU found there is isolated with a DeviceTaintRule. Nodes
+	// whose GPUs it does not publish rely on the device plugin's own
+	// health marking.
+	// +optional
+	// +kubebuilder:default="gpu.nvidia.com"
+	// +kubebuilder:validation:MaxLength=63
+	DRADriver string `json:"draDriver,omitempty"`
+	// ReplaceAfter: a GPU taken out of service this many times within
+	// WindowSeconds is not repaired again: its repair ends RecoveryFailed
+	// with a recommendation to replace it (it stays isolated).
+	// +optional
+	ReplaceAfter *RepeatLimit `json:"replaceAfter,omitempty"`
+	// XIDClasses overrides the catalogue's class of XID codes (e.g. treat
+	// XID 94 as Reboot). The node agent applies them.
+	// +optional
+	// +listType=map
+	// +listMapKey=code
+	// +kubebuilder:validation:MaxItems=128
+	XIDClasses []XIDClass `json:"xidClasses,omitempty"`
+}
+
+// RepeatLimit is a count within a window.
+type RepeatLimit struct {
+	// +kubebuilder:default=3
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=16
+	Count int32 `json:"count"`
+	// +kubebuilder:default=86400
+	// +kubebuilder:validation:Minimum=60
+	// +kubebuilder:validation:Maximum=2592000
+	WindowSeconds int32 `json:"windowSeconds"`
+}
+
+// XIDClass sets the class of one XID code.
+type XIDClass struct {
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=1023
+	Code  int32         `json:"code"`
+	Class GPUFaultClass `json:"class"`
+}
+
+func init() {
+	register(&GPUFault{}, &GPUFaultList{})
+}
