@@ -24,7 +24,9 @@ type DetectInput struct {
 	Repairs []repairv1.NodeRepair
 	// Maintenances: every NodeMaintenance.
 	Maintenances []maintenancev1.NodeMaintenance
-	Now          time.Time
+	// GPUFaults: every GPUFault record (the node agents' view of the GPUs).
+	GPUFaults []repairv1.GPUFault
+	Now       time.Time
 }
 
 // Detection is what the detector writes for one pass; Detect computes it
@@ -128,6 +130,11 @@ func Detect(in DetectInput) Detection {
 		pools[pool] = ps
 	}
 	for _, r := range failed {
+		if r.Spec.Recommendation != "" {
+			// A report for a person (e.g. replace a GPU, which stays
+			// isolated): no repair failed, nothing about the pool is suspect.
+			continue
+		}
 		status.SuspendedPools = withPool(status.SuspendedPools, repairv1.SuspendedPool{Pool: r.Spec.Pool, Node: r.Spec.NodeName, Reason: r.Status.Message})
 	}
 	for _, sp := range status.SuspendedPools {
@@ -140,9 +147,19 @@ func Detect(in DetectInput) Detection {
 	for _, dec := range Admit(cands, pools, spec) {
 		f := faults[dec.Node]
 		switch {
+		case (dec.Start || dec.Ignore) && isGPURule(f.Rule) && len(outOfService(dec.Node, in.GPUFaults)) == 0:
+			// The condition is there but not yet the records naming the
+			// GPUs (they are written first; the cache may lag).
+			blocked = append(blocked, dec.Node+": waiting for the node agent's GPUFault records")
 		case dec.Start:
 			r := newRepair(in.Policy, dec.Node, nodePool[dec.Node], f, in.Now)
 			r.Spec.Actions = PlannedActions(f.Rule, spec.AllowReboot)
+			if isGPURule(f.Rule) {
+				gpuRepair(r, outOfService(dec.Node, in.GPUFaults), spec.GPU.ReplaceAfter, in.Now)
+				if r.Spec.Recommendation != "" {
+					r.Spec.Actions = nil
+				}
+			}
 			if spec.DryRun {
 				r.Spec.DryRun = true
 				r.Name += "-dryrun"

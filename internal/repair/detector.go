@@ -96,7 +96,11 @@ func (d *Detector) read(ctx context.Context, policy *repairv1.NodeRepairPolicy) 
 	if err := d.Client.List(ctx, &nms); err != nil {
 		return in, fmt.Errorf("listing NodeMaintenance: %w", err)
 	}
-	in.Nodes, in.Repairs, in.Maintenances = nodes.Items, repairs.Items, nms.Items
+	var gpus repairv1.GPUFaultList
+	if err := d.Client.List(ctx, &gpus); err != nil {
+		return in, fmt.Errorf("listing GPUFaults: %w", err)
+	}
+	in.Nodes, in.Repairs, in.Maintenances, in.GPUFaults = nodes.Items, repairs.Items, nms.Items, gpus.Items
 	return in, nil
 }
 
@@ -138,6 +142,11 @@ func (d *Detector) writeStatus(ctx context.Context, policy *repairv1.NodeRepairP
 func (d *Detector) resolve(ctx context.Context, f *repairv1.NodeRepair) error {
 	if err := setNodeState(ctx, d.Client, f.Spec.NodeName, ""); err != nil {
 		return err
+	}
+	if f.Spec.Recommendation != "" {
+		if err := patchMeta(ctx, d.Client, f.Spec.NodeName, "annotations", map[string]any{AnnotationRecommendation: nil}); err != nil {
+			return err
+		}
 	}
 	patch := client.MergeFrom(f.DeepCopy())
 	f = f.DeepCopy()

@@ -4,6 +4,12 @@ package repair
 const (
 	// LabelState shows Repairing or RecoveryFailed on the node.
 	LabelState = "repair.gpufleet.dev/state"
+	// AnnotationRecommendation on a node says what a person has to do after
+	// a repair that ended with a recommendation (e.g. replace a GPU).
+	AnnotationRecommendation = "repair.gpufleet.dev/recommendation"
+	// LabelGPUDrain on a pod marks it for the drain of a GPU repair (the
+	// NodeRepair's UID): the NodeMaintenance drains only these pods.
+	LabelGPUDrain = "repair.gpufleet.dev/gpu-drain"
 	// DefaultPoolLabel groups nodes into pools when the policy names none.
 	DefaultPoolLabel = "gpufleet.dev/pool"
 	// Requestor of the NodeMaintenance a rebooting repair uses.

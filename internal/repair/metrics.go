@@ -25,6 +25,18 @@ var (
 		Name: "gpufleet_repair_actions_total",
 		Help: "Repair actions handed to the node agent, by action.",
 	}, []string{"action"})
+	gpusIsolated = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "gpufleet_repair_isolated_gpus",
+		Help: "GPUs kept from new pods by a DeviceTaintRule of gpufleet.",
+	})
+	gpusOutOfService = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "gpufleet_repair_gpus_out_of_service",
+		Help: "GPUs whose node agent reports a fault that takes them out of service, by class (ResetGPU, Reboot, Replace).",
+	}, []string{"class"})
+	gpuFaults = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "gpufleet_repair_gpu_fault_occurrences",
+		Help: "GPU faults seen by the node agents (sum of the GPUFault records' counts), by XID code (0: a health counter) and class.",
+	}, []string{"code", "class"})
 	repairDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "gpufleet_repair_duration_seconds",
 		Help:    "Time from a repair's start to its end, by result.",
@@ -33,5 +45,5 @@ var (
 )
 
 func init() {
-	metrics.Registry.MustRegister(faultsDetected, repairsFinished, actionsRequested, repairDuration)
+	metrics.Registry.MustRegister(faultsDetected, repairsFinished, actionsRequested, repairDuration, gpusIsolated, gpusOutOfService, gpuFaults)
 }

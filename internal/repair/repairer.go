@@ -7,8 +7,10 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	resourcev1 "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
@@ -143,13 +145,29 @@ func (r *Repairer) step(ctx context.Context, l *ladder) (reconcile.Result, error
 	if nr.Status.BootIDBefore != "" {
 		return r.awaitReboot(ctx, l)
 	}
+	if nr.Spec.Recommendation != "" {
+		// Nothing automatic can help: report it to a person, on the node too.
+		return reconcile.Result{}, r.end(ctx, l, repairv1.PhaseRecoveryFailed, nr.Spec.Recommendation)
+	}
 	rule := ruleNamed(policy, nr.Spec.Fault.Rule)
-	faulty := rule != nil && stillFaulty(node, *rule)
+	faulty, err := r.stillFaulty(ctx, l, rule)
+	if err != nil {
+		return reconcile.Result{}, err
+	}
 	if !faulty {
-		return reconcile.Result{}, r.end(ctx, l, repairv1.PhaseSucceeded, "fault cleared")
+		msg := "fault cleared"
+		if len(nr.Spec.GPUs) > 0 {
+			msg = "back in service: " + gpuNames(nr.Spec.GPUs)
+		}
+		return reconcile.Result{}, r.end(ctx, l, repairv1.PhaseSucceeded, msg)
 	}
 	idx := int(nr.Status.NextAction)
 	if idx < len(nr.Spec.Actions) && nr.Spec.Actions[idx] != repairv1.ActionReboot {
+		if nr.Spec.Actions[idx] == repairv1.ActionResetGPU {
+			if drained, err := r.gpuDrainRung(ctx, l); err != nil || !drained {
+				return reconcile.Result{}, err
+			}
+		}
 		r.request(l, nr.Spec.Actions[idx])
 		return reconcile.Result{}, nil
 	}
@@ -179,6 +197,16 @@ func (r *Repairer) step(ctx context.Context, l *ladder) (reconcile.Result, error
 // asks the agent to reboot. A drain that times out does not stop it.
 func (r *Repairer) rebootRung(ctx context.Context, l *ladder) (reconcile.Result, error) {
 	nr := l.nr
+	if nr.Status.GPUMaintenanceName != "" {
+		// The GPUs' drain held the node schedulable; the reboot needs the
+		// whole node: release it first, then ask for the node.
+		if err := requestor.Release(ctx, r.Client, r.Namespace, nr.Status.GPUMaintenanceName); err != nil {
+			return reconcile.Result{}, err
+		}
+		l.record("Maintenance", "Released", fmt.Sprintf("NodeMaintenance %s/%s (GPU drain): the reboot needs the whole node", r.Namespace, nr.Status.GPUMaintenanceName))
+		nr.Status.GPUMaintenanceName = ""
+		return reconcile.Result{}, nil
+	}
 	if nr.Status.MaintenanceName == "" {
 		req, err := r.maintenanceRequest(ctx, l)
 		if err != nil {
@@ -214,8 +242,11 @@ func (r *Repairer) awaitReboot(ctx context.Context, l *ladder) (reconcile.Result
 	nr, node := l.nr, l.node
 	rebooted := nr.Status.Pending == nil && node.Status.NodeInfo.BootID != nr.Status.BootIDBefore && nodeReady(node)
 	if rebooted {
-		rule := ruleNamed(l.policy, nr.Spec.Fault.Rule)
-		if rule != nil && stillFaulty(node, *rule) {
+		faulty, err := r.stillFaulty(ctx, l, ruleNamed(l.policy, nr.Spec.Fault.Rule))
+		if err != nil {
+			return reconcile.Result{}, err
+		}
+		if faulty {
 			return reconcile.Result{}, r.end(ctx, l, repairv1.PhaseRecoveryFailed, "fault persists after the reboot")
 		}
 		return reconcile.Result{}, r.end(ctx, l, repairv1.PhaseSucceeded, "node rebooted (new boot ID) and the fault cleared")
@@ -272,8 +303,11 @@ func (r *Repairer) request(l *ladder, a repairv1.Action) {
 // unless it was cordoned before) and records the final phase; the node's
 // state label and the metrics follow the status write (finished).
 func (r *Repairer) end(ctx context.Context, l *ladder, phase repairv1.Phase, msg string) error {
-	if l.nr.Status.MaintenanceName != "" {
-		if err := requestor.Release(ctx, r.Client, r.Namespace, l.nr.Status.MaintenanceName); err != nil {
+	for _, name := range []string{l.nr.Status.GPUMaintenanceName, l.nr.Status.MaintenanceName} {
+		if name == "" {
+			continue
+		}
+		if err := requestor.Release(ctx, r.Client, r.Namespace, name); err != nil {
 			return err
 		}
 	}
@@ -286,6 +320,11 @@ func (r *Repairer) end(ctx context.Context, l *ladder, phase repairv1.Phase, msg
 	case repairv1.PhaseSucceeded:
 		l.events.Eventf(l.node, l.nr, corev1.EventTypeNormal, ReasonSucceed, actionRepair, "Node %s repaired: %s", l.node.Name, msg)
 	case repairv1.PhaseRecoveryFailed:
+		if l.nr.Spec.Recommendation != "" {
+			l.events.Eventf(l.node, l.nr, corev1.EventTypeWarning, ReasonFailed, actionRepair,
+				"Node %s needs a person: %s (not repaired automatically; the GPU stays isolated)", l.node.Name, msg)
+			break
+		}
 		l.events.Eventf(l.node, l.nr, corev1.EventTypeWarning, ReasonFailed, actionRepair,
 			"Repair of node %s failed: %s; its pool %q is suspended until the fault clears", l.node.Name, msg, l.nr.Spec.Pool)
 	}
@@ -304,7 +343,13 @@ func (r *Repairer) finished(ctx context.Context, l *ladder) error {
 	if l.final == repairv1.PhaseRecoveryFailed {
 		state = string(repairv1.PhaseRecoveryFailed)
 	}
-	return setNodeState(ctx, r.Client, l.node.Name, state)
+	if err := setNodeState(ctx, r.Client, l.node.Name, state); err != nil {
+		return err
+	}
+	if l.nr.Spec.Recommendation != "" {
+		return patchMeta(ctx, r.Client, l.node.Name, "annotations", map[string]any{AnnotationRecommendation: l.nr.Spec.Recommendation})
+	}
+	return nil
 }
 
 func (l *ladder) record(step, outcome, msg string) {
@@ -332,10 +377,159 @@ func stillFaulty(node *corev1.Node, rule repairv1.Rule) bool {
 	return ok
 }
 
+// stillFaulty reports whether the repair's fault persists: for a GPU
+// repair, whether one of its GPUs is still out of service (another GPU
+// failing meanwhile is a repair of its own); otherwise whether the rule
+// still matches the node. A rule that is gone counts as cleared.
+func (r *Repairer) stillFaulty(ctx context.Context, l *ladder, rule *repairv1.Rule) (bool, error) {
+	if len(l.nr.Spec.GPUs) > 0 {
+		var list repairv1.GPUFaultList
+		if err := r.Client.List(ctx, &list); err != nil {
+			return false, fmt.Errorf("listing GPUFaults: %w", err)
+		}
+		return !gpusInService(l.nr.Spec.GPUs, l.node.Name, list.Items), nil
+	}
+	return rule != nil && stillFaulty(l.node, *rule), nil
+}
+
 func nodeReady(n *corev1.Node) bool {
 	for _, c := range n.Status.Conditions {
 		if c.Type == corev1.NodeReady {
 			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+// gpuDrainRung drains, through a NodeMaintenance that does not cordon the
+// node, only the pods using the repair's GPUs, so that ResetGPU finds them
+// idle while the node's other GPUs keep working; the cluster's maintenance
+// limits apply to it like to any other. It reports whether the drain is
+// done (or timed out: the agent refuses to reset a GPU still in use).
+func (r *Repairer) gpuDrainRung(ctx context.Context, l *ladder) (bool, error) {
+	nr := l.nr
+	if nr.Status.GPUMaintenanceName == "" {
+		req, n, err := r.gpuDrainRequest(ctx, l)
+		if err != nil {
+			return false, err
+		}
+		if _, err := requestor.Ensure(ctx, r.Client, req); err != nil {
+			return false, err
+		}
+		nr.Status.GPUMaintenanceName = req.Name
+		l.record("Maintenance", "Requested", fmt.Sprintf("NodeMaintenance %s/%s: drain %s using %s (the node stays schedulable)",
+			req.Namespace, req.Name, n, gpuNames(nr.Spec.GPUs)))
+		return false, nil
+	}
+	nm, err := requestor.Get(ctx, r.Client, r.Namespace, nr.Status.GPUMaintenanceName)
+	if err != nil || nm == nil {
+		return false, err // gone: the cache will show it again, or the repair was deleted
+	}
+	if !nm.IsReady() && !nm.DrainBlocked() {
+		return false, nil // the NodeMaintenance watch brings us back
+	}
+	if !nm.IsReady() {
+		l.record("Maintenance", "DrainTimedOut", "the GPUs' pods did not all leave in time; the agent resets only an idle GPU")
+	}
+	return true, nil
+}
+
+// gpuDrainRequest marks the pods using the repair's GPUs and builds the
+// request that drains exactly them. With DRA, they are the pods whose
+// claims were allocated one of the GPUs' devices; on a node whose GPUs are
+// not published through DRA (device plugin), which pod uses which GPU is
+// not known here, so every pod requesting nvidia.com/gpu is drained.
+func (r *Repairer) gpuDrainRequest(ctx context.Context, l *ladder) (requestor.Request, string, error) {
+	node := l.node.Name
+	var pods corev1.PodList
+	if err := r.Live.List(ctx, &pods, client.MatchingFields{"spec.nodeName": node}); err != nil {
+		return requestor.Request{}, "", fmt.Errorf("listing pods on node %s: %w", node, err)
+	}
+	var slices resourcev1.ResourceSliceList
+	if err := r.Live.List(ctx, &slices, client.MatchingFields{"spec.nodeName": node}); err != nil && !meta.IsNoMatchError(err) {
+		return requestor.Request{}, "", fmt.Errorf("listing ResourceSlices of node %s: %w", node, err)
+	}
+	driver := draDriver(&l.policy.Spec)
+	var devices []Device
+	for _, g := range l.nr.Spec.GPUs {
+		if d, ok := DeviceOf(slices.Items, driver, node, g); ok {
+			devices = append(devices, d)
+		}
+	}
+	d := l.policy.Spec.Drain
+	spec := &maintenancev1.DrainSpec{Force: d.Force, DeleteEmptyDir: d.DeleteEmptyDir}
+	var using []corev1.Pod
+	if len(devices) == 0 {
+		spec.PodEvictionFilters = []maintenancev1.PodEvictionFilterEntry{{ByResourceNameRegex: ptr.To(`^nvidia\.com/gpu$`)}}
+		for _, p := range pods.Items {
+			if requestsGPU(&p) {
+				using = append(using, p)
+			}
+		}
+	} else {
+		spec.PodSelector = maintenancev1.LabelSelectorString(LabelGPUDrain + "=" + string(l.nr.UID))
+		for i := range pods.Items {
+			p := &pods.Items[i]
+			uses, err := r.podUses(ctx, p, devices)
+			if err != nil {
+				return requestor.Request{}, "", err
+			}
+			if !uses {
+				continue
+			}
+			using = append(using, *p)
+			if err := r.markForDrain(ctx, p, string(l.nr.UID)); err != nil {
+				return requestor.Request{}, "", err
+			}
+		}
+	}
+	spec.TimeoutSeconds = ptr.To(int32(DrainTimeout(&d, using) / time.Second))
+	what := fmt.Sprintf("the %d pod(s)", len(using))
+	if len(devices) == 0 {
+		what += " requesting nvidia.com/gpu (device plugin: which pod uses which GPU is not known)"
+	}
+	return requestor.Request{
+		RequestorID: Requestor, Namespace: r.Namespace, Name: "repair-" + l.nr.Name + "-gpu", NodeName: node, Owner: l.nr,
+		Cordon: ptr.To(false), Drain: spec,
+	}, what, nil
+}
+
+// podUses reports whether one of the pod's claims was allocated one of devices.
+func (r *Repairer) podUses(ctx context.Context, p *corev1.Pod, devices []Device) (bool, error) {
+	for _, name := range claimNames(p) {
+		claim := &resourcev1.ResourceClaim{}
+		if err := r.Live.Get(ctx, types.NamespacedName{Namespace: p.Namespace, Name: name}, claim); err != nil {
+			if apierrors.IsNotFound(err) {
+				continue
+			}
+			return false, fmt.Errorf("reading ResourceClaim %s/%s of pod %s: %w", p.Namespace, name, p.Name, err)
+		}
+		if usesDevice(claim, devices) {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+// markForDrain labels a pod for the GPU drain of a repair.
+func (r *Repairer) markForDrain(ctx context.Context, p *corev1.Pod, id string) error {
+	if p.Labels[LabelGPUDrain] == id {
+		return nil
+	}
+	patch := client.RawPatch(types.MergePatchType, []byte(fmt.Sprintf(`{"metadata":{"labels":{%q:%q}}}`, LabelGPUDrain, id)))
+	if err := r.Client.Patch(ctx, p, patch); client.IgnoreNotFound(err) != nil {
+		return fmt.Errorf("marking pod %s/%s for the GPU drain: %w", p.Namespace, p.Name, err)
+	}
+	return nil
+}
+
+func requestsGPU(p *corev1.Pod) bool {
+	for _, c := range append(slices.Clone(p.Spec.InitContainers), p.Spec.Containers...) {
+		if _, ok := c.Resources.Limits["nvidia.com/gpu"]; ok {
+			return true
+		}
+		if _, ok := c.Resources.Requests["nvidia.com/gpu"]; ok {
+			return true
 		}
 	}
 	return false

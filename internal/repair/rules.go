@@ -15,6 +15,12 @@ import (
 // ReadonlyFilesystem), and upstream node-problem-detector
 // (ContainerRuntimeUnhealthy, KubeletUnhealthy, ReadonlyFilesystem). Reasons
 // and message substrings match regardless of letter case.
+//
+// GPU faults come from the node agent's GPUProblem condition, whose reason
+// is the most severe class among the node's out-of-service GPUs: ResetGPU
+// (drain the GPU's pods, reset it; a failed reset falls back to a reboot),
+// Reboot, and Replace (no action: reported for a person, the GPU stays
+// isolated).
 func DefaultRules() []repairv1.Rule {
 	restartRuntimeKubeletReboot := []repairv1.Action{repairv1.ActionRestartContainerRuntime, repairv1.ActionRestartKubelet, repairv1.ActionReboot}
 	sandbox := []repairv1.Action{repairv1.ActionDeleteBrokenSandbox, repairv1.ActionRestartKubelet}
@@ -39,6 +45,12 @@ func DefaultRules() []repairv1.Rule {
 			Actions: []repairv1.Action{repairv1.ActionRestartNTP}},
 		{Name: "systemd-offline", ConditionType: "SystemdOffline", Status: "True", ThresholdSeconds: 90, Risk: "high", Actions: reboot},
 		{Name: "readonly-filesystem", ConditionType: "ReadonlyFilesystem", Status: "True", ThresholdSeconds: 90, Risk: "high", Actions: reboot},
+		// GPU faults found by the node agent (the GPU is isolated at once;
+		// the repair starts past the threshold).
+		{Name: "gpu-reset", ConditionType: repairv1.ConditionGPUProblem, Status: "True", Reason: string(repairv1.GPUClassResetGPU), ThresholdSeconds: 10, Risk: "high",
+			Actions: []repairv1.Action{repairv1.ActionResetGPU, repairv1.ActionReboot}},
+		{Name: "gpu-reboot", ConditionType: repairv1.ConditionGPUProblem, Status: "True", Reason: string(repairv1.GPUClassReboot), ThresholdSeconds: 10, Risk: "high", Actions: reboot},
+		{Name: "gpu-replace", ConditionType: repairv1.ConditionGPUProblem, Status: "True", Reason: string(repairv1.GPUClassReplace), ThresholdSeconds: 10, Risk: "high"},
 	}
 }
 

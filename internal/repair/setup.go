@@ -4,8 +4,11 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
+	resourcev1 "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/utils/clock"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -29,7 +32,9 @@ const indexNode = "spec.nodeName"
 // +kubebuilder:rbac:groups=repair.gpufleet.dev,resources=noderepairs,verbs=get;list;watch;create;update;patch;delete
 // +kubebuilder:rbac:groups=repair.gpufleet.dev,resources=noderepairs/status,verbs=get;update;patch
 // +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch;patch
-// +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch
+// +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch;patch
+// +kubebuilder:rbac:groups=repair.gpufleet.dev,resources=gpufaults,verbs=get;list;watch
+// +kubebuilder:rbac:groups=resource.k8s.io,resources=resourceslices;resourceclaims,verbs=get;list;watch
 
 // Options configure auto-repair.
 type Options struct {
@@ -63,6 +68,7 @@ func Setup(mgr manager.Manager, opts Options) error {
 		Watches(&corev1.Node{}, allPolicies, builder.WithPredicates(healthChanged)).
 		Watches(&repairv1.NodeRepair{}, allPolicies, builder.WithPredicates(repairChanged)).
 		Watches(&maintenancev1.NodeMaintenance{}, allPolicies, builder.WithPredicates(holdChanged)).
+		Watches(&repairv1.GPUFault{}, allPolicies, builder.WithPredicates(serviceChanged)).
 		WithOptions(controller.Options{MaxConcurrentReconciles: 1}).
 		Complete(det)
 	if err != nil {
@@ -73,10 +79,10 @@ func Setup(mgr manager.Manager, opts Options) error {
 	}); err != nil {
 		return fmt.Errorf("indexing NodeRepairs by node: %w", err)
 	}
-	repairsOfNode := handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
+	repairsOf := func(ctx context.Context, node string) []reconcile.Request {
 		var list repairv1.NodeRepairList
-		if err := c.List(ctx, &list, client.MatchingFields{indexNode: o.GetName()}); err != nil {
-			log.Error(err, "listing the repairs of a node for an event", "node", o.GetName())
+		if err := c.List(ctx, &list, client.MatchingFields{indexNode: node}); err != nil {
+			log.Error(err, "listing the repairs of a node for an event", "node", node)
 			return nil
 		}
 		var reqs []reconcile.Request
@@ -86,17 +92,71 @@ func Setup(mgr manager.Manager, opts Options) error {
 			}
 		}
 		return reqs
+	}
+	repairsOfNode := handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
+		return repairsOf(ctx, o.GetName())
+	})
+	repairsOfGPU := handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
+		return repairsOf(ctx, o.(*repairv1.GPUFault).Spec.NodeName)
 	})
 	rep := &Repairer{Client: c, Live: mgr.GetAPIReader(), Namespace: opts.Namespace, Clock: opts.Clock, Recorder: mgr.GetEventRecorder("gpufleet-repair")}
 	err = builder.ControllerManagedBy(mgr).Named("noderepair").
 		For(&repairv1.NodeRepair{}).
 		Watches(&corev1.Node{}, repairsOfNode, builder.WithPredicates(healthChanged)).
+		Watches(&repairv1.GPUFault{}, repairsOfGPU, builder.WithPredicates(serviceChanged)).
 		Watches(&maintenancev1.NodeMaintenance{}, requestor.EnqueueOwner(mgr.GetScheme(), mgr.GetRESTMapper(), &repairv1.NodeRepair{}),
 			builder.WithPredicates(requestor.OfRequestor(Requestor), requestor.Transitions)).
 		WithOptions(controller.Options{MaxConcurrentReconciles: 4}).
 		Complete(rep)
 	if err != nil {
 		return fmt.Errorf("setting up the repair controller: %w", err)
+	}
+	return setupIsolator(mgr, log)
+}
+
+// setupIsolator registers the GPU isolator when the API server serves DRA's
+// DeviceTaintRule (resource.k8s.io/v1); without it a faulty GPU is kept
+// from new pods only by the device plugin's health marking.
+func setupIsolator(mgr manager.Manager, log logr.Logger) error {
+	for _, kind := range []string{"DeviceTaintRule", "ResourceSlice"} {
+		if _, err := mgr.GetRESTMapper().RESTMapping(schema.GroupKind{Group: resourcev1.GroupName, Kind: kind}, resourcev1.SchemeGroupVersion.Version); err != nil {
+			log.Info("GPU isolation through DRA is off: the API server does not serve it; a faulty GPU is kept from new pods only by the device plugin's health marking",
+				"kind", resourcev1.SchemeGroupVersion.WithKind(kind).String(), "error", err.Error())
+			return nil
+		}
+	}
+	c := mgr.GetClient()
+	gpusOfNode := func(ctx context.Context, node string) []reconcile.Request {
+		var list repairv1.GPUFaultList
+		if err := c.List(ctx, &list); err != nil {
+			log.Error(err, "listing GPUFaults for an event")
+			return nil
+		}
+		var reqs []reconcile.Request
+		for i := range list.Items {
+			if g := &list.Items[i]; !g.InService() && (node == "" || g.Spec.NodeName == node) {
+				reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(g)})
+			}
+		}
+		return reqs
+	}
+	err := builder.ControllerManagedBy(mgr).Named("gpu-isolator").
+		For(&repairv1.GPUFault{}, builder.WithPredicates(serviceChanged)).
+		Owns(&resourcev1.DeviceTaintRule{}).
+		Watches(&resourcev1.ResourceSlice{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
+			s := o.(*resourcev1.ResourceSlice)
+			if s.Spec.NodeName == nil {
+				return nil
+			}
+			return gpusOfNode(ctx, *s.Spec.NodeName)
+		})).
+		Watches(&repairv1.NodeRepairPolicy{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, _ client.Object) []reconcile.Request {
+			return gpusOfNode(ctx, "")
+		}), builder.WithPredicates(predicate.GenerationChangedPredicate{})).
+		WithOptions(controller.Options{MaxConcurrentReconciles: 2}).
+		Complete(&Isolator{Client: c, Recorder: mgr.GetEventRecorder("gpufleet-repair")})
+	if err != nil {
+		return fmt.Errorf("setting up the GPU isolator: %w", err)
 	}
 	return nil
 }
@@ -138,5 +198,13 @@ var repairChanged = predicate.Funcs{
 var holdChanged = predicate.Funcs{
 	UpdateFunc: func(e event.UpdateEvent) bool {
 		return e.ObjectOld.(*maintenancev1.NodeMaintenance).Active() != e.ObjectNew.(*maintenancev1.NodeMaintenance).Active()
+	},
+}
+
+// serviceChanged passes GPUFault records that appear, go, or change
+// between in service and out of service (or to another class).
+var serviceChanged = predicate.Funcs{
+	UpdateFunc: func(e event.UpdateEvent) bool {
+		return e.ObjectOld.(*repairv1.GPUFault).Status.Class != e.ObjectNew.(*repairv1.GPUFault).Status.Class
 	},
 }
