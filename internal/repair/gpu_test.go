@@ -1,0 +1,281 @@
+package repair
+
+import (
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	corev1 "k8s.io/api/core/v1"
+	resourcev1 "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+
+	repairv1 "github.com/gpufleet/gpufleet/api/repair/v1alpha1"
+)
+
+// gpuNode is a node of pool whose agent reports GPUProblem=True with
+// reason class, seen by gpufleet since `since`.
+func gpuNode(name, pool string, class repairv1.GPUFaultClass, since time.Time) corev1.Node {
+	n := corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{DefaultPoolLabel: pool}}}
+	n.Status.Conditions = []corev1.NodeCondition{{Type: repairv1.ConditionGPUProblem, Status: corev1.ConditionTrue, Reason: string(class)}}
+	rule := map[repairv1.GPUFaultClass]string{repairv1.GPUClassResetGPU: "gpu-reset", repairv1.GPUClassReboot: "gpu-reboot", repairv1.GPUClassReplace: "gpu-replace"}[class]
+	data, _ := json.Marshal(map[string]string{rule: since.Format(time.RFC3339)})
+	n.Annotations = map[string]string{annotationFaults: string(data)}
+	return n
+}
+
+func gpuRecord(node string, index int32, class repairv1.GPUFaultClass, occurrences ...time.Time) repairv1.GPUFault {
+	g := repairv1.GPUFault{ObjectMeta: metav1.ObjectMeta{Name: node + "-gpu"},
+		Spec: repairv1.GPUFaultSpec{NodeName: node, GPU: repairv1.GPURef{Index: ptr.To(index), UUID: "GPU-" + node, PCIBusID: "0000:18:00.0"}},
+		Status: repairv1.GPUFaultStatus{Class: class, Summary: "Xid 48 (DBE ECC)"}}
+	for _, t := range occurrences {
+		g.Status.Occurrences = append(g.Status.Occurrences, metav1.NewTime(t))
+	}
+	return g
+}
+
+func TestDetectGPUFaults(t *testing.T) {
+	since := t0.Add(-time.Minute)
+	defaults := func(mut func(*repairv1.NodeRepairPolicySpec)) *repairv1.NodeRepairPolicy {
+		return testPolicy(func(s *repairv1.NodeRepairPolicySpec) {
+			s.Rules = nil
+			if mut != nil {
+				mut(s)
+			}
+		})
+	}
+	type want struct {
+		Node           string
+		Actions        []repairv1.Action
+		GPUs           []string
+		Recommendation string
+	}
+	tests := map[string]struct {
+		policy  *repairv1.NodeRepairPolicy
+		nodes   []corev1.Node
+		gpus    []repairv1.GPUFault
+		repairs []repairv1.NodeRepair
+		want    []want
+		blocked string
+	}{
+		"a GPU needing a reset: reset it, then reboot": {
+			policy: defaults(nil),
+			nodes:  []corev1.Node{gpuNode("a-0", "a", repairv1.GPUClassResetGPU, since)},
+			gpus:   []repairv1.GPUFault{gpuRecord("a-0", 3, repairv1.GPUClassResetGPU, since)},
+			want:   []want{{Node: "a-0", Actions: []repairv1.Action{repairv1.ActionResetGPU, repairv1.ActionReboot}, GPUs: []string{"0000:18:00.0"}}},
+		},
+		"without reboots, the reset only": {
+			policy: defaults(func(s *repairv1.NodeRepairPolicySpec) { s.AllowReboot = false }),
+			nodes:  []corev1.Node{gpuNode("a-0", "a", repairv1.GPUClassResetGPU, since)},
+			gpus:   []repairv1.GPUFault{gpuRecord("a-0", 3, repairv1.GPUClassResetGPU, since)},
+			want:   []want{{Node: "a-0", Actions: []repairv1.Action{repairv1.ActionResetGPU}, GPUs: []string{"0000:18:00.0"}}},
+		},
+		"a GPU out of service for the third time in a day is reported for replacement": {
+			policy: defaults(nil),
+			nodes:  []corev1.Node{gpuNode("a-0", "a", repairv1.GPUClassResetGPU, since)},
+			gpus:   []repairv1.GPUFault{gpuRecord("a-0", 3, repairv1.GPUClassResetGPU, t0.Add(-20*time.Hour), t0.Add(-2*time.Hour), since)},
+			want: []want{{Node: "a-0", GPUs: []string{"0000:18:00.0"},
+				Recommendation: "replace GPU 3 (GPU-a-0, 0000:18:00.0): out of service 3 times within 24h0m0s (replaceAfter 3)"}},
+		},
+		"occurrences older than the window do not count": {
+			policy: defaults(nil),
+			nodes:  []corev1.Node{gpuNode("a-0", "a", repairv1.GPUClassResetGPU, since)},
+			gpus:   []repairv1.GPUFault{gpuRecord("a-0", 3, repairv1.GPUClassResetGPU, t0.Add(-30*time.Hour), t0.Add(-25*time.Hour), since)},
+			want:   []want{{Node: "a-0", Actions: []repairv1.Action{repairv1.ActionResetGPU, repairv1.ActionReboot}, GPUs: []string{"0000:18:00.0"}}},
+		},
+		"the policy's replaceAfter counts": {
+			policy: defaults(func(s *repairv1.NodeRepairPolicySpec) {
+				s.GPU.ReplaceAfter = &repairv1.RepeatLimit{Count: 2, WindowSeconds: 3600}
+			}),
+			nodes: []corev1.Node{gpuNode("a-0", "a", repairv1.GPUClassResetGPU, since)},
+			gpus:  []repairv1.GPUFault{gpuRecord("a-0", 3, repairv1.GPUClassResetGPU, t0.Add(-30*time.Minute), since)},
+			want: []want{{Node: "a-0", GPUs: []string{"0000:18:00.0"},
+				Recommendation: "replace GPU 3 (GPU-a-0, 0000:18:00.0): out of service 2 times within 1h0m0s (replaceAfter 2)"}},
+		},
+		"a fault that calls for replacement is reported, not repaired": {
+			policy: defaults(nil),
+			nodes:  []corev1.Node{gpuNode("a-0", "a", repairv1.GPUClassReplace, since)},
+			gpus:   []repairv1.GPUFault{gpuRecord("a-0", 3, repairv1.GPUClassReplace, since)},
+			want:   []want{{Node: "a-0", GPUs: []string{"0000:18:00.0"}, Recommendation: "replace GPU 3 (GPU-a-0, 0000:18:00.0): Xid 48 (DBE ECC)"}},
+		},
+		"the condition without the records waits for them": {
+			policy:  defaults(nil),
+			nodes:   []corev1.Node{gpuNode("a-0", "a", repairv1.GPUClassResetGPU, since)},
+			blocked: "a-0: waiting for the node agent's GPUFault records",
+		},
+		"a GPU of another node does not count": {
+			policy:  defaults(nil),
+			nodes:   []corev1.Node{gpuNode("a-0", "a", repairv1.GPUClassResetGPU, since)},
+			gpus:    []repairv1.GPUFault{gpuRecord("b-0", 3, repairv1.GPUClassResetGPU, since)},
+			blocked: "a-0: waiting for the node agent's GPUFault records",
+		},
+		"one GPU repair per pool, like any repair": {
+			policy: defaults(nil),
+			nodes:  []corev1.Node{gpuNode("a-0", "a", repairv1.GPUClassResetGPU, since), gpuNode("a-1", "a", repairv1.GPUClassReboot, since)},
+			gpus:   []repairv1.GPUFault{gpuRecord("a-0", 3, repairv1.GPUClassResetGPU, since), gpuRecord("a-1", 5, repairv1.GPUClassReboot, since)},
+			want:   []want{{Node: "a-0", Actions: []repairv1.Action{repairv1.ActionResetGPU, repairv1.ActionReboot}, GPUs: []string{"0000:18:00.0"}}},
+		},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			d := Detect(DetectInput{Policy: tc.policy, Nodes: tc.nodes, GPUFaults: tc.gpus, Repairs: tc.repairs, Now: t0})
+			var got []want
+			for _, r := range d.Create {
+				w := want{Node: r.Spec.NodeName, Actions: r.Spec.Actions, Recommendation: r.Spec.Recommendation}
+				for _, g := range r.Spec.GPUs {
+					w.GPUs = append(w.GPUs, g.PCIBusID)
+				}
+				got = append(got, w)
+			}
+			if diff := cmp.Diff(tc.want, got); diff != "" {
+				t.Errorf("created (-want +got):\n%s", diff)
+			}
+			if tc.blocked != "" {
+				c := findCondition(d.Status.Conditions, conditionBusy)
+				if c == nil || c.Message != tc.blocked {
+					t.Errorf("RepairsBlocked = %+v, want message %q", c, tc.blocked)
+				}
+			}
+		})
+	}
+}
+
+func TestDetectReplaceRecommendationDoesNotSuspendThePool(t *testing.T) {
+	since := t0.Add(-time.Minute)
+	failed := record("a-0", since, func(r *repairv1.NodeRepair) {
+		r.Spec.Fault.Rule = "gpu-replace"
+		r.Spec.Recommendation = "replace GPU 3"
+		r.Status.Phase = repairv1.PhaseRecoveryFailed
+	})
+	d := Detect(DetectInput{
+		Policy:    testPolicy(func(s *repairv1.NodeRepairPolicySpec) { s.Rules = nil }),
+		Nodes:     []corev1.Node{gpuNode("a-0", "a", repairv1.GPUClassReplace, since), faultyNode("a-1", "a", since)},
+		GPUFaults: []repairv1.GPUFault{gpuRecord("a-0", 3, repairv1.GPUClassReplace, since)},
+		Repairs:   []repairv1.NodeRepair{failed},
+		Now:       t0,
+	})
+	if len(d.Status.SuspendedPools) != 0 {
+		t.Errorf("suspended pools = %+v, want none", d.Status.SuspendedPools)
+	}
+	for _, r := range d.Create {
+		if r.Spec.NodeName == "a-0" {
+			t.Errorf("a GPU reported for replacement got another repair: %+v", r.Spec)
+		}
+	}
+}
+
+func findCondition(cs []metav1.Condition, t string) *metav1.Condition {
+	for i := range cs {
+		if cs[i].Type == t {
+			return &cs[i]
+		}
+	}
+	return nil
+}
+
+func TestDeviceOf(t *testing.T) {
+	str := func(s string) resourcev1.DeviceAttribute { return resourcev1.DeviceAttribute{StringValue: ptr.To(s)} }
+	num := func(i int64) resourcev1.DeviceAttribute { return resourcev1.DeviceAttribute{IntValue: ptr.To(i)} }
+	slice := func(driver, node string, devs ...resourcev1.Device) resourcev1.ResourceSlice {
+		return resourcev1.ResourceSlice{Spec: resourcev1.ResourceSliceSpec{Driver: driver, NodeName: ptr.To(node),
+			Pool: resourcev1.ResourcePool{Name: node}, Devices: devs}}
+	}
+	dev := func(name string, attrs map[resourcev1.QualifiedName]resourcev1.DeviceAttribute) resourcev1.Device {
+		return resourcev1.Device{Name: name, Attributes: attrs}
+	}
+	slices := []resourcev1.ResourceSlice{
+		slice("gpu.nvidia.com", "n1",
+			dev("gpu-0", map[resourcev1.QualifiedName]resourcev1.DeviceAttribute{"index": num(0), "uuid": str("GPU-aaa"), "pcieBusID": str("0000:18:00.0")}),
+			dev("gpu-1", map[resourcev1.QualifiedName]resourcev1.DeviceAttribute{"index": num(1), "gpu.nvidia.com/uuid": str("GPU-BBB"), "pcieBusID": str("0000:20:00.0")})),
+		slice("gpu.nvidia.com", "n2", dev("gpu-0", map[resourcev1.QualifiedName]resourcev1.DeviceAttribute{"index": num(0), "uuid": str("GPU-zzz")})),
+		slice("other.example.com", "n1", dev("gpu-9", map[resourcev1.QualifiedName]resourcev1.DeviceAttribute{"uuid": str("GPU-ccc")})),
+	}
+	tests := map[string]struct {
+		node   string
+		gpu    repairv1.GPURef
+		want   string
+		wantOK bool
+	}{
+		"by UUID":                          {"n1", repairv1.GPURef{UUID: "GPU-aaa", PCIBusID: "0000:99:00.0"}, "gpu-0", true},
+		"by a qualified UUID, any case":    {"n1", repairv1.GPURef{UUID: "gpu-bbb"}, "gpu-1", true},
+		"by PCI bus ID in the short form":  {"n1", repairv1.GPURef{PCIBusID: "00000000:20:00.0"}, "gpu-1", true},
+		"by index":                         {"n1", repairv1.GPURef{Index: ptr.To[int32](1), PCIBusID: "0000:77:00.0"}, "gpu-1", true},
+		"UUID wins over a stale index":     {"n1", repairv1.GPURef{Index: ptr.To[int32](1), UUID: "GPU-aaa"}, "gpu-0", true},
+		"another node's slice is not used": {"n1", repairv1.GPURef{UUID: "GPU-zzz"}, "", false},
+		"another driver is not used":       {"n1", repairv1.GPURef{UUID: "GPU-ccc"}, "", false},
+		"not published (device plugin)":    {"n3", repairv1.GPURef{UUID: "GPU-aaa"}, "", false},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			got, ok := DeviceOf(slices, "gpu.nvidia.com", tc.node, tc.gpu)
+			if ok != tc.wantOK || got.Name != tc.want {
+				t.Errorf("DeviceOf = %+v, %t; want %q, %t", got, ok, tc.want, tc.wantOK)
+			}
+			if ok && (got.Driver != "gpu.nvidia.com" || got.Pool != tc.node) {
+				t.Errorf("DeviceOf = %+v, want driver gpu.nvidia.com and pool %s", got, tc.node)
+			}
+		})
+	}
+}
+
+func TestPodsUsingDevices(t *testing.T) {
+	claim := func(devs ...string) *resourcev1.ResourceClaim {
+		c := &resourcev1.ResourceClaim{}
+		if devs == nil {
+			return c
+		}
+		c.Status.Allocation = &resourcev1.AllocationResult{}
+		for _, d := range devs {
+			c.Status.Allocation.Devices.Results = append(c.Status.Allocation.Devices.Results,
+				resourcev1.DeviceRequestAllocationResult{Request: "gpu", Driver: "gpu.nvidia.com", Pool: "n1", Device: d})
+		}
+		return c
+	}
+	faulty := []Device{{Driver: "gpu.nvidia.com", Pool: "n1", Name: "gpu-3"}}
+	for name, tc := range map[string]struct {
+		claim *resourcev1.ResourceClaim
+		want  bool
+	}{
+		"allocated the faulty GPU":         {claim("gpu-3"), true},
+		"allocated it among others":        {claim("gpu-2", "gpu-3"), true},
+		"allocated a sibling":              {claim("gpu-2"), false},
+		"not allocated":                    {claim(), false},
+		"same device name, another pool":   {func() *resourcev1.ResourceClaim { c := claim("gpu-3"); c.Status.Allocation.Devices.Results[0].Pool = "n2"; return c }(), false},
+		"same device name, another driver": {func() *resourcev1.ResourceClaim { c := claim("gpu-3"); c.Status.Allocation.Devices.Results[0].Driver = "x"; return c }(), false},
+	} {
+		t.Run(name, func(t *testing.T) {
+			if got := usesDevice(tc.claim, faulty); got != tc.want {
+				t.Errorf("usesDevice = %t, want %t", got, tc.want)
+			}
+		})
+	}
+	p := &corev1.Pod{Spec: corev1.PodSpec{ResourceClaims: []corev1.PodResourceClaim{{Name: "a", ResourceClaimName: ptr.To("shared")}, {Name: "b", ResourceClaimTemplateName: ptr.To("t")}}},
+		Status: corev1.PodStatus{ResourceClaimStatuses: []corev1.PodResourceClaimStatus{{Name: "b", ResourceClaimName: ptr.To("pod-b-xyz")}}}}
+	if diff := cmp.Diff([]string{"shared", "pod-b-xyz"}, claimNames(p)); diff != "" {
+		t.Errorf("claimNames (-want +got):\n%s", diff)
+	}
+}
+
+func TestGPUsInService(t *testing.T) {
+	three := gpuRecord("n1", 3, repairv1.GPUClassResetGPU)
+	back := gpuRecord("n1", 3, "")
+	other := gpuRecord("n1", 5, repairv1.GPUClassResetGPU)
+	other.Spec.GPU.PCIBusID = "0000:40:00.0"
+	ref := three.Spec.GPU
+	for name, tc := range map[string]struct {
+		faults []repairv1.GPUFault
+		want   bool
+	}{
+		"still out of service":                   {[]repairv1.GPUFault{three}, false},
+		"back in service":                        {[]repairv1.GPUFault{back}, true},
+		"another GPU failing is another repair":  {[]repairv1.GPUFault{back, other}, true},
+		"a record that is gone counts as in use": {nil, true},
+	} {
+		t.Run(name, func(t *testing.T) {
+			if got := gpusInService([]repairv1.GPURef{ref}, "n1", tc.faults); got != tc.want {
+				t.Errorf("gpusInService = %t, want %t", got, tc.want)
+			}
+		})
+	}
+}
