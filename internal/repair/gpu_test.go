@@ -27,7 +27,7 @@ func gpuNode(name, pool string, class repairv1.GPUFaultClass, since time.Time) c
 
 func gpuRecord(node string, index int32, class repairv1.GPUFaultClass, occurrences ...time.Time) repairv1.GPUFault {
 	g := repairv1.GPUFault{ObjectMeta: metav1.ObjectMeta{Name: node + "-gpu"},
-		Spec: repairv1.GPUFaultSpec{NodeName: node, GPU: repairv1.GPURef{Index: ptr.To(index), UUID: "GPU-" + node, PCIBusID: "0000:18:00.0"}},
+		Spec:   repairv1.GPUFaultSpec{NodeName: node, GPU: repairv1.GPURef{Index: ptr.To(index), UUID: "GPU-" + node, PCIBusID: "0000:18:00.0"}},
 		Status: repairv1.GPUFaultStatus{Class: class, Summary: "Xid 48 (DBE ECC)"}}
 	for _, t := range occurrences {
 		g.Status.Occurrences = append(g.Status.Occurrences, metav1.NewTime(t))
@@ -237,12 +237,20 @@ func TestPodsUsingDevices(t *testing.T) {
 		claim *resourcev1.ResourceClaim
 		want  bool
 	}{
-		"allocated the faulty GPU":         {claim("gpu-3"), true},
-		"allocated it among others":        {claim("gpu-2", "gpu-3"), true},
-		"allocated a sibling":              {claim("gpu-2"), false},
-		"not allocated":                    {claim(), false},
-		"same device name, another pool":   {func() *resourcev1.ResourceClaim { c := claim("gpu-3"); c.Status.Allocation.Devices.Results[0].Pool = "n2"; return c }(), false},
-		"same device name, another driver": {func() *resourcev1.ResourceClaim { c := claim("gpu-3"); c.Status.Allocation.Devices.Results[0].Driver = "x"; return c }(), false},
+		"allocated the faulty GPU":  {claim("gpu-3"), true},
+		"allocated it among others": {claim("gpu-2", "gpu-3"), true},
+		"allocated a sibling":       {claim("gpu-2"), false},
+		"not allocated":             {claim(), false},
+		"same device name, another pool": {func() *resourcev1.ResourceClaim {
+			c := claim("gpu-3")
+			c.Status.Allocation.Devices.Results[0].Pool = "n2"
+			return c
+		}(), false},
+		"same device name, another driver": {func() *resourcev1.ResourceClaim {
+			c := claim("gpu-3")
+			c.Status.Allocation.Devices.Results[0].Driver = "x"
+			return c
+		}(), false},
 	} {
 		t.Run(name, func(t *testing.T) {
 			if got := usesDevice(tc.claim, faulty); got != tc.want {
