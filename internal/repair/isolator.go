@@ -163,7 +163,7 @@ func (r *Isolator) desired(ctx context.Context, gf *repairv1.GPUFault) (isolatio
 	dev, ok := DeviceOf(slices.Items, draDriver(&policy.Spec), node.Name, gf.Spec.GPU)
 	switch {
 	case !ok:
-		return isolation{note: fmt.Sprintf("not published by DRA driver %s: the device plugin's health marking applies", draDriver(&policy.Spec))}, nil
+		return isolation{note: devicePluginNote(node, draDriver(&policy.Spec))}, nil
 	case policy.Spec.DryRun:
 		return isolation{note: fmt.Sprintf("dry run (policy %s): would taint device %s/%s/%s", policy.Name, dev.Driver, dev.Pool, dev.Name)}, nil
 	}
@@ -236,3 +236,20 @@ func sameSelector(a, b *resourcev1.DeviceTaintRule) bool {
 		ptr.Deref(sa.Device, "") == ptr.Deref(sb.Device, "") && a.Spec.Taint.Key == b.Spec.Taint.Key &&
 		a.Spec.Taint.Value == b.Spec.Taint.Value && a.Spec.Taint.Effect == b.Spec.Taint.Effect
 }
+
+// devicePluginNote tells whether the device plugin's health marking keeps
+// a faulty GPU that DRA does not publish from new pods: the kubelet gives
+// out only the GPUs the plugin reports healthy, so allocatable below
+// capacity means the plugin took GPUs out (gpufleet cannot tell the kubelet
+// which device to skip).
+func devicePluginNote(node *corev1.Node, driver string) string {
+	capacity, allocatable := node.Status.Capacity[gpuResource], node.Status.Allocatable[gpuResource]
+	if allocatable.Cmp(capacity) < 0 {
+		return fmt.Sprintf("device plugin: %s allocatable %s of %s (the plugin took unhealthy GPUs out; not published by DRA driver %s)",
+			gpuResource, allocatable.String(), capacity.String(), driver)
+	}
+	return fmt.Sprintf("NOT isolated: not published by DRA driver %s and the device plugin still advertises all %s %s; the repair drains the node's GPU pods before the reset",
+		driver, capacity.String(), gpuResource)
+}
+
+const gpuResource corev1.ResourceName = "nvidia.com/gpu"

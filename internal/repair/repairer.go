@@ -525,10 +525,10 @@ func (r *Repairer) markForDrain(ctx context.Context, p *corev1.Pod, id string) e
 
 func requestsGPU(p *corev1.Pod) bool {
 	for _, c := range append(slices.Clone(p.Spec.InitContainers), p.Spec.Containers...) {
-		if _, ok := c.Resources.Limits["nvidia.com/gpu"]; ok {
+		if _, ok := c.Resources.Limits[gpuResource]; ok {
 			return true
 		}
-		if _, ok := c.Resources.Requests["nvidia.com/gpu"]; ok {
+		if _, ok := c.Resources.Requests[gpuResource]; ok {
 			return true
 		}
 	}
