@@ -139,6 +139,10 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
 	if err := c.waitServiceAccounts(ctx); err != nil {
 		return nil, err
 	}
+	// The simulated DRA driver's DeviceClass; AddNodes publishes the slices.
+	if err := c.ensureGPUDeviceClass(ctx); err != nil {
+		return nil, err
+	}
 	c.logf("local cluster ready in %s (%s)", time.Since(began).Round(100*time.Millisecond), dir)
 	return c, nil
 }
@@ -257,6 +261,16 @@ func (c *Cluster) startAPIServer(ctx context.Context, binDir string) error {
 		"--cert-dir="+filepath.Join(c.Dir, "apiserver-certs"),
 		"--max-requests-inflight=800",
 		"--max-mutating-requests-inflight=400",
+		// Dynamic Resource Allocation with device taints needs no
+		// --feature-gates or --runtime-config here or in the scheduler and
+		// controller-manager: in v1.37 resource.k8s.io/v1 (DeviceClass,
+		// ResourceSlice, ResourceClaim(Template), DeviceTaintRule) is
+		// served by default, DynamicResourceAllocation is GA and locked on,
+		// and DRADeviceTaints (the scheduler honours taints) and
+		// DRADeviceTaintRules (the DeviceTaintRule API, the scheduler's
+		// watch of it and its RBAC) went GA, on by default, in 1.37
+		// (pkg/features/kube_features.go). TestResourceAPIServesDeviceTaintRules
+		// and TestDeviceTaintRuleIsolatesOneGPU check this.
 	)
 	if err != nil {
 		return err

@@ -154,11 +154,17 @@ func osImage(id, version string) string {
 	}
 }
 
-// AddNodes creates the nodes and waits until kwok has made every one Ready.
+// AddNodes creates the nodes, with the simulated DRA driver's
+// ResourceSlice for each one with GPUs, and waits until kwok has made every
+// one Ready.
 func (c *Cluster) AddNodes(ctx context.Context, specs ...NodeSpec) error {
 	for _, s := range specs {
-		if _, err := c.Client.CoreV1().Nodes().Create(ctx, s.Node(), metav1.CreateOptions{}); err != nil {
+		node, err := c.Client.CoreV1().Nodes().Create(ctx, s.Node(), metav1.CreateOptions{})
+		if err != nil {
 			return fmt.Errorf("creating node %s: %w", s.Name, err)
+		}
+		if err := c.publishGPUSlice(ctx, s, node.UID); err != nil {
+			return err
 		}
 	}
 	names := make([]string, len(specs))
