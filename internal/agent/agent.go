@@ -19,9 +19,10 @@ import (
 	repairv1 "github.com/gpufleet/gpufleet/api/repair/v1alpha1"
 )
 
-// Executor performs one action on a node's host.
+// Executor performs one action on a node's host; gpus are the GPUs the
+// repair is about (NodeRepair spec.gpus), which ResetGPU resets.
 type Executor interface {
-	Execute(ctx context.Context, node *corev1.Node, action repairv1.Action) error
+	Execute(ctx context.Context, node *corev1.Node, action repairv1.Action, gpus []repairv1.GPURef) error
 }
 
 // Agent runs pending actions of the NodeRepairs of its node (NodeName; empty
@@ -67,8 +68,15 @@ func (a *Agent) Reconcile(ctx context.Context, req reconcile.Request) (reconcile
 		if err := patchStatus(ctx, a.Client, before, nr); err != nil {
 			return reconcile.Result{}, fmt.Errorf("recording the start of %s: %w", p.Action, err)
 		}
-		if err := a.Executor.Execute(ctx, node, p.Action); err != nil {
+		if err := a.Executor.Execute(ctx, node, p.Action, nr.Spec.GPUs); err != nil {
 			outcome, msg = "Failed", err.Error()
+		} else if p.Action == repairv1.ActionResetGPU {
+			// The reset cleared the GPUs' XIDs: they return to service
+			// (unless a counter still shows a fault) before the outcome
+			// is recorded, so the repair controller sees them back.
+			if err := ClearResetGPUs(ctx, a.Client, a.Clock, nr.Spec.NodeName, nr.Spec.GPUs); err != nil {
+				outcome, msg = "Failed", "the GPUs were reset but their fault records could not be updated: "+err.Error()
+			}
 		}
 	}
 	before := nr.DeepCopy()

@@ -34,8 +34,12 @@ type recordingExecutor struct {
 	err   error
 }
 
-func (e *recordingExecutor) Execute(_ context.Context, node *corev1.Node, a repairv1.Action) error {
-	e.calls = append(e.calls, node.Name+" "+string(a))
+func (e *recordingExecutor) Execute(_ context.Context, node *corev1.Node, a repairv1.Action, gpus []repairv1.GPURef) error {
+	call := node.Name + " " + string(a)
+	for _, g := range gpus {
+		call += " " + g.PCIBusID
+	}
+	e.calls = append(e.calls, call)
 	return e.err
 }
 

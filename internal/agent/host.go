@@ -36,11 +36,11 @@ const SandboxGrace = 2 * time.Minute
 // Execute implements Executor. With the context's logger it logs each
 // host action before running it (a reboot may not return) and its outcome
 // (the error includes the command's output, trimmed).
-func (h HostExecutor) Execute(ctx context.Context, node *corev1.Node, a repairv1.Action) error {
+func (h HostExecutor) Execute(ctx context.Context, node *corev1.Node, a repairv1.Action, gpus []repairv1.GPURef) error {
 	log := ctrl.LoggerFrom(ctx).WithValues("node", klog.KObj(node), "action", a)
 	ctx = ctrl.LoggerInto(ctx, log)
 	began := h.now()
-	if err := h.execute(ctx, node, a); err != nil {
+	if err := h.execute(ctx, node, a, gpus); err != nil {
 		log.Error(err, "host action failed", "duration", h.now().Sub(began))
 		return err
 	}
@@ -48,7 +48,7 @@ func (h HostExecutor) Execute(ctx context.Context, node *corev1.Node, a repairv1
 	return nil
 }
 
-func (h HostExecutor) execute(ctx context.Context, node *corev1.Node, a repairv1.Action) error {
+func (h HostExecutor) execute(ctx context.Context, node *corev1.Node, a repairv1.Action, gpus []repairv1.GPURef) error {
 	switch a {
 	case repairv1.ActionRestartKubelet:
 		return h.restart(ctx, "kubelet")
@@ -63,12 +63,69 @@ func (h HostExecutor) execute(ctx context.Context, node *corev1.Node, a repairv1
 		return fmt.Errorf("no NTP unit (chronyd, ntpd, systemd-timesyncd) on this host")
 	case repairv1.ActionDeleteBrokenSandbox:
 		return h.deleteBrokenSandboxes(ctx)
+	case repairv1.ActionResetGPU:
+		return h.resetGPUs(ctx, gpus)
 	case repairv1.ActionReboot:
 		ctrl.LoggerFrom(ctx).Info("running host action")
 		return h.systemctl(ctx, "reboot")
 	default:
 		return fmt.Errorf("unknown action %q", a)
 	}
+}
+
+// GPUHolderUnits are the host's services that keep GPUs open; a GPU
+// reset needs them stopped (NVIDIA: "nvidia-smi -r" requires that no
+// process uses the GPU, the persistence daemon, DCGM and Fabric Manager
+// included).
+var GPUHolderUnits = []string{"nvidia-persistenced", "nvidia-dcgm", "nvidia-fabricmanager"}
+
+// resetGPUs resets the GPUs with nvidia-smi. It refuses, before changing
+// anything, when a GPU is not named by its PCI address or still runs
+// compute processes; it stops the active GPUHolderUnits, resets each GPU
+// (one failing does not keep the others from being reset) and starts the
+// units it stopped again, whatever the resets did.
+func (h HostExecutor) resetGPUs(ctx context.Context, gpus []repairv1.GPURef) (err error) {
+	if len(gpus) == 0 {
+		return errors.New("no GPU to reset (the repair names none)")
+	}
+	log := ctrl.LoggerFrom(ctx)
+	for _, g := range gpus {
+		if g.PCIBusID == "" {
+			return fmt.Errorf("cannot reset %s: no PCI bus ID", GPUName(g))
+		}
+		out, err := h.host(ctx, "nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader", "-i", g.PCIBusID)
+		if err != nil {
+			return fmt.Errorf("listing the processes on GPU %s: %w", g.PCIBusID, err)
+		}
+		if pids := strings.Fields(out); len(pids) > 0 {
+			return fmt.Errorf("GPU %s is in use by processes %s: not reset", g.PCIBusID, strings.Join(pids, ", "))
+		}
+	}
+	var stopped []string
+	defer func() {
+		for _, u := range stopped {
+			log.Info("running host action", "unit", u, "step", "start")
+			err = errors.Join(err, h.systemctl(ctx, "start", u))
+		}
+	}()
+	for _, u := range GPUHolderUnits {
+		if out, err := h.host(ctx, "systemctl", "is-active", u); err != nil || strings.TrimSpace(out) != "active" {
+			continue
+		}
+		log.Info("running host action", "unit", u, "step", "stop")
+		if err := h.systemctl(ctx, "stop", u); err != nil {
+			return err
+		}
+		stopped = append(stopped, u)
+	}
+	var errs []error
+	for _, g := range gpus {
+		log.Info("running host action", "gpu", g.PCIBusID, "step", "reset")
+		if _, err := h.host(ctx, "nvidia-smi", "--gpu-reset", "-i", g.PCIBusID); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
 }
 
 func (h HostExecutor) restart(ctx context.Context, unit string) error {

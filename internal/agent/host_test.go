@@ -29,8 +29,9 @@ type fakeHost struct {
 	calls   []string
 	missing map[string]bool
 	pods    string
-	fail    map[string]bool // commands that fail
-	failOut string          // their output
+	fail    map[string]bool   // commands that fail
+	failOut string            // their output
+	out     map[string]string // output of commands that succeed
 }
 
 func (f *fakeHost) Run(_ context.Context, name string, args ...string) (string, error) {
@@ -48,8 +49,17 @@ func (f *fakeHost) Run(_ context.Context, name string, args ...string) (string, 
 	if strings.HasPrefix(cmd, "crictl pods") {
 		return f.pods, nil
 	}
-	return "", nil
+	if strings.HasPrefix(cmd, "systemctl is-active ") {
+		if o, ok := f.out[cmd]; ok {
+			return o, nil
+		}
+		return "inactive\n", errors.New("exit status 3")
+	}
+	return f.out[cmd], nil
 }
+
+// testGPUs are the GPUs of the ResetGPU tests.
+var testGPUs = []repairv1.GPURef{{PCIBusID: "0000:18:00.0"}, {PCIBusID: "0000:2a:00.0", UUID: "GPU-2a"}}
 
 // sandboxClock is 10:00; sandboxes lists NotReady sandboxes created at
 // 09:50 (old), 09:59:30 (young: may be starting) and 09:57 (createdAt as a
@@ -90,7 +100,7 @@ func TestHostExecutor(t *testing.T) {
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
-			if err := (HostExecutor{Runner: tc.host, Clock: sandboxClock}).Execute(context.Background(), tc.node, tc.action); err != nil {
+			if err := (HostExecutor{Runner: tc.host, Clock: sandboxClock}).Execute(context.Background(), tc.node, tc.action, nil); err != nil {
 				t.Fatal(err)
 			}
 			if diff := cmp.Diff(tc.want, tc.host.calls); diff != "" {
@@ -98,25 +108,25 @@ func TestHostExecutor(t *testing.T) {
 			}
 		})
 	}
-	if err := (HostExecutor{Runner: &fakeHost{}}).Execute(context.Background(), &corev1.Node{}, "rm -rf /"); err == nil {
+	if err := (HostExecutor{Runner: &fakeHost{}}).Execute(context.Background(), &corev1.Node{}, "rm -rf /", nil); err == nil {
 		t.Errorf("an action outside the enumeration ran")
 	}
 	// One sandbox that does not go away does not keep the others.
 	stuck := &fakeHost{pods: sandboxes, fail: map[string]bool{"crictl rmp -f old": true}}
-	if err := (HostExecutor{Runner: stuck, Clock: sandboxClock}).Execute(context.Background(), &corev1.Node{}, repairv1.ActionDeleteBrokenSandbox); err == nil {
+	if err := (HostExecutor{Runner: stuck, Clock: sandboxClock}).Execute(context.Background(), &corev1.Node{}, repairv1.ActionDeleteBrokenSandbox, nil); err == nil {
 		t.Errorf("a sandbox was not removed: want an error")
 	}
 	if got := stuck.calls[len(stuck.calls)-1]; got != "crictl rmp -f number" {
 		t.Errorf("after a failed removal, last command %q", got)
 	}
 	none := &fakeHost{missing: map[string]bool{"chronyd": true, "ntpd": true, "systemd-timesyncd": true}}
-	if err := (HostExecutor{Runner: none}).Execute(context.Background(), &corev1.Node{}, repairv1.ActionRestartNTP); err == nil {
+	if err := (HostExecutor{Runner: none}).Execute(context.Background(), &corev1.Node{}, repairv1.ActionRestartNTP, nil); err == nil {
 		t.Errorf("no NTP unit: want an error")
 	}
 }
 
 // logLines runs the executor with a logger that keeps every line as JSON.
-func logLines(t *testing.T, h HostExecutor, node *corev1.Node, a repairv1.Action) ([]map[string]any, error) {
+func logLines(t *testing.T, h HostExecutor, node *corev1.Node, a repairv1.Action, gpus []repairv1.GPURef) ([]map[string]any, error) {
 	t.Helper()
 	var lines []map[string]any
 	log := funcr.NewJSON(func(obj string) {
@@ -126,7 +136,7 @@ func logLines(t *testing.T, h HostExecutor, node *corev1.Node, a repairv1.Action
 		}
 		lines = append(lines, line)
 	}, funcr.Options{})
-	err := h.Execute(logr.NewContext(context.Background(), log), node, a)
+	err := h.Execute(logr.NewContext(context.Background(), log), node, a, gpus)
 	return lines, err
 }
 
@@ -173,7 +183,7 @@ func TestHostExecutorLogsEachAction(t *testing.T) {
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
-			lines, err := logLines(t, HostExecutor{Runner: tc.host, Clock: sandboxClock}, node, tc.action)
+			lines, err := logLines(t, HostExecutor{Runner: tc.host, Clock: sandboxClock}, node, tc.action, nil)
 			if (err != nil) != tc.wantErr {
 				t.Fatalf("error %v, want an error: %t", err, tc.wantErr)
 			}
@@ -238,13 +248,13 @@ func crdActions(t *testing.T) []repairv1.Action {
 func TestHostExecutorRunsTheFixedSetOnly(t *testing.T) {
 	known := crdActions(t)
 	if diff := cmp.Diff([]repairv1.Action{repairv1.ActionRestartKubelet, repairv1.ActionRestartContainerRuntime,
-		repairv1.ActionRestartNTP, repairv1.ActionDeleteBrokenSandbox, repairv1.ActionReboot}, known); diff != "" {
+		repairv1.ActionRestartNTP, repairv1.ActionDeleteBrokenSandbox, repairv1.ActionResetGPU, repairv1.ActionReboot}, known); diff != "" {
 		t.Errorf("actions of the CRD (-want +got):\n%s", diff)
 	}
 	for _, a := range known {
 		t.Run(string(a), func(t *testing.T) {
 			host := &fakeHost{pods: `{"items":[]}`}
-			if err := (HostExecutor{Runner: host, Clock: sandboxClock}).Execute(context.Background(), &corev1.Node{}, a); err != nil {
+			if err := (HostExecutor{Runner: host, Clock: sandboxClock}).Execute(context.Background(), &corev1.Node{}, a, testGPUs); err != nil {
 				t.Errorf("action %s of the API: %v", a, err)
 			}
 			if len(host.calls) == 0 {
@@ -255,7 +265,7 @@ func TestHostExecutorRunsTheFixedSetOnly(t *testing.T) {
 	for _, a := range []repairv1.Action{"", "rm -rf /", "restartkubelet", "Reboot ", "RestartKubelet; reboot"} {
 		t.Run("refused "+strconv.Quote(string(a)), func(t *testing.T) {
 			host := &fakeHost{}
-			err := (HostExecutor{Runner: host, Clock: sandboxClock}).Execute(context.Background(), &corev1.Node{}, a)
+			err := (HostExecutor{Runner: host, Clock: sandboxClock}).Execute(context.Background(), &corev1.Node{}, a, testGPUs)
 			if want := fmt.Sprintf("unknown action %q", a); err == nil || err.Error() != want {
 				t.Errorf("error %v, want %q", err, want)
 			}
@@ -263,5 +273,93 @@ func TestHostExecutorRunsTheFixedSetOnly(t *testing.T) {
 				t.Errorf("commands ran for a refused action: %q", host.calls)
 			}
 		})
+	}
+}
+
+func TestHostExecutorResetGPU(t *testing.T) {
+	const (
+		apps18   = "nvidia-smi --query-compute-apps=pid --format=csv,noheader -i 0000:18:00.0"
+		apps2a   = "nvidia-smi --query-compute-apps=pid --format=csv,noheader -i 0000:2a:00.0"
+		reset18  = "nvidia-smi --gpu-reset -i 0000:18:00.0"
+		reset2a  = "nvidia-smi --gpu-reset -i 0000:2a:00.0"
+		isPersd  = "systemctl is-active nvidia-persistenced"
+		isDCGM   = "systemctl is-active nvidia-dcgm"
+		isFabric = "systemctl is-active nvidia-fabricmanager"
+	)
+	active := map[string]string{isPersd: "active\n", isFabric: "active\n"}
+	tests := map[string]struct {
+		gpus      []repairv1.GPURef
+		host      *fakeHost
+		want      []string
+		wantError string
+	}{
+		"the holders stopped, each GPU reset, the holders started again": {
+			gpus: testGPUs, host: &fakeHost{out: active},
+			want: []string{apps18, apps2a, isPersd, "systemctl stop nvidia-persistenced", isDCGM, isFabric,
+				"systemctl stop nvidia-fabricmanager", reset18, reset2a,
+				"systemctl start nvidia-persistenced", "systemctl start nvidia-fabricmanager"},
+		},
+		"no holder active: only the resets": {
+			gpus: testGPUs[:1], host: &fakeHost{},
+			want: []string{apps18, isPersd, isDCGM, isFabric, reset18},
+		},
+		"a GPU with processes: refused before anything is stopped": {
+			gpus: testGPUs, host: &fakeHost{out: map[string]string{apps2a: "4711\n4712\n", isPersd: "active\n"}},
+			want:      []string{apps18, apps2a},
+			wantError: "GPU 0000:2a:00.0 is in use by processes 4711, 4712: not reset",
+		},
+		"a failed reset: the other GPU is reset and the holders start again": {
+			gpus: testGPUs, host: &fakeHost{out: active, fail: map[string]bool{reset18: true}, failOut: "GPU 00000000:18:00.0 is currently in use by another process.\n"},
+			want: []string{apps18, apps2a, isPersd, "systemctl stop nvidia-persistenced", isDCGM, isFabric,
+				"systemctl stop nvidia-fabricmanager", reset18, reset2a,
+				"systemctl start nvidia-persistenced", "systemctl start nvidia-fabricmanager"},
+			wantError: "nvidia-smi --gpu-reset -i 0000:18:00.0: failed: GPU 00000000:18:00.0 is currently in use by another process.",
+		},
+		"a holder that does not stop: the ones stopped start again, no reset": {
+			gpus: testGPUs[:1], host: &fakeHost{out: active, fail: map[string]bool{"systemctl stop nvidia-fabricmanager": true}},
+			want: []string{apps18, isPersd, "systemctl stop nvidia-persistenced", isDCGM, isFabric,
+				"systemctl stop nvidia-fabricmanager", "systemctl start nvidia-persistenced"},
+			wantError: "systemctl stop nvidia-fabricmanager: failed",
+		},
+		"no GPU named": {host: &fakeHost{}, wantError: "no GPU to reset (the repair names none)"},
+		"a GPU without its address": {gpus: []repairv1.GPURef{{UUID: "GPU-x"}}, host: &fakeHost{},
+			wantError: "cannot reset GPU GPU-x: no PCI bus ID"},
+		"the processes cannot be listed": {gpus: testGPUs[:1], host: &fakeHost{fail: map[string]bool{apps18: true}, failOut: "No devices were found"},
+			want:      []string{apps18},
+			wantError: "listing the processes on GPU 0000:18:00.0: " + apps18 + ": failed: No devices were found"},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			err := (HostExecutor{Runner: tc.host, Clock: sandboxClock}).Execute(context.Background(), &corev1.Node{}, repairv1.ActionResetGPU, tc.gpus)
+			if got := fmt.Sprint(err); (err != nil || tc.wantError != "") && got != tc.wantError {
+				t.Errorf("error %q, want %q", got, tc.wantError)
+			}
+			if diff := cmp.Diff(tc.want, tc.host.calls); diff != "" {
+				t.Errorf("commands (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+func TestHostExecutorResetGPULogsEachHostAction(t *testing.T) {
+	host := &fakeHost{out: map[string]string{"systemctl is-active nvidia-dcgm": "active"}}
+	lines, err := logLines(t, HostExecutor{Runner: host, Clock: sandboxClock}, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "gpu-007"}},
+		repairv1.ActionResetGPU, testGPUs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, l := range lines {
+		got = append(got, fmt.Sprintf("%v %v unit=%v gpu=%v step=%v", l["msg"], l["action"], l["unit"], l["gpu"], l["step"]))
+	}
+	want := []string{
+		"running host action ResetGPU unit=nvidia-dcgm gpu=<nil> step=stop",
+		"running host action ResetGPU unit=<nil> gpu=0000:18:00.0 step=reset",
+		"running host action ResetGPU unit=<nil> gpu=0000:2a:00.0 step=reset",
+		"running host action ResetGPU unit=nvidia-dcgm gpu=<nil> step=start",
+		"host action done ResetGPU unit=<nil> gpu=<nil> step=<nil>",
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("log lines (-want +got):\n%s", diff)
 	}
 }

@@ -29,7 +29,7 @@ type SimExecutor struct {
 }
 
 // Execute implements the agent's Executor.
-func (s SimExecutor) Execute(ctx context.Context, node *corev1.Node, a repairv1.Action) error {
+func (s SimExecutor) Execute(ctx context.Context, node *corev1.Node, a repairv1.Action, _ []repairv1.GPURef) error {
 	if a == repairv1.ActionReboot {
 		down := s.RebootDowntime
 		if down == 0 {

@@ -325,7 +325,7 @@ func TestSimExecutorFixedBy(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			cs := fake.NewClientset(tc.node.DeepCopy())
 			exec := devcluster.SimExecutor{Cluster: &devcluster.Cluster{Client: cs}, RebootDowntime: time.Millisecond}
-			if err := exec.Execute(t.Context(), tc.node, tc.action); err != nil {
+			if err := exec.Execute(t.Context(), tc.node, tc.action, nil); err != nil {
 				t.Fatal(err)
 			}
 			got, err := cs.CoreV1().Nodes().Get(t.Context(), tc.node.Name, metav1.GetOptions{})
@@ -365,7 +365,7 @@ func TestSimExecutorReportsWriteErrors(t *testing.T) {
 	cs.PrependReactor("patch", "nodes", func(k8stesting.Action) (bool, runtime.Object, error) {
 		return true, nil, fmt.Errorf("etcdserver: request timed out")
 	})
-	err := devcluster.SimExecutor{Cluster: &devcluster.Cluster{Client: cs}}.Execute(context.Background(), node, repairv1.ActionRestartNTP)
+	err := devcluster.SimExecutor{Cluster: &devcluster.Cluster{Client: cs}}.Execute(context.Background(), node, repairv1.ActionRestartNTP, nil)
 	if err == nil {
 		t.Fatal("a failed write: want an error")
 	}

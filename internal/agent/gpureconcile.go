@@ -1,0 +1,243 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/util/retry"
+	"k8s.io/klog/v2"
+	"k8s.io/utils/clock"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	repairv1 "github.com/gpufleet/gpufleet/api/repair/v1alpha1"
+)
+
+// GPUSource tells what a node's GPUs show now: the kernel log's XIDs and
+// dcgm-exporter's counters (the real host), or the simulation's view of
+// a kwok node. It reads, it decides nothing.
+type GPUSource interface {
+	ObserveGPUs(ctx context.Context, node *corev1.Node) (GPUObservation, error)
+}
+
+// GPUMonitor keeps a node's GPUFault records and GPUProblem condition in
+// line with what its GPU source shows. A request names a node. Each pass
+// reads the node, its records, the policies (for XID class overrides)
+// and the source, runs DetectGPUFaults and writes what changed: the
+// records (create, spec and status patches with optimistic lock), then the
+// node's condition (a status patch of that condition only). Nothing
+// changed, nothing written.
+type GPUMonitor struct {
+	Client client.Client
+	Source GPUSource
+	Clock  clock.PassiveClock
+	// NodeName is the agent's node; empty: every node (the simulation).
+	NodeName string
+}
+
+// Reconcile looks at one node's GPUs.
+func (m *GPUMonitor) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+	if m.NodeName != "" && req.Name != m.NodeName {
+		return reconcile.Result{}, nil
+	}
+	node := &corev1.Node{}
+	if err := m.Client.Get(ctx, req.NamespacedName, node); err != nil {
+		return reconcile.Result{}, client.IgnoreNotFound(err)
+	}
+	records, err := nodeRecords(ctx, m.Client, node.Name)
+	if err != nil {
+		return reconcile.Result{}, err
+	}
+	var policies repairv1.NodeRepairPolicyList
+	if err := m.Client.List(ctx, &policies); err != nil {
+		return reconcile.Result{}, fmt.Errorf("listing repair policies: %w", err)
+	}
+	obs, err := m.Source.ObserveGPUs(ctx, node)
+	if err != nil {
+		return reconcile.Result{}, fmt.Errorf("observing the GPUs of node %s: %w", node.Name, err)
+	}
+	now := m.Clock.Now()
+	writes := DetectGPUFaults(GPUState{
+		Node: node.Name, BootID: node.Status.NodeInfo.BootID, Capacity: gpuCapacity(node),
+		Records: records, Observed: obs, XIDClasses: XIDClassesFor(node, policies.Items),
+	}, now)
+	after, err := writeRecords(ctx, m.Client, records, writes)
+	if err != nil {
+		return reconcile.Result{}, err
+	}
+	return reconcile.Result{}, writeCondition(ctx, m.Client, node, after, now)
+}
+
+// ClearResetGPUs returns the GPUs a successful ResetGPU reset to service
+// (ResetDone on the node's records), then updates the node's GPUProblem
+// condition. A write that conflicts with the monitor's is done again on
+// fresh records.
+func ClearResetGPUs(ctx context.Context, c client.Client, clk clock.PassiveClock, nodeName string, gpus []repairv1.GPURef) error {
+	backoff := wait.Backoff{Steps: 6, Duration: 50 * time.Millisecond, Factor: 2, Jitter: 0.1}
+	return retry.OnError(backoff, apierrors.IsConflict, func() error {
+		records, err := nodeRecords(ctx, c, nodeName)
+		if err != nil {
+			return err
+		}
+		list := make([]repairv1.GPUFault, 0, len(records))
+		for _, r := range records {
+			list = append(list, r)
+		}
+		after, err := writeRecords(ctx, c, records, ResetDone(list, gpus))
+		if err != nil {
+			return err
+		}
+		node := &corev1.Node{}
+		if err := c.Get(ctx, types.NamespacedName{Name: nodeName}, node); err != nil {
+			return fmt.Errorf("reading node %s: %w", nodeName, err)
+		}
+		return writeCondition(ctx, c, node, after, clk.Now())
+	})
+}
+
+// nodeRecords returns the node's GPUFault records by name.
+func nodeRecords(ctx context.Context, c client.Client, node string) (map[string]repairv1.GPUFault, error) {
+	var list repairv1.GPUFaultList
+	if err := c.List(ctx, &list); err != nil {
+		return nil, fmt.Errorf("listing GPU fault records: %w", err)
+	}
+	out := map[string]repairv1.GPUFault{}
+	for _, r := range list.Items {
+		if r.Spec.NodeName == node {
+			out[r.Name] = r
+		}
+	}
+	return out, nil
+}
+
+// writeRecords writes the records the core decided on and returns the
+// node's records as they are after the writes. A new record is created,
+// then its status written (create ignores the status subresource); a
+// changed one gets a spec patch and/or a status patch, each failing with a
+// conflict if the record changed since it was read.
+func writeRecords(ctx context.Context, c client.Client, old map[string]repairv1.GPUFault, writes []repairv1.GPUFault) (map[string]repairv1.GPUFault, error) {
+	log := ctrl.LoggerFrom(ctx)
+	after := make(map[string]repairv1.GPUFault, len(old)+len(writes))
+	for k, v := range old {
+		after[k] = v
+	}
+	lock := client.MergeFromWithOptimisticLock{}
+	for _, w := range writes {
+		cur, existed := old[w.Name]
+		if !existed {
+			obj := w.DeepCopy()
+			obj.Status = repairv1.GPUFaultStatus{}
+			if err := c.Create(ctx, obj); err != nil {
+				return after, fmt.Errorf("creating GPU fault record %s: %w", w.Name, err)
+			}
+			cur = *obj
+		}
+		if !equality.Semantic.DeepEqual(cur.Spec, w.Spec) {
+			upd := cur.DeepCopy()
+			upd.Spec = w.Spec
+			if err := c.Patch(ctx, upd, client.MergeFromWithOptions(&cur, lock)); err != nil {
+				return after, fmt.Errorf("updating the GPU of record %s: %w", w.Name, err)
+			}
+			cur = *upd
+		}
+		if !equality.Semantic.DeepEqual(cur.Status, w.Status) {
+			upd := cur.DeepCopy()
+			upd.Status = w.Status
+			if err := c.Status().Patch(ctx, upd, client.MergeFromWithOptions(&cur, lock)); err != nil {
+				return after, fmt.Errorf("writing the status of GPU fault record %s: %w", w.Name, err)
+			}
+			cur = *upd
+		}
+		after[w.Name] = cur
+		if old[w.Name].Status.Class != w.Status.Class || !existed {
+			log.Info("GPU fault record written", "gpufault", klog.KObj(&cur), "node", w.Spec.NodeName,
+				"gpu", GPUName(w.Spec.GPU), "class", w.Status.Class, "faults", w.Status.Summary)
+		}
+	}
+	return after, nil
+}
+
+// writeCondition writes the node's GPUProblem condition when it changed:
+// a strategic merge patch of that one condition of the node's status.
+func writeCondition(ctx context.Context, c client.Client, node *corev1.Node, records map[string]repairv1.GPUFault, now time.Time) error {
+	list := make([]repairv1.GPUFault, 0, len(records))
+	for _, r := range records {
+		list = append(list, r)
+	}
+	cond := GPUProblemCondition(node.Status.Conditions, list, now)
+	if cond == nil {
+		return nil
+	}
+	data, err := json.Marshal(map[string]any{"status": map[string]any{"conditions": []corev1.NodeCondition{*cond}}})
+	if err != nil {
+		return err
+	}
+	if err := c.Status().Patch(ctx, node, client.RawPatch(types.StrategicMergePatchType, data)); err != nil {
+		return fmt.Errorf("writing condition %s of node %s: %w", cond.Type, node.Name, err)
+	}
+	ctrl.LoggerFrom(ctx).Info("node condition written", "node", klog.KObj(node), "condition", cond.Type,
+		"status", cond.Status, "reason", cond.Reason, "message", cond.Message)
+	return nil
+}
+
+func gpuCapacity(node *corev1.Node) int {
+	q, ok := node.Status.Capacity[ResourceGPU]
+	if !ok {
+		return 0
+	}
+	return int(min(max(q.Value(), 0), 1<<16))
+}
+
+// ResourceGPU is the extended resource of NVIDIA's device plugin.
+const ResourceGPU corev1.ResourceName = "nvidia.com/gpu"
+
+// gpuNodeChanged passes node updates the monitor must look at: a new boot,
+// a changed GPU capacity, changed annotations (the simulated host keeps
+// its state there) and a GPUProblem condition someone else changed —
+// not the kubelet's heartbeats.
+var gpuNodeChanged = predicate.Funcs{
+	UpdateFunc: func(e event.UpdateEvent) bool {
+		o, n := e.ObjectOld.(*corev1.Node), e.ObjectNew.(*corev1.Node)
+		return o.Status.NodeInfo.BootID != n.Status.NodeInfo.BootID || gpuCapacity(o) != gpuCapacity(n) ||
+			!equality.Semantic.DeepEqual(o.Annotations, n.Annotations) || gpuProblem(o) != gpuProblem(n)
+	},
+}
+
+func gpuProblem(n *corev1.Node) string {
+	for _, c := range n.Status.Conditions {
+		if c.Type == repairv1.ConditionGPUProblem {
+			return string(c.Status) + "/" + c.Reason + "/" + c.Message
+		}
+	}
+	return ""
+}
+
+// gpuFaultChanged passes record updates other than the monitor's own
+// no-op resyncs: a record's status or spec changed (e.g. someone edited
+// it, or ClearResetGPUs wrote it).
+var gpuFaultChanged = predicate.Funcs{
+	UpdateFunc: func(e event.UpdateEvent) bool {
+		o, n := e.ObjectOld.(*repairv1.GPUFault), e.ObjectNew.(*repairv1.GPUFault)
+		return o.Generation != n.Generation || !equality.Semantic.DeepEqual(o.Status, n.Status)
+	},
+}
+
+// xidClassesChanged passes policies whose XID classes or node selector
+// changed.
+var xidClassesChanged = predicate.Funcs{
+	UpdateFunc: func(e event.UpdateEvent) bool {
+		o, n := e.ObjectOld.(*repairv1.NodeRepairPolicy), e.ObjectNew.(*repairv1.NodeRepairPolicy)
+		return !equality.Semantic.DeepEqual(o.Spec.GPU.XIDClasses, n.Spec.GPU.XIDClasses) ||
+			!equality.Semantic.DeepEqual(o.Spec.NodeSelector, n.Spec.NodeSelector)
+	},
+}

@@ -1,0 +1,282 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	clocktesting "k8s.io/utils/clock/testing"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	repairv1 "github.com/gpufleet/gpufleet/api/repair/v1alpha1"
+)
+
+// fakeGPUs is a GPUSource showing obs.
+type fakeGPUs struct {
+	obs GPUObservation
+	err error
+}
+
+func (f *fakeGPUs) ObserveGPUs(context.Context, *corev1.Node) (GPUObservation, error) {
+	return f.obs, f.err
+}
+
+// writeCounter counts the writes a fake client receives, as "verb kind".
+type writeCounter struct{ writes []string }
+
+func (w *writeCounter) funcs(fail func(verb string, obj client.Object) error) interceptor.Funcs {
+	rec := func(verb string, obj client.Object) error {
+		w.writes = append(w.writes, verb+" "+fmt.Sprintf("%T", obj))
+		if fail != nil {
+			return fail(verb, obj)
+		}
+		return nil
+	}
+	return interceptor.Funcs{
+		Create: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.CreateOption) error {
+			if err := rec("create", obj); err != nil {
+				return err
+			}
+			return c.Create(ctx, obj, opts...)
+		},
+		Patch: func(ctx context.Context, c client.WithWatch, obj client.Object, p client.Patch, opts ...client.PatchOption) error {
+			if err := rec("patch", obj); err != nil {
+				return err
+			}
+			return c.Patch(ctx, obj, p, opts...)
+		},
+		SubResourcePatch: func(ctx context.Context, c client.Client, sub string, obj client.Object, p client.Patch, opts ...client.SubResourcePatchOption) error {
+			if err := rec("patch status", obj); err != nil {
+				return err
+			}
+			return c.SubResource(sub).Patch(ctx, obj, p, opts...)
+		},
+		Update: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.UpdateOption) error {
+			rec("update", obj) //nolint:errcheck // never fails: counted only
+			return c.Update(ctx, obj, opts...)
+		},
+	}
+}
+
+func gpuNode(name, boot string) *corev1.Node {
+	return &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name},
+		Status: corev1.NodeStatus{NodeInfo: corev1.NodeSystemInfo{BootID: boot},
+			Capacity: corev1.ResourceList{ResourceGPU: resource.MustParse("8")}}}
+}
+
+func newFakeClient(t *testing.T, funcs interceptor.Funcs, objs ...client.Object) client.Client {
+	t.Helper()
+	return fake.NewClientBuilder().WithScheme(agentScheme(t)).
+		WithStatusSubresource(&repairv1.GPUFault{}, &repairv1.NodeRepair{}, &corev1.Node{}).
+		WithObjects(objs...).WithInterceptorFuncs(funcs).Build()
+}
+
+func getNode(t *testing.T, c client.Client, name string) *corev1.Node {
+	t.Helper()
+	n := &corev1.Node{}
+	if err := c.Get(t.Context(), types.NamespacedName{Name: name}, n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func listFaults(t *testing.T, c client.Client) []repairv1.GPUFault {
+	t.Helper()
+	var l repairv1.GPUFaultList
+	if err := c.List(t.Context(), &l); err != nil {
+		t.Fatal(err)
+	}
+	sort.Slice(l.Items, func(i, j int) bool { return l.Items[i].Name < l.Items[j].Name })
+	return l.Items
+}
+
+func conditionOf(n *corev1.Node) *corev1.NodeCondition {
+	for i := range n.Status.Conditions {
+		if n.Status.Conditions[i].Type == repairv1.ConditionGPUProblem {
+			return &n.Status.Conditions[i]
+		}
+	}
+	return nil
+}
+
+// TestGPUMonitorReconcile: an XID creates the record (create, then its
+// status) and sets GPUProblem; a second pass writes nothing; the policy's
+// override applies; a reset clears it; another node's request is ignored.
+func TestGPUMonitorReconcile(t *testing.T) {
+	clk := clocktesting.NewFakePassiveClock(gNow)
+	w := &writeCounter{}
+	node := gpuNode(gNode, gBoot)
+	node.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue}}
+	policy := &repairv1.NodeRepairPolicy{ObjectMeta: metav1.ObjectMeta{Name: "default"},
+		Spec: repairv1.NodeRepairPolicySpec{GPU: repairv1.GPUSpec{XIDClasses: []repairv1.XIDClass{{Code: 13, Class: repairv1.GPUClassReboot}}}}}
+	c := newFakeClient(t, w.funcs(nil), node, gpuNode("gpu-004", gBoot), policy)
+	src := &fakeGPUs{obs: GPUObservation{XIDs: []XIDObservation{xidAt(bus3, 48, t0)}, DCGM: health(nil)}}
+	m := &GPUMonitor{Client: c, Source: src, Clock: clk, NodeName: gNode}
+	pass := func() {
+		t.Helper()
+		res, err := m.Reconcile(t.Context(), reconcile.Request{NamespacedName: types.NamespacedName{Name: gNode}})
+		if err != nil || res != (reconcile.Result{}) {
+			t.Fatalf("reconcile: %+v, %v", res, err)
+		}
+	}
+	pass()
+	if diff := cmp.Diff([]string{"create *v1alpha1.GPUFault", "patch status *v1alpha1.GPUFault", "patch status *v1.Node"}, w.writes); diff != "" {
+		t.Errorf("writes of the first pass (-want +got):\n%s", diff)
+	}
+	faults := listFaults(t, c)
+	if len(faults) != 1 || faults[0].Name != name3 || faults[0].Status.Class != repairv1.GPUClassResetGPU ||
+		faults[0].Spec.GPU.UUID != uuid3 || faults[0].Spec.GPU.Index == nil || *faults[0].Spec.GPU.Index != 3 {
+		t.Fatalf("records %+v, want GPU 3's, class ResetGPU, with index and UUID from the exporter", faults)
+	}
+	cond := conditionOf(getNode(t, c, gNode))
+	if cond == nil || cond.Status != corev1.ConditionTrue || cond.Reason != "ResetGPU" ||
+		cond.Message != "GPU 3 ("+uuid3+", "+bus3+"): Xid 48 ("+meta48+")" {
+		t.Fatalf("condition %+v", cond)
+	}
+	if n := getNode(t, c, gNode); len(n.Status.Conditions) != 2 {
+		t.Errorf("conditions %+v: the Ready condition must stay", n.Status.Conditions)
+	}
+
+	w.writes = nil
+	clk.SetTime(gNow.Add(time.Minute))
+	pass()
+	if len(w.writes) != 0 {
+		t.Errorf("a pass over nothing new wrote %v", w.writes)
+	}
+
+	// An XID 13 on GPU 1: Reboot by the policy's override.
+	src.obs.XIDs = append(src.obs.XIDs, xidAt(bus1, 13, t0.Add(time.Second)))
+	pass()
+	cond = conditionOf(getNode(t, c, gNode))
+	if cond.Reason != "Reboot" || cond.LastTransitionTime.Time.Equal(cond.LastHeartbeatTime.Time) {
+		t.Errorf("condition %+v, want reason Reboot, the transition time kept", cond)
+	}
+
+	// Reset both: back in service, condition False.
+	w.writes = nil
+	if err := ClearResetGPUs(t.Context(), c, clk, gNode, []repairv1.GPURef{{PCIBusID: bus1}, {PCIBusID: "00000000:18:00.0"}}); err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff([]string{"patch status *v1alpha1.GPUFault", "patch status *v1alpha1.GPUFault", "patch status *v1.Node"}, w.writes); diff != "" {
+		t.Errorf("writes of the clearing (-want +got):\n%s", diff)
+	}
+	for _, f := range listFaults(t, c) {
+		if !f.InService() {
+			t.Errorf("after the reset %s is out of service: %+v", f.Name, f.Status)
+		}
+	}
+	if cond = conditionOf(getNode(t, c, gNode)); cond.Status != corev1.ConditionFalse || cond.Reason != repairv1.ReasonGPUsHealthy {
+		t.Errorf("condition after the reset %+v", cond)
+	}
+	// The kernel log still shows the XIDs: nothing comes back.
+	w.writes = nil
+	pass()
+	if len(w.writes) != 0 {
+		t.Errorf("after the reset the old XIDs wrote %v", w.writes)
+	}
+	// A request of another node is not this agent's.
+	if _, err := m.Reconcile(t.Context(), reconcile.Request{NamespacedName: types.NamespacedName{Name: "gpu-004"}}); err != nil || len(w.writes) != 0 {
+		t.Errorf("another node's request: %v, writes %v", err, w.writes)
+	}
+}
+
+// TestGPUMonitorWritesOnTheVersionItRead: a record changed since it was
+// read is not overwritten (the status patch conflicts and the pass is
+// retried); a failing source writes nothing.
+func TestGPUMonitorWritesOnTheVersionItRead(t *testing.T) {
+	clk := clocktesting.NewFakePassiveClock(gNow)
+	stored := rec(name3, ref3(), repairv1.GPUFaultStatus{BootID: gBoot})
+	stored.ResourceVersion = ""
+	conflicts := 1
+	w := &writeCounter{}
+	c := newFakeClient(t, w.funcs(func(verb string, obj client.Object) error {
+		if _, ok := obj.(*repairv1.GPUFault); ok && verb == "patch status" && conflicts > 0 {
+			conflicts--
+			return apierrors.NewConflict(schema.GroupResource{Group: repairv1.GroupVersion.Group, Resource: "gpufaults"}, obj.GetName(), errors.New("modified"))
+		}
+		return nil
+	}), gpuNode(gNode, gBoot), &stored)
+	m := &GPUMonitor{Client: c, Source: &fakeGPUs{obs: GPUObservation{XIDs: []XIDObservation{xidAt(bus3, 48, t0)}}}, Clock: clk, NodeName: gNode}
+	req := reconcile.Request{NamespacedName: types.NamespacedName{Name: gNode}}
+	if _, err := m.Reconcile(t.Context(), req); !apierrors.IsConflict(err) {
+		t.Fatalf("first pass: %v, want the conflict", err)
+	}
+	if cond := conditionOf(getNode(t, c, gNode)); cond != nil {
+		t.Errorf("the condition was written before the record: %+v", cond)
+	}
+	if _, err := m.Reconcile(t.Context(), req); err != nil {
+		t.Fatal(err)
+	}
+	if f := listFaults(t, c); f[0].Status.Class != repairv1.GPUClassResetGPU || f[0].Status.Faults[0].Count != 1 {
+		t.Errorf("after the retry: %+v", f[0].Status)
+	}
+	w.writes = nil
+	m.Source = &fakeGPUs{err: errors.New("no kernel log")}
+	if _, err := m.Reconcile(t.Context(), req); err == nil || len(w.writes) != 0 {
+		t.Errorf("a failing source: %v, writes %v; want the error and no write", err, w.writes)
+	}
+}
+
+// TestAgentResetGPUClearsTheRecords: a successful ResetGPU returns the
+// GPUs to service before its outcome is recorded; a failed one leaves them
+// out; records that cannot be written make the outcome Failed.
+func TestAgentResetGPUClearsTheRecords(t *testing.T) {
+	out := rec(name3, ref3(), repairv1.GPUFaultStatus{Class: repairv1.GPUClassResetGPU, Summary: "Xid 48 (" + meta48 + ")",
+		Faults: []repairv1.GPUFaultEntry{x48(t0, t0, 1, true)}, Occurrences: []metav1.Time{mt(t0)}})
+	out.ResourceVersion = ""
+	repair := func() *repairv1.NodeRepair {
+		nr := testRepair(gNode, repairv1.ActionResetGPU)
+		nr.Spec.GPUs = []repairv1.GPURef{ref3()}
+		return nr
+	}
+	tests := map[string]struct {
+		execErr       error
+		failRecord    bool
+		wantOutcome   string
+		wantInService bool
+	}{
+		"reset: back in service":        {wantOutcome: "Succeeded", wantInService: true},
+		"the reset failed: still out":   {execErr: errors.New("nvidia-smi: in use"), wantOutcome: "Failed"},
+		"the records cannot be written": {failRecord: true, wantOutcome: "Failed"},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			w := &writeCounter{}
+			c := newFakeClient(t, w.funcs(func(verb string, obj client.Object) error {
+				if _, ok := obj.(*repairv1.GPUFault); ok && tc.failRecord {
+					return errors.New("injected: etcd unavailable")
+				}
+				return nil
+			}), repair(), out.DeepCopy(), gpuNode(gNode, gBoot))
+			exec := &recordingExecutor{err: tc.execErr}
+			a := &Agent{Client: c, NodeName: gNode, Executor: exec, Clock: clocktesting.NewFakePassiveClock(agentNow)}
+			if err := reconcileRepair(t, a, repairName); err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff([]string{gNode + " ResetGPU " + bus3}, exec.calls); diff != "" {
+				t.Errorf("executor calls (-want +got):\n%s", diff)
+			}
+			nr := getRepair(t, a)
+			if last := nr.Status.Timeline[len(nr.Status.Timeline)-1]; last.Outcome != tc.wantOutcome {
+				t.Errorf("outcome %+v, want %s", last, tc.wantOutcome)
+			}
+			if got := listFaults(t, c)[0].InService(); got != tc.wantInService {
+				t.Errorf("GPU in service: %t, want %t", got, tc.wantInService)
+			}
+		})
+	}
+}
+
