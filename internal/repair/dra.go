@@ -29,9 +29,11 @@ func draDriver(spec *repairv1.NodeRepairPolicySpec) string {
 }
 
 // DeviceOf finds a GPU among the devices that driver publishes for node in
-// slices: by its UUID, else its PCI bus ID, else its index (the attributes
-// NVIDIA's DRA driver sets: uuid, pcieBusID, index). false: the GPU is not
-// published through DRA (the node uses the device plugin).
+// slices: by its UUID (attribute uuid), else its PCI bus ID (the standard
+// attribute resource.kubernetes.io/pciBusID, which NVIDIA's DRA driver sets
+// since v25.12; pcieBusID of older releases), else its index (the device
+// name gpu-<index> of a full GPU, or an older index attribute). false: the
+// GPU is not published through DRA (the node uses the device plugin).
 func DeviceOf(slices []resourcev1.ResourceSlice, driver, node string, g repairv1.GPURef) (Device, bool) {
 	type match struct {
 		d    Device
@@ -48,9 +50,9 @@ func DeviceOf(slices []resourcev1.ResourceSlice, driver, node string, g repairv1
 			switch {
 			case g.UUID != "" && strings.EqualFold(stringAttr(dev, "uuid"), g.UUID):
 				rank = 2
-			case g.PCIBusID != "" && samePCI(stringAttr(dev, "pcieBusID"), g.PCIBusID):
+			case g.PCIBusID != "" && (samePCI(stringAttr(dev, "pciBusID"), g.PCIBusID) || samePCI(stringAttr(dev, "pcieBusID"), g.PCIBusID)):
 				rank = 1
-			case g.Index != nil && intAttr(dev, "index") == strconv.Itoa(int(*g.Index)):
+			case g.Index != nil && (dev.Name == "gpu-"+strconv.Itoa(int(*g.Index)) || intAttr(dev, "index") == strconv.Itoa(int(*g.Index))):
 				rank = 0
 			}
 			if rank > best.rank {

@@ -187,7 +187,7 @@ func TestDeviceOf(t *testing.T) {
 	slices := []resourcev1.ResourceSlice{
 		slice("gpu.nvidia.com", "n1",
 			dev("gpu-0", map[resourcev1.QualifiedName]resourcev1.DeviceAttribute{"index": num(0), "uuid": str("GPU-aaa"), "pcieBusID": str("0000:18:00.0")}),
-			dev("gpu-1", map[resourcev1.QualifiedName]resourcev1.DeviceAttribute{"index": num(1), "gpu.nvidia.com/uuid": str("GPU-BBB"), "pcieBusID": str("0000:20:00.0")})),
+			dev("gpu-1", map[resourcev1.QualifiedName]resourcev1.DeviceAttribute{"gpu.nvidia.com/uuid": str("GPU-BBB"), "resource.kubernetes.io/pciBusID": str("0000:20:00.0")})),
 		slice("gpu.nvidia.com", "n2", dev("gpu-0", map[resourcev1.QualifiedName]resourcev1.DeviceAttribute{"index": num(0), "uuid": str("GPU-zzz")})),
 		slice("other.example.com", "n1", dev("gpu-9", map[resourcev1.QualifiedName]resourcev1.DeviceAttribute{"uuid": str("GPU-ccc")})),
 	}
@@ -200,7 +200,9 @@ func TestDeviceOf(t *testing.T) {
 		"by UUID":                          {"n1", repairv1.GPURef{UUID: "GPU-aaa", PCIBusID: "0000:99:00.0"}, "gpu-0", true},
 		"by a qualified UUID, any case":    {"n1", repairv1.GPURef{UUID: "gpu-bbb"}, "gpu-1", true},
 		"by PCI bus ID in the short form":  {"n1", repairv1.GPURef{PCIBusID: "00000000:20:00.0"}, "gpu-1", true},
-		"by index":                         {"n1", repairv1.GPURef{Index: ptr.To[int32](1), PCIBusID: "0000:77:00.0"}, "gpu-1", true},
+		"by index, from the device name":   {"n1", repairv1.GPURef{Index: ptr.To[int32](1), PCIBusID: "0000:77:00.0"}, "gpu-1", true},
+		"by an older index attribute":      {"n1", repairv1.GPURef{Index: ptr.To[int32](0), PCIBusID: "0000:77:00.0"}, "gpu-0", true},
+		"by an older pcieBusID attribute":  {"n1", repairv1.GPURef{PCIBusID: "0000:18:00.0"}, "gpu-0", true},
 		"UUID wins over a stale index":     {"n1", repairv1.GPURef{Index: ptr.To[int32](1), UUID: "GPU-aaa"}, "gpu-0", true},
 		"another node's slice is not used": {"n1", repairv1.GPURef{UUID: "GPU-zzz"}, "", false},
 		"another driver is not used":       {"n1", repairv1.GPURef{UUID: "GPU-ccc"}, "", false},

@@ -67,7 +67,17 @@ type isolation struct {
 func (r *Isolator) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
 	gf := &repairv1.GPUFault{}
 	if err := r.Client.Get(ctx, req.NamespacedName, gf); err != nil {
-		return reconcile.Result{}, client.IgnoreNotFound(err) // its rule goes with it (owner reference)
+		if !apierrors.IsNotFound(err) {
+			return reconcile.Result{}, err
+		}
+		// The record is gone (e.g. the GPU was replaced): its rule goes now
+		// rather than when the garbage collector gets to its owner reference.
+		gf.Name = req.Name
+		rule := &resourcev1.DeviceTaintRule{ObjectMeta: metav1.ObjectMeta{Name: ruleName(gf)}}
+		if err := r.Client.Delete(ctx, rule); client.IgnoreNotFound(err) != nil {
+			return reconcile.Result{}, fmt.Errorf("deleting DeviceTaintRule %s: %w", rule.Name, err)
+		}
+		return reconcile.Result{}, r.count(ctx)
 	}
 	want, err := r.desired(ctx, gf)
 	if err != nil {

@@ -4,13 +4,11 @@ import (
 	"context"
 	"strings"
 	"testing"
-	"time"
 
 	resourcev1 "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -43,6 +41,9 @@ func gpuFault(t *testing.T, node string, i int, class repairv1.GPUFaultClass) *r
 // setClass writes the record's status as the agent would.
 func setClass(t *testing.T, gf *repairv1.GPUFault, class repairv1.GPUFaultClass) {
 	t.Helper()
+	if err := env.Kube.Get(t.Context(), client.ObjectKeyFromObject(gf), gf); err != nil {
+		t.Fatal(err)
+	}
 	now := metav1.Now()
 	gf.Status = repairv1.GPUFaultStatus{Class: class}
 	if class != "" {
@@ -148,15 +149,20 @@ func TestIsolatorTaintsOnlyTheFaultyGPUsDevices(t *testing.T) {
 		t.Errorf("events %q, want one %s", evs, repair.ReasonReturned)
 	}
 
-	// The record deleted (a GPU replaced): its rule is garbage-collected.
+	// The record deleted (a GPU replaced): its rule goes with it.
 	if err := env.Kube.Delete(t.Context(), five); err != nil {
 		t.Fatal(err)
 	}
-	err := wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
-		return taintRule(t, five) == nil, nil
-	})
-	if err != nil {
-		t.Errorf("the DeviceTaintRule of a deleted GPUFault was not garbage-collected within 30s")
+	isolateGone(t, iso, five.Name)
+	if taintRule(t, five) != nil {
+		t.Errorf("the DeviceTaintRule of a deleted GPUFault is still there")
+	}
+}
+
+func isolateGone(t *testing.T, iso *repair.Isolator, name string) {
+	t.Helper()
+	if _, err := iso.Reconcile(t.Context(), reconcile.Request{NamespacedName: types.NamespacedName{Name: name}}); err != nil {
+		t.Fatalf("isolating %s: %v", name, err)
 	}
 }
 
