@@ -59,10 +59,11 @@ func TestCommandsRefuseBadInput(t *testing.T) {
 		args    []string
 		wantErr string
 	}{
-		"agent without a node":          {[]string{"agent"}, "--node-name or $NODE_NAME is required"},
-		"operator with a bad log level": {[]string{"operator", "--log-level", "loud"}, "--log-level"},
-		"an unknown flag":               {[]string{"operator", "--no-such-flag"}, "unknown flag"},
-		"an unknown subcommand":         {[]string{"frobnicate"}, "unknown command"},
+		"agent without a node":            {[]string{"agent"}, "--node-name or $NODE_NAME is required"},
+		"agent reading dcgm all the time": {[]string{"agent", "--node-name", "n", "--dcgm-interval", "0s"}, "--dcgm-interval must be positive"},
+		"operator with a bad log level":   {[]string{"operator", "--log-level", "loud"}, "--log-level"},
+		"an unknown flag":                 {[]string{"operator", "--no-such-flag"}, "unknown flag"},
+		"an unknown subcommand":           {[]string{"frobnicate"}, "unknown command"},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {

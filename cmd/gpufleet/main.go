@@ -10,6 +10,7 @@ import (
 	"os/signal"
 	"runtime/debug"
 	"syscall"
+	"time"
 
 	"github.com/KimMachineGun/automemlimit/memlimit"
 	"github.com/spf13/cobra"
@@ -185,15 +186,21 @@ func newVersionCommand() *cobra.Command {
 }
 
 func newAgentCommand() *cobra.Command {
-	var kubeconfig, nodeName string
+	var kubeconfig, nodeName, kmsgPath, dcgmURL string
+	var dcgmInterval time.Duration
 	cmd := &cobra.Command{
 		Use:   "agent",
-		Short: "Run the node agent: execute repair actions requested for this node",
+		Short: "Run the node agent: execute repair actions requested for this node, report its GPU faults",
 		Long: `agent runs on every node (a privileged DaemonSet with hostPID) and executes
 the repair actions that NodeRepair objects request for its node: restart the
 kubelet, the container runtime or the NTP daemon (systemd units, through
-nsenter into PID 1), delete broken pod sandboxes (crictl), reboot. The set of
-actions is fixed; nothing from the API is run as a command.`,
+nsenter into PID 1), delete broken pod sandboxes (crictl), reset GPUs
+(nvidia-smi), reboot. The set of actions is fixed; nothing from the API is
+run as a command.
+
+It also watches the node's GPUs: NVIDIA XIDs in the kernel log (--kmsg-path)
+and health counters of dcgm-exporter (--dcgm-url), and writes one GPUFault
+record per faulty GPU and the node's GPUProblem condition.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			setupLogging(false, zapcore.InfoLevel)
 			if nodeName == "" {
@@ -202,11 +209,15 @@ actions is fixed; nothing from the API is run as a command.`,
 			if nodeName == "" {
 				return fmt.Errorf("--node-name or $NODE_NAME is required")
 			}
+			if dcgmInterval <= 0 {
+				return fmt.Errorf("--dcgm-interval must be positive, not %s", dcgmInterval)
+			}
 			cfg, err := restConfig(kubeconfig)
 			if err != nil {
 				return err
 			}
-			mgr, err := agent.NewManager(cfg, agent.Options{NodeName: nodeName, Executor: agent.HostExecutor{Runner: agent.ExecRunner{}}})
+			mgr, err := agent.NewManager(cfg, agent.Options{NodeName: nodeName, Executor: agent.HostExecutor{Runner: agent.ExecRunner{}},
+				GPUs: agent.NewHostGPUSource(nodeName, kmsgPath, dcgmURL, dcgmInterval)})
 			if err != nil {
 				return err
 			}
@@ -217,5 +228,8 @@ actions is fixed; nothing from the API is run as a command.`,
 	}
 	cmd.Flags().StringVar(&kubeconfig, "kubeconfig", "", "path to a kubeconfig (default: in-cluster)")
 	cmd.Flags().StringVar(&nodeName, "node-name", "", "this node's name (default: $NODE_NAME)")
+	cmd.Flags().StringVar(&kmsgPath, "kmsg-path", "/dev/kmsg", `kernel log to follow for NVIDIA XIDs ("" reads none)`)
+	cmd.Flags().StringVar(&dcgmURL, "dcgm-url", "", `dcgm-exporter's metrics URL, e.g. http://localhost:9400/metrics ("" reads no counters)`)
+	cmd.Flags().DurationVar(&dcgmInterval, "dcgm-interval", 30*time.Second, "how often dcgm-exporter is read")
 	return cmd
 }

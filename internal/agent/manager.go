@@ -8,6 +8,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -16,12 +17,27 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/config"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	repairv1 "github.com/gpufleet/gpufleet/api/repair/v1alpha1"
 )
+
+// The agent's permissions (its own role is config/agent/rbac.yaml and the
+// chart's agent.yaml; these markers put them in the operator's generated
+// role too, which runs the simulated agents in-process).
+// +kubebuilder:rbac:groups=repair.gpufleet.dev,resources=noderepairs,verbs=get;list;watch
+// +kubebuilder:rbac:groups=repair.gpufleet.dev,resources=noderepairs/status,verbs=get;update;patch
+// +kubebuilder:rbac:groups=repair.gpufleet.dev,resources=gpufaults,verbs=get;list;watch;create;patch
+// +kubebuilder:rbac:groups=repair.gpufleet.dev,resources=gpufaults/status,verbs=get;patch
+// +kubebuilder:rbac:groups=repair.gpufleet.dev,resources=noderepairpolicies,verbs=get;list;watch
+// +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch
+// +kubebuilder:rbac:groups="",resources=nodes/status,verbs=patch
 
 // ExecRunner runs commands with os/exec.
 type ExecRunner struct{}
@@ -43,6 +59,18 @@ type Options struct {
 	// ctrl.Options.Controller (for example SkipNameValidation, which a
 	// process that builds several managers needs).
 	Controller config.Controller
+	// GPUs, if set, shows the node's GPUs: the agent runs the GPU monitor
+	// (GPUFault records, the GPUProblem condition). A source that is a
+	// manager.Runnable is started with the manager; one with an Events
+	// channel makes the monitor look again when it fires.
+	GPUs GPUSource
+	// Clock defaults to the real clock.
+	Clock clock.PassiveClock
+}
+
+// eventSource is a GPUSource that learns of news by itself.
+type eventSource interface {
+	Events() <-chan event.GenericEvent
 }
 
 // NewManager builds the agent's manager: it watches only its own node's
@@ -66,23 +94,85 @@ func NewManager(cfg *rest.Config, opts Options) (manager.Manager, error) {
 	if err != nil {
 		return nil, fmt.Errorf("creating the agent manager: %w", err)
 	}
+	clk := opts.Clock
+	if clk == nil {
+		clk = clock.RealClock{}
+	}
 	mine := predicate.NewPredicateFuncs(func(o client.Object) bool {
 		nr := o.(*repairv1.NodeRepair)
 		return nr.Spec.NodeName == opts.NodeName && nr.Status.Pending != nil
 	})
 	err = builder.ControllerManagedBy(mgr).Named("repair-agent").
 		For(&repairv1.NodeRepair{}, builder.WithPredicates(mine)).
-		Complete(&Agent{Client: mgr.GetClient(), NodeName: opts.NodeName, Executor: opts.Executor, Clock: clock.RealClock{}})
+		Complete(&Agent{Client: mgr.GetClient(), NodeName: opts.NodeName, Executor: opts.Executor, Clock: clk})
 	if err != nil {
 		return nil, err
+	}
+	if opts.GPUs != nil {
+		if err := addGPUMonitor(mgr, opts.NodeName, opts.GPUs, clk); err != nil {
+			return nil, err
+		}
 	}
 	return mgr, nil
 }
 
+// addGPUMonitor runs the GPU monitor of one node (the agent's) or, with
+// node empty, of every node (the simulation).
+func addGPUMonitor(mgr manager.Manager, node string, src GPUSource, clk clock.PassiveClock) error {
+	c := mgr.GetClient()
+	ofNode := predicate.NewPredicateFuncs(func(o client.Object) bool {
+		return node == "" || o.(*repairv1.GPUFault).Spec.NodeName == node
+	})
+	recordNode := handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
+		return []reconcile.Request{{NamespacedName: types.NamespacedName{Name: o.(*repairv1.GPUFault).Spec.NodeName}}}
+	})
+	// A policy's XID classes concern the agent's node, or every node.
+	policyNodes := handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, _ client.Object) []reconcile.Request {
+		if node != "" {
+			return []reconcile.Request{{NamespacedName: types.NamespacedName{Name: node}}}
+		}
+		var nodes corev1.NodeList
+		if err := c.List(ctx, &nodes); err != nil {
+			ctrl.LoggerFrom(ctx).Error(err, "listing nodes for a policy change")
+			return nil
+		}
+		reqs := make([]reconcile.Request, 0, len(nodes.Items))
+		for _, n := range nodes.Items {
+			reqs = append(reqs, reconcile.Request{NamespacedName: types.NamespacedName{Name: n.Name}})
+		}
+		return reqs
+	})
+	name := "gpu-monitor"
+	if node == "" {
+		name = "gpu-monitor-inprocess"
+	}
+	b := builder.ControllerManagedBy(mgr).Named(name).
+		For(&corev1.Node{}, builder.WithPredicates(gpuNodeChanged)).
+		Watches(&repairv1.GPUFault{}, recordNode, builder.WithPredicates(ofNode, gpuFaultChanged)).
+		Watches(&repairv1.NodeRepairPolicy{}, policyNodes, builder.WithPredicates(xidClassesChanged))
+	if es, ok := src.(eventSource); ok {
+		b = b.WatchesRawSource(source.Channel(es.Events(), &handler.EnqueueRequestForObject{}))
+	}
+	if r, ok := src.(manager.Runnable); ok {
+		if err := mgr.Add(r); err != nil {
+			return err
+		}
+	}
+	if node == "" {
+		b = b.WithOptions(controller.Options{MaxConcurrentReconciles: 4})
+	}
+	if err := b.Complete(&GPUMonitor{Client: c, Source: src, Clock: clk, NodeName: node}); err != nil {
+		return fmt.Errorf("setting up the GPU monitor: %w", err)
+	}
+	return nil
+}
+
 // AddInProcess adds to mgr one agent for every node: it runs the pending
-// actions of all NodeRepairs with exec. It is for simulated clusters (the
-// dev command and tests), where no agent DaemonSet runs; mgr's scheme
-// must have the repair and core types. clk nil = the real clock.
+// actions of all NodeRepairs with exec and, when exec is also a GPUSource
+// (the simulated host is), the GPU monitor of every node. It is for
+// simulated clusters (the dev command and tests), where no agent DaemonSet
+// runs; mgr's scheme must have the repair and core types. clk nil = the
+// real clock.
 func AddInProcess(mgr manager.Manager, exec Executor, clk clock.PassiveClock) error {
 	if clk == nil {
 		clk = clock.RealClock{}
@@ -96,6 +186,9 @@ func AddInProcess(mgr manager.Manager, exec Executor, clk clock.PassiveClock) er
 		Complete(&Agent{Client: mgr.GetClient(), Executor: exec, Clock: clk})
 	if err != nil {
 		return fmt.Errorf("setting up the in-process agent: %w", err)
+	}
+	if src, ok := exec.(GPUSource); ok {
+		return addGPUMonitor(mgr, "", src, clk)
 	}
 	return nil
 }
