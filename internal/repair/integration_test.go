@@ -16,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/rest"
 	"k8s.io/utils/clock"
 	clocktesting "k8s.io/utils/clock/testing"
 	"k8s.io/utils/ptr"
@@ -553,7 +554,14 @@ func TestOperatorRestartMidRepairResumes(t *testing.T) {
 // simulated agent and returns its stop function (also run at cleanup).
 func startStoppable(t *testing.T, clk clock.WithTicker, capabilities ...string) func() {
 	t.Helper()
-	return devtest.StartOperator(t, env.OperatorConfig, operator.Options{Namespace: ns, Clock: clk, Capabilities: capabilities},
+	return startStoppableOn(t, env.OperatorConfig, clk, capabilities...)
+}
+
+// startStoppableOn is startStoppable with the operator's client config
+// (e.g. one whose requests are counted).
+func startStoppableOn(t *testing.T, cfg *rest.Config, clk clock.WithTicker, capabilities ...string) func() {
+	t.Helper()
+	return devtest.StartOperator(t, cfg, operator.Options{Namespace: ns, Clock: clk, Capabilities: capabilities},
 		func(mgr manager.Manager) error {
 			return agent.AddInProcess(mgr, devcluster.SimExecutor{Cluster: env.Cluster, RebootDowntime: time.Second}, clk)
 		})

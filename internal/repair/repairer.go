@@ -429,7 +429,11 @@ func (r *Repairer) gpuDrainRung(ctx context.Context, l *ladder) (bool, error) {
 		return false, nil // the NodeMaintenance watch brings us back
 	}
 	if !nm.IsReady() {
-		l.record("Maintenance", "DrainTimedOut", "the GPUs' pods did not all leave in time; the agent resets only an idle GPU")
+		why := ""
+		if c := meta.FindStatusCondition(nm.Status.Conditions, maintenancev1.ConditionTypeDrainBlocked); c != nil {
+			why = ": " + c.Message
+		}
+		l.record("Maintenance", "DrainBlocked", "the GPUs' pods did not all leave"+why+"; resetting anyway (the agent resets only an idle GPU)")
 	}
 	return true, nil
 }

@@ -58,9 +58,10 @@ type Rule struct {
 	// Actions in order; Reboot, if present, must be the last and only
 	// Reboot (it ends the ladder). No actions: the fault is reported
 	// (RecoveryFailed, with the condition's message) and nothing runs.
+	// +optional
 	// +kubebuilder:validation:MaxItems=5
 	// +kubebuilder:validation:XValidation:rule="self.all(a, a != 'Reboot') || (self[size(self)-1] == 'Reboot' && self.filter(a, a == 'Reboot').size() == 1)",message="Reboot may appear once, as the last action"
-	Actions []Action `json:"actions"`
+	Actions []Action `json:"actions,omitempty"`
 	// +optional
 	Risk Risk `json:"risk,omitempty"`
 }

@@ -1,0 +1,438 @@
+package repair_test
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	resourcev1 "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	maintenancev1 "github.com/gpufleet/gpufleet/api/maintenance/v1alpha1"
+	repairv1 "github.com/gpufleet/gpufleet/api/repair/v1alpha1"
+	"github.com/gpufleet/gpufleet/internal/agent"
+	"github.com/gpufleet/gpufleet/internal/devcluster"
+	"github.com/gpufleet/gpufleet/internal/devcluster/devtest"
+	"github.com/gpufleet/gpufleet/internal/repair"
+)
+
+// The tests in this file run the whole GPU flow on the local cluster: the
+// simulated GPU host of a kwok node (kernel log and dcgm-exporter in node
+// annotations, read by the real parsers), the in-process node agent, the
+// operator (repair and maintenance), the simulated DRA driver and the real
+// kube-scheduler allocating ResourceClaims.
+
+// gpuPolicy creates the test policy with the default GPU rules (threshold
+// 2 s), a forced drain, and mut applied.
+func gpuPolicy(t *testing.T, mut func(*repairv1.NodeRepairPolicySpec)) {
+	t.Helper()
+	rules := []repairv1.Rule{}
+	for _, r := range repair.DefaultRules() {
+		if strings.HasPrefix(r.Name, "gpu-") {
+			r.ThresholdSeconds = 2
+			rules = append(rules, r)
+		}
+	}
+	policy(t, true, rules...)
+	p := &repairv1.NodeRepairPolicy{}
+	if err := env.Kube.Get(t.Context(), types.NamespacedName{Name: "test"}, p); err != nil {
+		t.Fatal(err)
+	}
+	p.Spec.Drain.Force = true // the test's pods have no controller
+	if mut != nil {
+		mut(&p.Spec)
+	}
+	if err := env.Kube.Update(t.Context(), p); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// cleanGPUs removes every GPUFault, DeviceTaintRule and simulated GPU fault
+// of node at the end of the test; call it before starting the operator, so
+// that it runs after the operator (and its agent) stopped.
+func cleanGPUs(t *testing.T, node string) {
+	t.Cleanup(func() {
+		ctx := context.Background()
+		_ = env.ClearSimGPUs(ctx, node)
+		_ = env.Kube.DeleteAllOf(ctx, &repairv1.GPUFault{})
+		_ = env.Kube.DeleteAllOf(ctx, &resourcev1.DeviceTaintRule{}, client.HasLabels{repair.LabelIsolates})
+		patch := `{"metadata":{"annotations":{"repair.gpufleet.dev/recommendation":null}}}`
+		_, _ = env.Client.CoreV1().Nodes().Patch(ctx, node, types.MergePatchType, []byte(patch), metav1.PatchOptions{})
+		_ = env.ClearNodeCondition(ctx, node, repairv1.ConditionGPUProblem)
+	})
+}
+
+// claimPods creates n pods on node, each with one GPU claim, and waits
+// until all run; it returns each pod's device.
+func claimPods(t *testing.T, prefix, node string, n int) map[string]string {
+	t.Helper()
+	for i := range n {
+		p, err := env.CreateGPUClaimPod(t.Context(), "default", fmt.Sprintf("%s-%d", prefix, i), node)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = env.Kube.Delete(context.Background(), p, client.GracePeriodSeconds(0)) })
+	}
+	devices := map[string]string{}
+	err := wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, 60*time.Second, true, func(ctx context.Context) (bool, error) {
+		for i := range n {
+			name := fmt.Sprintf("%s-%d", prefix, i)
+			p, err := env.Client.CoreV1().Pods("default").Get(ctx, name, metav1.GetOptions{})
+			if err != nil || p.Status.Phase != corev1.PodRunning {
+				return false, nil //nolint:nilerr // keep polling
+			}
+			devs, err := env.AllocatedDevices(ctx, "default", name)
+			if err != nil || len(devs) != 1 {
+				return false, nil //nolint:nilerr // keep polling
+			}
+			devices[name] = devs[0]
+		}
+		return true, nil
+	})
+	if err != nil {
+		t.Fatalf("claim pods %s-* not running with one device each within 60s: %v", prefix, devices)
+	}
+	return devices
+}
+
+func deviceIndex(t *testing.T, device string) int {
+	t.Helper()
+	var i int
+	if _, err := fmt.Sscanf(device, "gpu-%d", &i); err != nil {
+		t.Fatalf("device %q: %v", device, err)
+	}
+	return i
+}
+
+// waitTaintRule waits for the DeviceTaintRule of GPU i of node to exist
+// (or, want false, to be gone) and returns when it saw it.
+func waitTaintRule(t *testing.T, node string, i int, want bool, timeout time.Duration) time.Time {
+	t.Helper()
+	name := "gpufleet-" + agent.GPUFaultName(node, devcluster.SimGPU(node, i).PCIBusID)
+	var seen time.Time
+	err := wait.PollUntilContextTimeout(t.Context(), 10*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
+		err := env.Kube.Get(ctx, types.NamespacedName{Name: name}, &resourcev1.DeviceTaintRule{})
+		if err != nil && !apierrors.IsNotFound(err) {
+			return false, nil //nolint:nilerr // keep polling
+		}
+		seen = time.Now()
+		return (err == nil) == want, nil
+	})
+	if err != nil {
+		t.Fatalf("DeviceTaintRule %s present=%t not seen within %s", name, want, timeout)
+	}
+	return seen
+}
+
+// gpuRecord returns the GPUFault of GPU i of node.
+func gpuRecordOf(t *testing.T, node string, i int) *repairv1.GPUFault {
+	t.Helper()
+	gf := &repairv1.GPUFault{}
+	if err := env.Kube.Get(t.Context(), types.NamespacedName{Name: agent.GPUFaultName(node, devcluster.SimGPU(node, i).PCIBusID)}, gf); err != nil {
+		t.Fatalf("GPUFault of GPU %d of %s: %v", i, node, err)
+	}
+	return gf
+}
+
+// neverCordoned watches node until the test ends and reports whether it
+// was ever unschedulable.
+func neverCordoned(t *testing.T, node string) func() bool {
+	t.Helper()
+	cordoned := make(chan struct{}, 1)
+	ctx, cancel := context.WithCancel(t.Context())
+	t.Cleanup(cancel)
+	go func() {
+		_ = wait.PollUntilContextCancel(ctx, 50*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+			n, err := env.Client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+			if err == nil && n.Spec.Unschedulable {
+				cordoned <- struct{}{}
+				return true, nil
+			}
+			return false, nil
+		})
+	}()
+	return func() bool {
+		select {
+		case <-cordoned:
+			return false
+		default:
+			return true
+		}
+	}
+}
+
+// TestGPUFaultIsolatesDrainsOnlyItsPodsResetsAndReturnsTheGPU: an
+// uncorrectable ECC error (XID 48) on the GPU of one of four running pods
+// of a node: the GPU is isolated at once — a new claim gets another GPU,
+// by the real scheduler —, only the pod on it is drained, through a
+// NodeMaintenance, without cordoning the node; the agent resets it and it
+// returns to service.
+func TestGPUFaultIsolatesDrainsOnlyItsPodsResetsAndReturnsTheGPU(t *testing.T) {
+	counted, requests := devcluster.CountRequests(env.OperatorConfig)
+	devtest.NeedCluster(t)
+	const node = "b-0"
+	cleanGPUs(t, node)
+	startStoppableOn(t, counted, nil, "maintenance", "repair")
+	gpuPolicy(t, nil)
+	devices := claimPods(t, "train", node, 4)
+	victim, faulty := "train-0", deviceIndex(t, devices["train-0"])
+	uncordoned := neverCordoned(t, node)
+	before := requests.Snapshot()
+
+	injected := time.Now()
+	if err := env.InjectXID(t.Context(), node, faulty, 48); err != nil {
+		t.Fatal(err)
+	}
+	isolated := waitTaintRule(t, node, faulty, true, 10*time.Second)
+	t.Logf("GPU %d of %s isolated %s after the XID was written to its kernel log", faulty, node, isolated.Sub(injected).Round(time.Millisecond))
+	if gf := gpuRecordOf(t, node, faulty); gf.Status.Class != repairv1.GPUClassResetGPU || !strings.Contains(gf.Status.Summary, "48") {
+		t.Errorf("GPUFault: class %q, summary %q", gf.Status.Class, gf.Status.Summary)
+	}
+
+	// A new claim on that node gets another GPU.
+	fresh := claimPods(t, "fresh", node, 1)
+	if fresh["fresh-0"] == devices[victim] {
+		t.Errorf("a new claim was allocated the isolated GPU %s", devices[victim])
+	}
+
+	r := repairOf(t, node, repairv1.PhaseSucceeded, 90*time.Second)
+	t.Logf("repaired %s after the XID; %d API requests by the operator and its in-process agent:\n%s",
+		time.Since(injected).Round(100*time.Millisecond), total(requests.Since(before)), devcluster.FormatCounts(requests.Since(before)))
+	steps := timelineSteps(r)
+	for _, want := range []string{"Maintenance:Requested", "ResetGPU:Started", "ResetGPU:Succeeded", "Done:Succeeded"} {
+		if !strings.Contains(steps, want) {
+			t.Errorf("timeline %q lacks %s", steps, want)
+		}
+	}
+	if strings.Contains(steps, "Reboot") || r.Status.MaintenanceName != "" {
+		t.Errorf("a GPU reset went up to a reboot: %q", steps)
+	}
+	if len(r.Spec.GPUs) != 1 || r.Spec.GPUs[0].PCIBusID != devcluster.SimGPU(node, faulty).PCIBusID {
+		t.Errorf("repair GPUs %+v, want GPU %d", r.Spec.GPUs, faulty)
+	}
+	// Only the victim was drained; the pods on the other GPUs still run.
+	pods, err := env.Client.CoreV1().Pods("default").List(t.Context(), metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name := range devices {
+		i := slices.IndexFunc(pods.Items, func(p corev1.Pod) bool { return p.Name == name })
+		switch {
+		case name == victim && i >= 0 && pods.Items[i].DeletionTimestamp == nil:
+			t.Errorf("the pod on the faulty GPU, %s, was not drained (labels %v); timeline %+v", name, pods.Items[i].Labels, r.Status.Timeline)
+		case name != victim && (i < 0 || pods.Items[i].DeletionTimestamp != nil):
+			t.Errorf("pod %s on a healthy GPU was drained", name)
+		}
+	}
+	if !uncordoned() {
+		t.Errorf("node %s was cordoned for a GPU reset", node)
+	}
+	waitTaintRule(t, node, faulty, false, 10*time.Second)
+	if gf := gpuRecordOf(t, node, faulty); gf.Status.Class != "" {
+		t.Errorf("after the reset the GPU is not in service: class %q", gf.Status.Class)
+	}
+	if evs := nodeEvents(t, node, repair.ReasonIsolated, repair.ReasonStart, repair.ReasonAction, repair.ReasonSucceed, repair.ReasonReturned); !strings.Contains(evs, repair.ReasonReturned) {
+		t.Errorf("events on the node: %s", evs)
+	}
+}
+
+func TestApplicationXIDIsRecordedAndNotRepaired(t *testing.T) {
+	devtest.NeedCluster(t)
+	const node = "a-2"
+	cleanGPUs(t, node) // after the operator stops (cleanups run last first)
+	startOperator(t)
+	gpuPolicy(t, nil)
+	if err := env.InjectXID(t.Context(), node, 1, 13); err != nil {
+		t.Fatal(err)
+	}
+	var gf *repairv1.GPUFault
+	err := wait.PollUntilContextTimeout(t.Context(), 50*time.Millisecond, 10*time.Second, true, func(ctx context.Context) (bool, error) {
+		g := &repairv1.GPUFault{}
+		if err := env.Kube.Get(ctx, types.NamespacedName{Name: agent.GPUFaultName(node, devcluster.SimGPU(node, 1).PCIBusID)}, g); err != nil {
+			return false, nil //nolint:nilerr // keep polling
+		}
+		gf = g
+		return len(g.Status.Faults) > 0, nil
+	})
+	if err != nil {
+		t.Fatalf("XID 13 not recorded within 10s")
+	}
+	if e := gf.Status.Faults[0]; e.Code != 13 || e.Class != repairv1.GPUClassApplication || gf.Status.Class != "" {
+		t.Errorf("record: class %q, fault %+v", gf.Status.Class, e)
+	}
+	// Past the rules' threshold, nothing: no repair, no isolation.
+	time.Sleep(3 * time.Second)
+	var list repairv1.NodeRepairList
+	if err := env.Kube.List(t.Context(), &list); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range list.Items {
+		if r.Spec.NodeName == node {
+			t.Errorf("an application XID started a repair: %+v", r.Spec)
+		}
+	}
+	if err := env.Kube.Get(t.Context(), types.NamespacedName{Name: "gpufleet-" + gf.Name}, &resourcev1.DeviceTaintRule{}); !apierrors.IsNotFound(err) {
+		t.Errorf("an application XID isolated the GPU (err %v)", err)
+	}
+}
+
+// TestFailedGPUResetRebootsTheNode: a GPU whose reset fails: the repair
+// releases the GPU drain and reboots the node through a NodeMaintenance
+// (cordon, drain, reboot, uncordon); the reboot brings the GPU back.
+func TestFailedGPUResetRebootsTheNode(t *testing.T) {
+	devtest.NeedCluster(t)
+	const node = "a-1"
+	cleanGPUs(t, node) // after the operator stops (cleanups run last first)
+	startOperator(t)
+	gpuPolicy(t, nil)
+	if err := env.SetGPUState(t.Context(), node, 2, func(g *devcluster.SimGPUState) { g.ResetFails = true }); err != nil {
+		t.Fatal(err)
+	}
+	bootBefore := bootID(t, node)
+	if err := env.InjectXID(t.Context(), node, 2, 48); err != nil {
+		t.Fatal(err)
+	}
+	r := repairOf(t, node, repairv1.PhaseSucceeded, 120*time.Second)
+	steps := timelineSteps(r)
+	for _, want := range []string{"ResetGPU:Failed", "Maintenance:Released", "Reboot:Succeeded"} {
+		if !strings.Contains(steps, want) {
+			t.Errorf("timeline %q lacks %s", steps, want)
+		}
+	}
+	if bootID(t, node) == bootBefore {
+		t.Errorf("node %s was not rebooted", node)
+	}
+	err := wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, 20*time.Second, true, func(ctx context.Context) (bool, error) {
+		n, err := env.Client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+		return err == nil && !n.Spec.Unschedulable, nil
+	})
+	if err != nil {
+		t.Errorf("node %s left cordoned after its reboot", node)
+	}
+	waitTaintRule(t, node, 2, false, 10*time.Second)
+}
+
+// TestRepeatedGPUFaultsEndInAReplaceRecommendation: a GPU taken out of
+// service twice within the window (replaceAfter 2): the second time it is
+// not reset again; the repair ends RecoveryFailed with the recommendation,
+// shown on the node, and the GPU stays isolated.
+func TestRepeatedGPUFaultsEndInAReplaceRecommendation(t *testing.T) {
+	devtest.NeedCluster(t)
+	const node = "b-1"
+	cleanGPUs(t, node) // after the operator stops (cleanups run last first)
+	startOperator(t)
+	gpuPolicy(t, func(s *repairv1.NodeRepairPolicySpec) { s.GPU.ReplaceAfter = &repairv1.RepeatLimit{Count: 2, WindowSeconds: 3600} })
+	if err := env.InjectXID(t.Context(), node, 6, 48); err != nil {
+		t.Fatal(err)
+	}
+	first := repairOf(t, node, repairv1.PhaseSucceeded, 90*time.Second)
+	waitTaintRule(t, node, 6, false, 10*time.Second)
+	if err := env.InjectXID(t.Context(), node, 6, 48); err != nil {
+		t.Fatal(err)
+	}
+	failed := repairOf(t, node, repairv1.PhaseRecoveryFailed, 60*time.Second)
+	if failed.Name == first.Name || !strings.HasPrefix(failed.Spec.Recommendation, "replace GPU 6") || strings.Contains(timelineSteps(failed), "ResetGPU") {
+		t.Errorf("second fault: recommendation %q, timeline %q", failed.Spec.Recommendation, timelineSteps(failed))
+	}
+	n, err := env.Client.CoreV1().Nodes().Get(t.Context(), node, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n.Annotations[repair.AnnotationRecommendation] != failed.Spec.Recommendation || n.Labels[repair.LabelState] != string(repairv1.PhaseRecoveryFailed) {
+		t.Errorf("node: recommendation %q, state %q", n.Annotations[repair.AnnotationRecommendation], n.Labels[repair.LabelState])
+	}
+	waitTaintRule(t, node, 6, true, 5*time.Second)
+	if n.Spec.Unschedulable {
+		t.Errorf("a GPU to replace cordoned its node")
+	}
+}
+
+// TestGPUDrainWaitsForTheMaintenanceLimits: with maxParallelOperations 1
+// and a human's maintenance in progress on another node, the GPU drain
+// waits its turn; isolation does not.
+func TestGPUDrainWaitsForTheMaintenanceLimits(t *testing.T) {
+	devtest.NeedCluster(t)
+	const node = "a-0"
+	cleanGPUs(t, node) // after the operator stops (cleanups run last first)
+	startOperator(t)
+	gpuPolicy(t, nil)
+	cfg := &maintenancev1.MaintenanceOperatorConfig{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "default"},
+		Spec: maintenancev1.MaintenanceOperatorConfigSpec{MaxParallelOperations: ptr.To(intstr.FromInt32(1))}}
+	if err := env.Kube.Create(t.Context(), cfg); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = env.Kube.Delete(context.Background(), cfg) })
+	human := &maintenancev1.NodeMaintenance{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "human-b-2"},
+		Spec: maintenancev1.NodeMaintenanceSpec{RequestorID: "human.example.com", NodeName: "b-2", Cordon: ptr.To(false)}}
+	if err := env.Kube.Create(t.Context(), human); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = env.Kube.Delete(context.Background(), human) })
+	err := wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		return env.Kube.Get(ctx, client.ObjectKeyFromObject(human), human) == nil && human.IsReady(), nil
+	})
+	if err != nil {
+		t.Fatalf("the human's maintenance never became Ready")
+	}
+	if err := env.InjectXID(t.Context(), node, 4, 48); err != nil {
+		t.Fatal(err)
+	}
+	waitTaintRule(t, node, 4, true, 10*time.Second)
+	r := repairOf(t, node, repairv1.PhaseRepairing, 30*time.Second)
+	var gpuNM string
+	err = wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		if err := env.Kube.Get(ctx, client.ObjectKeyFromObject(r), r); err != nil {
+			return false, nil //nolint:nilerr // keep polling
+		}
+		gpuNM = r.Status.GPUMaintenanceName
+		return gpuNM != "", nil
+	})
+	if err != nil {
+		t.Fatalf("no GPU drain requested; timeline %q", timelineSteps(r))
+	}
+	// It stays Pending while the human holds the only slot.
+	time.Sleep(2 * time.Second)
+	nm := &maintenancev1.NodeMaintenance{}
+	if err := env.Kube.Get(t.Context(), types.NamespacedName{Namespace: ns, Name: gpuNM}, nm); err != nil {
+		t.Fatal(err)
+	}
+	if nm.InProgress() {
+		t.Fatalf("the GPU drain started beside the human's maintenance with maxParallelOperations 1: phase %s", nm.Phase())
+	}
+	if err := env.Kube.Get(t.Context(), client.ObjectKeyFromObject(r), r); err != nil || r.Status.Pending != nil {
+		t.Fatalf("the reset was requested before the drain: %+v", r.Status.Pending)
+	}
+	// The human finishes: the GPU repair proceeds.
+	if err := env.Kube.Delete(t.Context(), human); err != nil {
+		t.Fatal(err)
+	}
+	repairOf(t, node, repairv1.PhaseSucceeded, 90*time.Second)
+}
+
+func bootID(t *testing.T, node string) string {
+	t.Helper()
+	n, err := env.Client.CoreV1().Nodes().Get(t.Context(), node, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n.Status.NodeInfo.BootID
+}
+
+func total(m map[string]int) int {
+	n := 0
+	for _, v := range m {
+		n += v
+	}
+	return n
+}
+
