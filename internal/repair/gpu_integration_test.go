@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -44,15 +45,18 @@ func gpuPolicy(t *testing.T, mut func(*repairv1.NodeRepairPolicySpec)) {
 		}
 	}
 	policy(t, true, rules...)
-	p := &repairv1.NodeRepairPolicy{}
-	if err := env.Kube.Get(t.Context(), types.NamespacedName{Name: "test"}, p); err != nil {
-		t.Fatal(err)
-	}
-	p.Spec.Drain.Force = true // the test's pods have no controller
-	if mut != nil {
-		mut(&p.Spec)
-	}
-	if err := env.Kube.Update(t.Context(), p); err != nil {
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error { // the detector writes its status
+		p := &repairv1.NodeRepairPolicy{}
+		if err := env.Kube.Get(t.Context(), types.NamespacedName{Name: "test"}, p); err != nil {
+			return err
+		}
+		p.Spec.Drain.Force = true // the test's pods have no controller
+		if mut != nil {
+			mut(&p.Spec)
+		}
+		return env.Kube.Update(t.Context(), p)
+	})
+	if err != nil {
 		t.Fatal(err)
 	}
 }
@@ -331,7 +335,9 @@ func TestRepeatedGPUFaultsEndInAReplaceRecommendation(t *testing.T) {
 	const node = "b-1"
 	cleanGPUs(t, node) // after the operator stops (cleanups run last first)
 	startOperator(t)
-	gpuPolicy(t, func(s *repairv1.NodeRepairPolicySpec) { s.GPU.ReplaceAfter = &repairv1.RepeatLimit{Count: 2, WindowSeconds: 3600} })
+	gpuPolicy(t, func(s *repairv1.NodeRepairPolicySpec) {
+		s.GPU.ReplaceAfter = &repairv1.RepeatLimit{Count: 2, WindowSeconds: 3600}
+	})
 	if err := env.InjectXID(t.Context(), node, 6, 48); err != nil {
 		t.Fatal(err)
 	}
@@ -364,7 +370,7 @@ func TestGPUDrainWaitsForTheMaintenanceLimits(t *testing.T) {
 	devtest.NeedCluster(t)
 	const node = "a-0"
 	cleanGPUs(t, node) // after the operator stops (cleanups run last first)
-	startOperator(t)
+	stopOperator := startStoppable(t, nil, "maintenance", "repair")
 	gpuPolicy(t, nil)
 	cfg := &maintenancev1.MaintenanceOperatorConfig{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "default"},
 		Spec: maintenancev1.MaintenanceOperatorConfigSpec{MaxParallelOperations: ptr.To(intstr.FromInt32(1))}}
@@ -412,11 +418,18 @@ func TestGPUDrainWaitsForTheMaintenanceLimits(t *testing.T) {
 	if err := env.Kube.Get(t.Context(), client.ObjectKeyFromObject(r), r); err != nil || r.Status.Pending != nil {
 		t.Fatalf("the reset was requested before the drain: %+v", r.Status.Pending)
 	}
-	// The human finishes: the GPU repair proceeds.
+	// The operator restarts while the drain waits; the human finishes: the
+	// GPU repair proceeds where it was, without asking twice.
+	stopOperator()
+	startOperator(t)
 	if err := env.Kube.Delete(t.Context(), human); err != nil {
 		t.Fatal(err)
 	}
-	repairOf(t, node, repairv1.PhaseSucceeded, 90*time.Second)
+	r = repairOf(t, node, repairv1.PhaseSucceeded, 90*time.Second)
+	steps := timelineSteps(r)
+	if strings.Count(steps, "Maintenance:Requested") != 1 || strings.Count(steps, "ResetGPU:Started") != 1 || r.Status.GPUMaintenanceName != gpuNM {
+		t.Errorf("after a restart: timeline %q, GPU maintenance %q (was %q)", steps, r.Status.GPUMaintenanceName, gpuNM)
+	}
 }
 
 func bootID(t *testing.T, node string) string {
@@ -435,4 +448,3 @@ func total(m map[string]int) int {
 	}
 	return n
 }
-
