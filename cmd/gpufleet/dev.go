@@ -120,15 +120,24 @@ func runDev(ctx context.Context, p devParams) error {
 	fmt.Printf(`
 The local cluster is up. In another terminal:
 
-  export KUBECONFIG=%s
-  export PATH=%s:$PATH   # kubectl built by make tools
+  export KUBECONFIG=%[1]s
+  export PATH=%[2]s:$PATH   # kubectl built by make tools
   kubectl get nodes -L gpufleet.dev/pool
   kubectl apply -f examples/maintenance.yaml   # a MaintenanceOperatorConfig and two NodeMaintenance objects
   kubectl get nodemaintenances -w
   kubectl apply -f examples/clusterpolicy.yaml # the GPU stack, deployed node by node
   kubectl get clusterpolicy cluster-policy -o yaml; kubectl get pods -n gpufleet-system -o wide
 
-Logs of the control plane are in %s. Press Ctrl-C to stop and clean up.
+GPU faults (auto-repair with DRA; the simulated nodes publish their GPUs in ResourceSlices):
+  kubectl apply -f examples/repair-gpu.yaml    # a NodeRepairPolicy and 12 pods with one GPU claim each
+  kubectl get pods -o wide; kubectl get resourceclaims -o wide
+  %[2]s/gpufleet sim xid gpu-000 3 48          # uncorrectable ECC error on GPU 3 of gpu-000
+  kubectl get gpufaults; kubectl get devicetaintrules   # isolated at once
+  kubectl get noderepairs -w                    # only the pods on GPU 3 drained (NodeMaintenance, no cordon), reset, back in service
+  %[2]s/gpufleet sim gpu gpu-001 2 --dbe 4 --reset-fails   # a reset that fails: the node is rebooted
+  %[2]s/gpufleet sim xid gpu-002 1 13          # an application's error: recorded, not repaired
+
+Logs of the control plane are in %[3]s. Press Ctrl-C to stop and clean up.
 `, cluster.Kubeconfig, binDirOf(p.binDir), cluster.Dir)
 
 	select {

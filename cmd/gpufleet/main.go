@@ -41,7 +41,7 @@ func newRootCommand() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newOperatorCommand(), newDevCommand(), newAgentCommand(), newVersionCommand())
+	root.AddCommand(newOperatorCommand(), newDevCommand(), newAgentCommand(), newSimCommand(), newVersionCommand())
 	return root
 }
 

@@ -1,0 +1,101 @@
+package main
+
+import (
+	"fmt"
+	"strconv"
+
+	"github.com/spf13/cobra"
+
+	"github.com/gpufleet/gpufleet/internal/devcluster"
+)
+
+// newSimCommand injects faults into the simulated GPU nodes of `gpufleet
+// dev` (or of any local cluster of devcluster), through the same node
+// annotations the simulated kernel log and dcgm-exporter are read from.
+func newSimCommand() *cobra.Command {
+	var kubeconfig string
+	cmd := &cobra.Command{
+		Use:   "sim",
+		Short: "Inject GPU faults into the simulated nodes of the local cluster (gpufleet dev)",
+		Long: `sim changes the simulated GPU host of a kwok node of the local cluster: its
+kernel log (NVRM Xid lines, read by the node agent's real parser) and its
+GPUs' health as dcgm-exporter would report it. It talks to the cluster of
+--kubeconfig or $KUBECONFIG (the one gpufleet dev prints).`,
+	}
+	cmd.PersistentFlags().StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig of the local cluster (default: $KUBECONFIG)")
+	connect := func() (*devcluster.Cluster, error) { return devcluster.Connect(kubeconfig) }
+
+	xid := &cobra.Command{
+		Use:   "xid NODE GPU CODE",
+		Short: "Write an NVRM Xid line for GPU (index) to the node's kernel log",
+		Example: `  gpufleet sim xid gpu-003 3 48    # uncorrectable ECC error: isolate, drain its pods, reset
+  gpufleet sim xid gpu-003 1 13    # an application's error: recorded, not repaired
+  gpufleet sim xid gpu-003 5 79    # fell off the bus: reboot`,
+		Args: cobra.ExactArgs(3),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			gpu, code, err := twoInts(args[1], args[2])
+			if err != nil {
+				return err
+			}
+			c, err := connect()
+			if err != nil {
+				return err
+			}
+			return c.InjectXID(cmd.Context(), args[0], gpu, code)
+		},
+	}
+
+	var state devcluster.SimGPUState
+	gpu := &cobra.Command{
+		Use:   "gpu NODE GPU",
+		Short: "Set the health of a simulated GPU (as dcgm-exporter reports it)",
+		Example: `  gpufleet sim gpu gpu-003 2 --dbe 4 --reset-fails   # ECC errors that a reset does not fix: reboot
+  gpufleet sim gpu gpu-003 6 --row-remap-failure      # replace the GPU
+  gpufleet sim gpu gpu-003 6                          # healthy again`,
+		Args: cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			i, err := strconv.Atoi(args[1])
+			if err != nil {
+				return fmt.Errorf("GPU index %q: %w", args[1], err)
+			}
+			c, err := connect()
+			if err != nil {
+				return err
+			}
+			return c.SetGPUState(cmd.Context(), args[0], i, func(s *devcluster.SimGPUState) { *s = state })
+		},
+	}
+	gpu.Flags().Uint64Var(&state.VolatileDBE, "dbe", 0, "uncorrectable (double-bit) ECC errors since the last reset")
+	gpu.Flags().BoolVar(&state.RowRemapFailure, "row-remap-failure", false, "a row remapping failed")
+	gpu.Flags().BoolVar(&state.RowRemapPending, "row-remap-pending", false, "a row remap waits for a reset")
+	gpu.Flags().BoolVar(&state.Missing, "missing", false, "the GPU fell off the bus")
+	gpu.Flags().BoolVar(&state.ResetFails, "reset-fails", false, "a reset of the GPU fails")
+	gpu.Flags().BoolVar(&state.Broken, "broken", false, "neither a reset nor a reboot fixes the GPU")
+
+	clearCmd := &cobra.Command{
+		Use:   "clear NODE",
+		Short: "Empty the node's simulated kernel log and make its GPUs healthy",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := connect()
+			if err != nil {
+				return err
+			}
+			return c.ClearSimGPUs(cmd.Context(), args[0])
+		},
+	}
+	cmd.AddCommand(xid, gpu, clearCmd)
+	return cmd
+}
+
+func twoInts(a, b string) (int, int, error) {
+	x, err := strconv.Atoi(a)
+	if err != nil {
+		return 0, 0, fmt.Errorf("GPU index %q: %w", a, err)
+	}
+	y, err := strconv.Atoi(b)
+	if err != nil {
+		return 0, 0, fmt.Errorf("XID code %q: %w", b, err)
+	}
+	return x, y, nil
+}
