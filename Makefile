@@ -11,6 +11,8 @@ CONTROLLER_GEN := $(BIN)/controller-gen
 # Integration test packages start their own local cluster; run packages one at a time on 2 cores.
 # -race: every test runs under the race detector.
 GOTEST_FLAGS ?= -race -count=1 -p 1 -timeout 45m
+# make image: the platforms of the image index.
+IMAGE_PLATFORMS ?= linux/amd64 linux/arm64
 
 .PHONY: all
 all: build
@@ -83,6 +85,23 @@ bench: tools ## Planner micro-benchmarks and scale scenarios on the local cluste
 .PHONY: chaos
 chaos: tools ## NodeMaintenance rollout of 50 objects with 15 operator SIGKILLs and a kube-apiserver restart.
 	go test -count=1 -v -timeout 30m ./test/chaos/ -args -chaos.objects=50 -chaos.kills=15
+
+.PHONY: image
+image: ## Build the container image (linux/amd64, linux/arm64) as an OCI archive in _output/image/, without a container engine or registry.
+	VERSION=$(VERSION) COMMIT=$(COMMIT) LDFLAGS="$(LDFLAGS)" PLATFORMS="$(IMAGE_PLATFORMS)" hack/image.sh
+
+.PHONY: test-image
+test-image: helm ## Build a release in a temporary directory and check the image (entrypoint, user, labels, files, the binary runs, nsenter), the chart and install.yaml.
+	go vet -tags image ./test/image/
+	go test -tags image -count=1 -v -timeout 30m ./test/image/
+
+.PHONY: release
+release: helm ## Release artifacts in _output/release/VERSION/: image archive, chart, install.yaml, SHA256SUMS (make release VERSION=v0.2.0).
+	VERSION=$(VERSION) COMMIT=$(COMMIT) LDFLAGS="$(LDFLAGS)" hack/release.sh
+
+.PHONY: set-version
+set-version: ## Stamp VERSION into the chart (version, appVersion) and config/default's image tag (make set-version VERSION=v0.2.0).
+	VERSION=$(VERSION) hack/set-version.sh
 
 .PHONY: clean
 clean:
