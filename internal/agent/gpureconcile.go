@@ -72,11 +72,21 @@ func (m *GPUMonitor) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		Records: records, Observed: obs, XIDClasses: XIDClassesFor(node, policies.Items),
 	}, now)
 	after, err := writeRecords(ctx, m.Client, records, writes)
-	if err != nil {
-		return reconcile.Result{}, err
+	if err == nil {
+		err = writeCondition(ctx, m.Client, node, after, now)
 	}
-	return reconcile.Result{}, writeCondition(ctx, m.Client, node, after, now)
+	if apierrors.IsConflict(err) || apierrors.IsAlreadyExists(err) {
+		// Written on a version older than the stored one (the cache had
+		// not seen a write yet): look again on fresh objects.
+		ctrl.LoggerFrom(ctx).V(1).Info("looking again: an object changed since it was read", "error", err.Error())
+		return reconcile.Result{RequeueAfter: conflictRetry}, nil
+	}
+	return reconcile.Result{}, err
 }
+
+// conflictRetry is how soon the monitor looks again after a write lost to
+// a newer version.
+const conflictRetry = 100 * time.Millisecond
 
 // ClearResetGPUs returns the GPUs a successful ResetGPU reset to service
 // (ResetDone on the node's records), then updates the node's GPUProblem
@@ -168,7 +178,9 @@ func writeRecords(ctx context.Context, c client.Client, old map[string]repairv1.
 }
 
 // writeCondition writes the node's GPUProblem condition when it changed:
-// a strategic merge patch of that one condition of the node's status.
+// a strategic merge patch of that one condition of the node's status, on
+// the node's version that was read (a conflict if it changed since, so
+// that a stale read cannot write the condition twice).
 func writeCondition(ctx context.Context, c client.Client, node *corev1.Node, records map[string]repairv1.GPUFault, now time.Time) error {
 	list := make([]repairv1.GPUFault, 0, len(records))
 	for _, r := range records {
@@ -178,7 +190,8 @@ func writeCondition(ctx context.Context, c client.Client, node *corev1.Node, rec
 	if cond == nil {
 		return nil
 	}
-	data, err := json.Marshal(map[string]any{"status": map[string]any{"conditions": []corev1.NodeCondition{*cond}}})
+	data, err := json.Marshal(map[string]any{"metadata": map[string]any{"resourceVersion": node.ResourceVersion},
+		"status": map[string]any{"conditions": []corev1.NodeCondition{*cond}}})
 	if err != nil {
 		return err
 	}

@@ -211,8 +211,8 @@ func TestGPUMonitorWritesOnTheVersionItRead(t *testing.T) {
 	}), gpuNode(gNode, gBoot), &stored)
 	m := &GPUMonitor{Client: c, Source: &fakeGPUs{obs: GPUObservation{XIDs: []XIDObservation{xidAt(bus3, 48, t0)}}}, Clock: clk, NodeName: gNode}
 	req := reconcile.Request{NamespacedName: types.NamespacedName{Name: gNode}}
-	if _, err := m.Reconcile(t.Context(), req); !apierrors.IsConflict(err) {
-		t.Fatalf("first pass: %v, want the conflict", err)
+	if res, err := m.Reconcile(t.Context(), req); err != nil || res.RequeueAfter == 0 {
+		t.Fatalf("first pass: %+v, %v; want to look again soon, no error", res, err)
 	}
 	if cond := conditionOf(getNode(t, c, gNode)); cond != nil {
 		t.Errorf("the condition was written before the record: %+v", cond)
@@ -280,3 +280,43 @@ func TestAgentResetGPUClearsTheRecords(t *testing.T) {
 	}
 }
 
+// TestGPUMonitorStaleNodeWritesTheConditionOnce: a pass that reads the
+// node as it was before the previous pass wrote the condition (a cache
+// behind) does not write the condition again with new times: its write
+// conflicts, it looks again soon, and the next pass writes nothing.
+func TestGPUMonitorStaleNodeWritesTheConditionOnce(t *testing.T) {
+	clk := clocktesting.NewFakePassiveClock(gNow)
+	w := &writeCounter{}
+	var serveStale *corev1.Node
+	funcs := w.funcs(nil)
+	funcs.Get = func(ctx context.Context, c client.WithWatch, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+		if n, ok := obj.(*corev1.Node); ok && serveStale != nil {
+			serveStale.DeepCopyInto(n)
+			serveStale = nil
+			return nil
+		}
+		return c.Get(ctx, key, obj, opts...)
+	}
+	c := newFakeClient(t, funcs, gpuNode(gNode, gBoot))
+	before := getNode(t, c, gNode)
+	m := &GPUMonitor{Client: c, Source: &fakeGPUs{obs: GPUObservation{XIDs: []XIDObservation{xidAt(bus3, 48, t0)}}}, Clock: clk, NodeName: gNode}
+	req := reconcile.Request{NamespacedName: types.NamespacedName{Name: gNode}}
+	if _, err := m.Reconcile(t.Context(), req); err != nil {
+		t.Fatal(err)
+	}
+	written := conditionOf(getNode(t, c, gNode))
+	clk.SetTime(gNow.Add(time.Minute))
+	w.writes = nil
+	serveStale = before
+	res, err := m.Reconcile(t.Context(), req)
+	if err != nil || res.RequeueAfter == 0 {
+		t.Errorf("a pass on a stale node: %+v, %v, writes %v; want to look again", res, err, w.writes)
+	}
+	if got := conditionOf(getNode(t, c, gNode)); got == nil || *got != *written {
+		t.Errorf("the condition was written again: %+v, was %+v", got, written)
+	}
+	w.writes = nil
+	if _, err := m.Reconcile(t.Context(), req); err != nil || len(w.writes) != 0 {
+		t.Errorf("the next pass: %v, writes %v; want none", err, w.writes)
+	}
+}

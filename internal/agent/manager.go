@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os/exec"
 
+	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -66,6 +67,9 @@ type Options struct {
 	GPUs GPUSource
 	// Clock defaults to the real clock.
 	Clock clock.PassiveClock
+	// Logger is the manager's logger (zero: controller-runtime's global
+	// logger).
+	Logger logr.Logger
 }
 
 // eventSource is a GPUSource that learns of news by itself.
@@ -90,6 +94,7 @@ func NewManager(cfg *rest.Config, opts Options) (manager.Manager, error) {
 			&corev1.Node{}: {Field: fieldsForNode(opts.NodeName)},
 		}},
 		Controller: opts.Controller,
+		Logger:     opts.Logger,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("creating the agent manager: %w", err)
