@@ -21,15 +21,23 @@ var standardConditions = []corev1.NodeConditionType{corev1.NodeReady, corev1.Nod
 
 // SimExecutor is the node agent's host for simulated nodes: it applies each
 // action's effect to the kwok node. A reboot gives the node a new boot ID
-// and makes it NotReady for RebootDowntime; an action listed in the node's
-// AnnotationFixedBy clears its injected faults.
+// and makes it NotReady for RebootDowntime (which also empties the
+// simulated kernel log and clears the GPUs' state, broken GPUs' excepted);
+// ResetGPU resets the simulated GPUs (see SimGPUState); an action listed in
+// the node's AnnotationFixedBy clears its injected faults. It is also the
+// agent's GPUSource for simulated nodes (ObserveGPUs).
 type SimExecutor struct {
 	Cluster        *Cluster
 	RebootDowntime time.Duration
 }
 
 // Execute implements the agent's Executor.
-func (s SimExecutor) Execute(ctx context.Context, node *corev1.Node, a repairv1.Action, _ []repairv1.GPURef) error {
+func (s SimExecutor) Execute(ctx context.Context, node *corev1.Node, a repairv1.Action, gpus []repairv1.GPURef) error {
+	if a == repairv1.ActionResetGPU {
+		if err := s.Cluster.resetGPUs(ctx, node.Name, gpus); err != nil {
+			return err
+		}
+	}
 	if a == repairv1.ActionReboot {
 		down := s.RebootDowntime
 		if down == 0 {
