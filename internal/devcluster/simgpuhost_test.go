@@ -1,0 +1,343 @@
+package devcluster_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/config"
+	"sigs.k8s.io/yaml"
+
+	"github.com/go-logr/logr/funcr"
+
+	repairv1 "github.com/gpufleet/gpufleet/api/repair/v1alpha1"
+	agentconfig "github.com/gpufleet/gpufleet/config/agent"
+	"github.com/gpufleet/gpufleet/internal/agent"
+	"github.com/gpufleet/gpufleet/internal/devcluster"
+	"github.com/gpufleet/gpufleet/internal/devcluster/devtest"
+)
+
+// gpuHostNode is the node of TestNodeAgentReportsSimulatedGPUFaults, added
+// and removed by the test (the package's other tests count GPU nodes).
+const gpuHostNode = "gpuhost-000"
+
+// TestNodeAgentReportsSimulatedGPUFaults runs the node agent's manager (as
+// `gpufleet agent` does, under the agent's own RBAC from config/agent) for
+// one simulated node, with the simulated GPU host as its source, and
+// injects faults through the node's annotations:
+//
+//   - XID 48 on GPU 3: a GPUFault for GPU 3, class ResetGPU, and the node
+//     condition GPUProblem=True, reason ResetGPU, within a bounded wait;
+//   - XID 13 (an application's fault) on GPU 1: recorded, GPU 1 stays in
+//     service, the condition is not written;
+//   - a NodeRepair asking the agent for ResetGPU of GPU 3: the simulated
+//     reset, then the agent's clearing: GPU 3 back in service, condition
+//     False;
+//   - an agent restart (a new manager, re-reading the whole kernel log):
+//     GPU 3 stays in service;
+//   - GPU 5 falls off the bus (missing from the exporter): class Reboot.
+func TestNodeAgentReportsSimulatedGPUFaults(t *testing.T) {
+	devtest.NeedCluster(t)
+	ctx := t.Context()
+	if err := devcluster.InstallCRDs(ctx, cluster.Config); err != nil {
+		t.Fatal(err)
+	}
+	kube := gpuHostAdmin(t)
+	if err := cluster.AddNodes(ctx, devcluster.NodeSpec{Name: gpuHostNode, Pool: "gpuhost", GPUs: 8}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx := context.Background()
+		_ = kube.DeleteAllOf(ctx, &repairv1.NodeRepair{})
+		var faults repairv1.GPUFaultList
+		_ = kube.List(ctx, &faults)
+		for i := range faults.Items {
+			if faults.Items[i].Spec.NodeName == gpuHostNode {
+				_ = kube.Delete(ctx, &faults.Items[i])
+			}
+		}
+		_ = cluster.Client.CoreV1().Nodes().Delete(ctx, gpuHostNode, metav1.DeleteOptions{})
+	})
+	installAgentRBAC(t, kube)
+	// The API server's first write of a CRD it has just been given takes
+	// seconds (it sets up the storage): done here, not in the timed part.
+	warm := &repairv1.GPUFault{ObjectMeta: metav1.ObjectMeta{Name: "warm-up"}, Spec: repairv1.GPUFaultSpec{NodeName: "none", GPU: repairv1.GPURef{PCIBusID: "0000:01:00.0"}}}
+	if err := kube.Create(ctx, warm); err != nil {
+		t.Fatal(err)
+	}
+	if err := kube.Delete(ctx, warm); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := cluster.ConfigFor("system:serviceaccount:gpufleet-system:gpufleet-agent", "system:serviceaccounts", "system:authenticated")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sim := devcluster.SimExecutor{Cluster: cluster}
+	stop := startGPUHostAgent(t, cfg, sim)
+
+	// XID 48 on GPU 3.
+	injected := time.Now()
+	if err := cluster.InjectXID(ctx, gpuHostNode, 3, 48); err != nil {
+		t.Fatal(err)
+	}
+	g3 := waitGPUFault(t, kube, 3, "GPU 3 out of service (ResetGPU)", func(f *repairv1.GPUFault) bool {
+		return f.Status.Class == repairv1.GPUClassResetGPU
+	})
+	written := time.Now()
+	cond := waitGPUProblem(t, corev1.ConditionTrue, "ResetGPU")
+	t.Logf("XID 48 written to the kernel log → GPUFault written (seen by a 10ms poll): %s; → GPUProblem=True seen: %s",
+		written.Sub(injected).Round(time.Millisecond), time.Since(injected).Round(time.Millisecond))
+	gpu3 := devcluster.SimGPU(gpuHostNode, 3)
+	if diff := g3.Spec.GPU; diff.UUID != gpu3.UUID || diff.PCIBusID != gpu3.PCIBusID || diff.Index == nil || *diff.Index != 3 {
+		t.Errorf("GPU of the record %+v, want %+v", g3.Spec.GPU, gpu3)
+	}
+	if len(g3.Status.Faults) != 1 || g3.Status.Faults[0].Code != 48 || !g3.Status.Faults[0].Active || len(g3.Status.Occurrences) != 1 {
+		t.Errorf("record of GPU 3: %+v", g3.Status)
+	}
+	if !strings.Contains(cond.Message, "GPU 3 ("+gpu3.UUID+", "+gpu3.PCIBusID+"): Xid 48") {
+		t.Errorf("condition message %q", cond.Message)
+	}
+
+	// XID 13 on GPU 1: recorded, in service, the condition untouched.
+	injected = time.Now()
+	if err := cluster.InjectXID(ctx, gpuHostNode, 1, 13); err != nil {
+		t.Fatal(err)
+	}
+	g1 := waitGPUFault(t, kube, 1, "XID 13 recorded on GPU 1", func(f *repairv1.GPUFault) bool {
+		return len(f.Status.Faults) == 1 && f.Status.Faults[0].Code == 13
+	})
+	t.Logf("XID 13 written → GPUFault of GPU 1 seen: %s", time.Since(injected).Round(time.Millisecond))
+	if g1.Status.Class != "" || g1.Status.Faults[0].Class != repairv1.GPUClassApplication || len(g1.Status.Occurrences) != 0 {
+		t.Errorf("record of GPU 1: %+v, want in service", g1.Status)
+	}
+	time.Sleep(500 * time.Millisecond)
+	if again := gpuHostProblem(t); again == nil || *again != *cond {
+		t.Errorf("the condition changed for an application XID: %+v, was %+v", again, cond)
+	}
+
+	// ResetGPU of GPU 3, run by the agent through the simulated host.
+	nr := &repairv1.NodeRepair{ObjectMeta: metav1.ObjectMeta{Name: "gpuhost-reset"},
+		Spec: repairv1.NodeRepairSpec{NodeName: gpuHostNode, Policy: "none", Actions: []repairv1.Action{repairv1.ActionResetGPU},
+			GPUs:  []repairv1.GPURef{g3.Spec.GPU},
+			Fault: repairv1.Fault{Rule: "gpu-reset", ConditionType: repairv1.ConditionGPUProblem, Status: "True", Reason: "ResetGPU", Since: metav1.Now()}}}
+	if err := kube.Create(ctx, nr); err != nil {
+		t.Fatal(err)
+	}
+	nr.Status = repairv1.NodeRepairStatus{Phase: repairv1.PhaseRepairing,
+		Pending: &repairv1.PendingAction{Action: repairv1.ActionResetGPU, RequestedAt: metav1.Now()}}
+	if err := kube.Status().Update(ctx, nr); err != nil {
+		t.Fatal(err)
+	}
+	waitGPUFault(t, kube, 3, "GPU 3 back in service after the reset", func(f *repairv1.GPUFault) bool { return f.InService() })
+	waitGPUProblem(t, corev1.ConditionFalse, repairv1.ReasonGPUsHealthy)
+	// The agent records the outcome after the GPUs are back in service.
+	err = wait.PollUntilContextTimeout(ctx, 10*time.Millisecond, 20*time.Second, true, func(ctx context.Context) (bool, error) {
+		if err := kube.Get(ctx, client.ObjectKeyFromObject(nr), nr); err != nil {
+			return false, nil //nolint:nilerr // keep polling
+		}
+		return nr.Status.Pending == nil, nil
+	})
+	if err != nil {
+		t.Fatalf("the agent did not record the reset's outcome: %+v", nr.Status)
+	}
+	if last := nr.Status.Timeline[len(nr.Status.Timeline)-1]; last.Step != "ResetGPU" || last.Outcome != "Succeeded" {
+		t.Errorf("the reset's outcome: %+v", last)
+	}
+
+	// An agent restart reads the whole kernel log again: GPU 3 stays in
+	// service, XID 13 of GPU 1 is not counted again. A new XID (31, an
+	// application's) on GPU 1 shows when the new agent has looked.
+	stop()
+	stop = startGPUHostAgent(t, cfg, sim)
+	if err := cluster.InjectXID(ctx, gpuHostNode, 1, 31); err != nil {
+		t.Fatal(err)
+	}
+	g1 = waitGPUFault(t, kube, 1, "XID 31 counted by the restarted agent", func(f *repairv1.GPUFault) bool {
+		return len(f.Status.Faults) == 2
+	})
+	if e := g1.Status.Faults[0]; e.Code != 13 || e.Count != 1 || !g1.InService() {
+		t.Errorf("after the agent restart GPU 1: %+v, want XID 13 counted once, in service", g1.Status)
+	}
+	if f := getGPUFault(t, kube, 3); !f.InService() || f.Status.Faults[0].Count != 1 || len(f.Status.Occurrences) != 1 {
+		t.Errorf("after the agent restart GPU 3: %+v, want in service, XID 48 counted once", f.Status)
+	}
+	if c := gpuHostProblem(t); c == nil || c.Status != corev1.ConditionFalse {
+		t.Errorf("after the agent restart: condition %+v", c)
+	}
+
+	// GPU 5 falls off the bus.
+	injected = time.Now()
+	if err := cluster.SetGPUState(ctx, gpuHostNode, 5, func(s *devcluster.SimGPUState) { s.Missing = true }); err != nil {
+		t.Fatal(err)
+	}
+	g5 := waitGPUFault(t, kube, 5, "GPU 5 missing (Reboot)", func(f *repairv1.GPUFault) bool { return f.Status.Class == repairv1.GPUClassReboot })
+	t.Logf("GPU 5 missing written → its GPUFault (Reboot) seen: %s", time.Since(injected).Round(time.Millisecond))
+	if g5.Spec.GPU.UUID != devcluster.SimGPU(gpuHostNode, 5).UUID {
+		t.Errorf("the missing GPU's record names %+v", g5.Spec.GPU)
+	}
+	waitGPUProblem(t, corev1.ConditionTrue, "Reboot")
+	stop()
+}
+
+func gpuHostAdmin(t *testing.T) client.Client {
+	t.Helper()
+	scheme := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	if err := repairv1.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	c, err := client.New(cluster.Config, client.Options{Scheme: scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// installAgentRBAC creates the agent's ClusterRole and binding from
+// config/agent/rbac.yaml.
+func installAgentRBAC(t *testing.T, kube client.Client) {
+	t.Helper()
+	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(agentconfig.RBAC), 4096)
+	for {
+		var raw map[string]any
+		if err := dec.Decode(&raw); errors.Is(err, io.EOF) {
+			break
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		data, _ := yaml.Marshal(raw)
+		var obj client.Object
+		switch raw["kind"] {
+		case "ClusterRole":
+			obj = &rbacv1.ClusterRole{}
+		case "ClusterRoleBinding":
+			obj = &rbacv1.ClusterRoleBinding{}
+		default:
+			continue
+		}
+		if err := yaml.UnmarshalStrict(data, obj); err != nil {
+			t.Fatal(err)
+		}
+		if err := kube.Create(t.Context(), obj); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = kube.Delete(context.Background(), obj) })
+	}
+}
+
+// startGPUHostAgent runs the agent's manager for gpuHostNode until the returned
+// stop (or the test's end); a manager error fails the test.
+func startGPUHostAgent(t *testing.T, cfg *rest.Config, sim devcluster.SimExecutor) func() {
+	t.Helper()
+	// The agent's log goes to the test's; the monitor's workers starting
+	// says the agent is up.
+	up := make(chan struct{})
+	var once sync.Once
+	logger := funcr.New(func(prefix, args string) {
+		if strings.Contains(args, `"msg"="Starting workers" "controller"="gpu-monitor"`) {
+			once.Do(func() { close(up) })
+		}
+		t.Log(prefix, args)
+	}, funcr.Options{})
+	mgr, err := agent.NewManager(cfg, agent.Options{NodeName: gpuHostNode, Executor: sim, GPUs: sim, Logger: logger,
+		Controller: config.Controller{SkipNameValidation: ptr.To(true)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- mgr.Start(ctx) }()
+	select {
+	case <-up:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the agent's GPU monitor did not start within 30s")
+	}
+	stopped := false
+	stop := func() {
+		if stopped {
+			return
+		}
+		stopped = true
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("agent manager: %v", err)
+		}
+	}
+	t.Cleanup(stop)
+	return stop
+}
+
+func getGPUFault(t *testing.T, kube client.Client, gpu int) *repairv1.GPUFault {
+	t.Helper()
+	f := &repairv1.GPUFault{}
+	name := agent.GPUFaultName(gpuHostNode, devcluster.SimGPU(gpuHostNode, gpu).PCIBusID)
+	if err := kube.Get(t.Context(), types.NamespacedName{Name: name}, f); err != nil {
+		t.Fatalf("GPUFault %s: %v", name, err)
+	}
+	return f
+}
+
+// waitGPUFault waits (at most 20 s) until GPU gpu's record satisfies ok.
+func waitGPUFault(t *testing.T, kube client.Client, gpu int, what string, ok func(*repairv1.GPUFault) bool) *repairv1.GPUFault {
+	t.Helper()
+	name := agent.GPUFaultName(gpuHostNode, devcluster.SimGPU(gpuHostNode, gpu).PCIBusID)
+	f := &repairv1.GPUFault{}
+	err := wait.PollUntilContextTimeout(t.Context(), 10*time.Millisecond, 20*time.Second, true, func(ctx context.Context) (bool, error) {
+		if err := kube.Get(ctx, types.NamespacedName{Name: name}, f); err != nil {
+			return false, nil //nolint:nilerr // not written yet
+		}
+		return ok(f), nil
+	})
+	if err != nil {
+		n, _ := cluster.Client.CoreV1().Nodes().Get(t.Context(), gpuHostNode, metav1.GetOptions{})
+		t.Fatalf("%s: not seen within 20s; GPUFault %s: %+v\nkernel log of boot %s:\n%s", what, name, f.Status,
+			n.Annotations[devcluster.AnnotationKmsgBoot], n.Annotations[devcluster.AnnotationKmsg])
+	}
+	return f
+}
+
+func gpuHostProblem(t *testing.T) *corev1.NodeCondition {
+	t.Helper()
+	n, err := cluster.Client.CoreV1().Nodes().Get(t.Context(), gpuHostNode, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range n.Status.Conditions {
+		if c.Type == repairv1.ConditionGPUProblem {
+			return &c
+		}
+	}
+	return nil
+}
+
+// waitGPUProblem waits (at most 20 s) for the node's GPUProblem condition.
+func waitGPUProblem(t *testing.T, status corev1.ConditionStatus, reason string) *corev1.NodeCondition {
+	t.Helper()
+	var c *corev1.NodeCondition
+	err := wait.PollUntilContextTimeout(t.Context(), 10*time.Millisecond, 20*time.Second, true, func(context.Context) (bool, error) {
+		c = gpuHostProblem(t)
+		return c != nil && c.Status == status && c.Reason == reason, nil
+	})
+	if err != nil {
+		t.Fatalf("GPUProblem=%s %s not seen within 20s: %+v", status, reason, c)
+	}
+	return c
+}
