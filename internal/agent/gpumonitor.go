@@ -698,7 +698,8 @@ func setClassAndSummary(r *repairv1.GPUFault, before repairv1.GPUFaultClass, now
 
 // describe lists the active faults, the most severe first ("Xid 48
 // (Uncorrectable …); row remap pending"), only those that take the GPU out
-// of service if repairing is set.
+// of service, separated by commas (the condition message separates GPUs by
+// semicolons), if repairing is set.
 func describe(faults []repairv1.GPUFaultEntry, repairing bool) string {
 	var active []repairv1.GPUFaultEntry
 	for _, e := range faults {
@@ -718,11 +719,10 @@ func describe(faults []repairv1.GPUFaultEntry, repairing bool) string {
 			parts[i] = counterLabel(e.Counter)
 		}
 	}
-	limit := maxSummary
 	if repairing {
-		limit = maxConditionMessage
+		return truncate(strings.Join(parts, ", "), maxConditionMessage)
 	}
-	return truncate(strings.Join(parts, "; "), limit)
+	return truncate(strings.Join(parts, "; "), maxSummary)
 }
 
 var counterLabels = map[string]string{

@@ -473,6 +473,12 @@ func TestGPUProblemCondition(t *testing.T) {
 			records: []repairv1.GPUFault{healthy},
 			want:    ptr.To(cond(corev1.ConditionFalse, repairv1.ReasonGPUsHealthy, healthyMsg, now, now)),
 		},
+		"a GPU's faults are separated by commas, GPUs by semicolons": {
+			records: []repairv1.GPUFault{rec(name3, ref3(), repairv1.GPUFaultStatus{Class: repairv1.GPUClassResetGPU,
+				Faults: []repairv1.GPUFaultEntry{x48(t0, t0, 1, true), dbeEntry(t0, t0, 1, true), x13(t0, 1)}}), gpu5},
+			want: ptr.To(cond(corev1.ConditionTrue, "Reboot", msg3+", "+counterLabel(gpufault.MetricECCDBEVolatile)+
+				"; GPU 5 ("+bus5+"): GPU missing (not reported by dcgm-exporter)", now, now)),
+		},
 		"the unidentified record names no GPU": {
 			records: []repairv1.GPUFault{outRec("gpu-003-unidentified", repairv1.GPURef{}, repairv1.GPUClassReboot, missingEntry("m", t0, t0, 1, true))},
 			want:    ptr.To(cond(corev1.ConditionTrue, "Reboot", "unidentified GPUs: GPU missing (not reported by dcgm-exporter)", now, now)),
