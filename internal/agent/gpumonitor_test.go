@@ -135,10 +135,10 @@ func dbeEntry(first, last time.Time, count int64, active bool) repairv1.GPUFault
 		Citation: truncate(f.Citation, maxEntryText), FirstSeen: mt(first), LastSeen: mt(last), Count: count, Active: active}
 }
 
-func missingEntry(meaning string, first, last time.Time, count int64, active bool) repairv1.GPUFaultEntry {
+func missingEntry(meaning string, first, last time.Time, active bool) repairv1.GPUFaultEntry {
 	f := gpufault.AssessWith(health(nil, 5), 8, gpufault.Policy{})[0]
 	return repairv1.GPUFaultEntry{Counter: gpufault.CounterGPUMissing, Class: repairv1.GPUClassReboot, Meaning: meaning,
-		Citation: f.Citation, FirstSeen: mt(first), LastSeen: mt(last), Count: count, Active: active}
+		Citation: f.Citation, FirstSeen: mt(first), LastSeen: mt(last), Count: 1, Active: active}
 }
 
 const missing5 = "dcgm-exporter reports 7 of the node's 8 GPUs, not this one: it fell off the bus or did not initialise"
@@ -282,32 +282,32 @@ func TestDetectGPUFaults(t *testing.T) {
 				Observed: GPUObservation{DCGM: health(nil, 5)}},
 			want: []repairv1.GPUFault{rec(name5, ref(bus5), repairv1.GPUFaultStatus{Class: repairv1.GPUClassReboot,
 				Summary: counterLabel(gpufault.CounterGPUMissing), Occurrences: []metav1.Time{mt(gNow)},
-				Faults: []repairv1.GPUFaultEntry{missingEntry(missing5, gNow, gNow, 1, true)}})},
+				Faults: []repairv1.GPUFaultEntry{missingEntry(missing5, gNow, gNow, true)}})},
 		},
 		"a missing GPU known from earlier scrapes gets its own record": {
 			in: GPUState{Capacity: 8, Observed: GPUObservation{DCGM: health(nil, 5),
 				KnownGPUs: []repairv1.GPURef{{Index: ptr.To[int32](5), UUID: uuid5, PCIBusID: "00000000:2A:00.0"}}}},
 			want: []repairv1.GPUFault{newRec(name5, repairv1.GPURef{Index: ptr.To[int32](5), UUID: uuid5, PCIBusID: bus5},
 				repairv1.GPUFaultStatus{Class: repairv1.GPUClassReboot, Summary: counterLabel(gpufault.CounterGPUMissing),
-					Occurrences: []metav1.Time{mt(gNow)}, Faults: []repairv1.GPUFaultEntry{missingEntry(missing5, gNow, gNow, 1, true)}})},
+					Occurrences: []metav1.Time{mt(gNow)}, Faults: []repairv1.GPUFaultEntry{missingEntry(missing5, gNow, gNow, true)}})},
 		},
 		"a missing GPU nobody knows: the node's record": {
 			in: GPUState{Capacity: 8, Observed: GPUObservation{DCGM: health(nil, 5)}},
 			want: []repairv1.GPUFault{newRec("gpu-003-unidentified", repairv1.GPURef{}, repairv1.GPUFaultStatus{Class: repairv1.GPUClassReboot,
 				Summary: counterLabel(gpufault.CounterGPUMissing), Occurrences: []metav1.Time{mt(gNow)},
-				Faults: []repairv1.GPUFaultEntry{missingEntry(gpufault.AssessWith(health(nil, 5), 8, gpufault.Policy{})[0].Meaning, gNow, gNow, 1, true)}})},
+				Faults: []repairv1.GPUFaultEntry{missingEntry(gpufault.AssessWith(health(nil, 5), 8, gpufault.Policy{})[0].Meaning, gNow, gNow, true)}})},
 		},
 		"the missing GPU is back: in service": {
 			in: GPUState{Capacity: 8, Records: records(rec(name5, ref(bus5), repairv1.GPUFaultStatus{Class: repairv1.GPUClassReboot,
 				Summary: counterLabel(gpufault.CounterGPUMissing), Occurrences: []metav1.Time{mt(t0)},
-				Faults: []repairv1.GPUFaultEntry{missingEntry(missing5, t0, t0, 1, true)}})), Observed: GPUObservation{DCGM: health(nil)}},
+				Faults: []repairv1.GPUFaultEntry{missingEntry(missing5, t0, t0, true)}})), Observed: GPUObservation{DCGM: health(nil)}},
 			want: []repairv1.GPUFault{rec(name5, repairv1.GPURef{Index: ptr.To[int32](5), UUID: uuid5, PCIBusID: bus5}, repairv1.GPUFaultStatus{
-				Occurrences: []metav1.Time{mt(t0)}, Faults: []repairv1.GPUFaultEntry{missingEntry(missing5, t0, t0, 1, false)}})},
+				Occurrences: []metav1.Time{mt(t0)}, Faults: []repairv1.GPUFaultEntry{missingEntry(missing5, t0, t0, false)}})},
 		},
 		"no GPU reported at all is no verdict on missing GPUs": {
 			in: GPUState{Capacity: 8, Records: records(rec(name5, ref(bus5), repairv1.GPUFaultStatus{Class: repairv1.GPUClassReboot,
 				Summary: counterLabel(gpufault.CounterGPUMissing), Occurrences: []metav1.Time{mt(t0)},
-				Faults: []repairv1.GPUFaultEntry{missingEntry(missing5, t0, t0, 1, true)}})),
+				Faults: []repairv1.GPUFaultEntry{missingEntry(missing5, t0, t0, true)}})),
 				Observed: GPUObservation{DCGM: map[gpufault.GPUKey]gpufault.GPUHealth{}}},
 		},
 		"another node's record is not this node's": {
@@ -435,7 +435,7 @@ func TestGPUProblemCondition(t *testing.T) {
 	}
 	gpu3 := outRec(name3, ref3(), repairv1.GPUClassResetGPU, x48(t0, t0, 1, true))
 	gpu5 := outRec(name5, repairv1.GPURef{Index: ptr.To[int32](5), PCIBusID: bus5}, repairv1.GPUClassReboot,
-		missingEntry(missing5, t0, t0, 1, true))
+		missingEntry(missing5, t0, t0, true))
 	healthy := rec(name1, ref(bus1), repairv1.GPUFaultStatus{Faults: []repairv1.GPUFaultEntry{x13(t0, 1)}})
 	msg3 := "GPU 3 (" + uuid3 + ", " + bus3 + "): Xid 48 (" + meta48 + ")"
 	msg35 := msg3 + "; GPU 5 (" + bus5 + "): GPU missing (not reported by dcgm-exporter)"
@@ -480,7 +480,7 @@ func TestGPUProblemCondition(t *testing.T) {
 				"; GPU 5 ("+bus5+"): GPU missing (not reported by dcgm-exporter)", now, now)),
 		},
 		"the unidentified record names no GPU": {
-			records: []repairv1.GPUFault{outRec("gpu-003-unidentified", repairv1.GPURef{}, repairv1.GPUClassReboot, missingEntry("m", t0, t0, 1, true))},
+			records: []repairv1.GPUFault{outRec("gpu-003-unidentified", repairv1.GPURef{}, repairv1.GPUClassReboot, missingEntry("m", t0, t0, true))},
 			want:    ptr.To(cond(corev1.ConditionTrue, "Reboot", "unidentified GPUs: GPU missing (not reported by dcgm-exporter)", now, now)),
 		},
 	}

@@ -71,9 +71,9 @@ func (w *writeCounter) funcs(fail func(verb string, obj client.Object) error) in
 	}
 }
 
-func gpuNode(name, boot string) *corev1.Node {
+func gpuNode(name string) *corev1.Node {
 	return &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name},
-		Status: corev1.NodeStatus{NodeInfo: corev1.NodeSystemInfo{BootID: boot},
+		Status: corev1.NodeStatus{NodeInfo: corev1.NodeSystemInfo{BootID: gBoot},
 			Capacity: corev1.ResourceList{ResourceGPU: resource.MustParse("8")}}}
 }
 
@@ -84,10 +84,10 @@ func newFakeClient(t *testing.T, funcs interceptor.Funcs, objs ...client.Object)
 		WithObjects(objs...).WithInterceptorFuncs(funcs).Build()
 }
 
-func getNode(t *testing.T, c client.Client, name string) *corev1.Node {
+func getNode(t *testing.T, c client.Client) *corev1.Node {
 	t.Helper()
 	n := &corev1.Node{}
-	if err := c.Get(t.Context(), types.NamespacedName{Name: name}, n); err != nil {
+	if err := c.Get(t.Context(), types.NamespacedName{Name: gNode}, n); err != nil {
 		t.Fatal(err)
 	}
 	return n
@@ -118,11 +118,11 @@ func conditionOf(n *corev1.Node) *corev1.NodeCondition {
 func TestGPUMonitorReconcile(t *testing.T) {
 	clk := clocktesting.NewFakePassiveClock(gNow)
 	w := &writeCounter{}
-	node := gpuNode(gNode, gBoot)
+	node := gpuNode(gNode)
 	node.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue}}
 	policy := &repairv1.NodeRepairPolicy{ObjectMeta: metav1.ObjectMeta{Name: "default"},
 		Spec: repairv1.NodeRepairPolicySpec{GPU: repairv1.GPUSpec{XIDClasses: []repairv1.XIDClass{{Code: 13, Class: repairv1.GPUClassReboot}}}}}
-	c := newFakeClient(t, w.funcs(nil), node, gpuNode("gpu-004", gBoot), policy)
+	c := newFakeClient(t, w.funcs(nil), node, gpuNode("gpu-004"), policy)
 	src := &fakeGPUs{obs: GPUObservation{XIDs: []XIDObservation{xidAt(bus3, 48, t0)}, DCGM: health(nil)}}
 	m := &GPUMonitor{Client: c, Source: src, Clock: clk, NodeName: gNode}
 	pass := func() {
@@ -141,12 +141,12 @@ func TestGPUMonitorReconcile(t *testing.T) {
 		faults[0].Spec.GPU.UUID != uuid3 || faults[0].Spec.GPU.Index == nil || *faults[0].Spec.GPU.Index != 3 {
 		t.Fatalf("records %+v, want GPU 3's, class ResetGPU, with index and UUID from the exporter", faults)
 	}
-	cond := conditionOf(getNode(t, c, gNode))
+	cond := conditionOf(getNode(t, c))
 	if cond == nil || cond.Status != corev1.ConditionTrue || cond.Reason != "ResetGPU" ||
 		cond.Message != "GPU 3 ("+uuid3+", "+bus3+"): Xid 48 ("+meta48+")" {
 		t.Fatalf("condition %+v", cond)
 	}
-	if n := getNode(t, c, gNode); len(n.Status.Conditions) != 2 {
+	if n := getNode(t, c); len(n.Status.Conditions) != 2 {
 		t.Errorf("conditions %+v: the Ready condition must stay", n.Status.Conditions)
 	}
 
@@ -160,7 +160,7 @@ func TestGPUMonitorReconcile(t *testing.T) {
 	// An XID 13 on GPU 1: Reboot by the policy's override.
 	src.obs.XIDs = append(src.obs.XIDs, xidAt(bus1, 13, t0.Add(time.Second)))
 	pass()
-	cond = conditionOf(getNode(t, c, gNode))
+	cond = conditionOf(getNode(t, c))
 	if cond.Reason != "Reboot" || cond.LastTransitionTime.Time.Equal(cond.LastHeartbeatTime.Time) {
 		t.Errorf("condition %+v, want reason Reboot, the transition time kept", cond)
 	}
@@ -178,7 +178,7 @@ func TestGPUMonitorReconcile(t *testing.T) {
 			t.Errorf("after the reset %s is out of service: %+v", f.Name, f.Status)
 		}
 	}
-	if cond = conditionOf(getNode(t, c, gNode)); cond.Status != corev1.ConditionFalse || cond.Reason != repairv1.ReasonGPUsHealthy {
+	if cond = conditionOf(getNode(t, c)); cond.Status != corev1.ConditionFalse || cond.Reason != repairv1.ReasonGPUsHealthy {
 		t.Errorf("condition after the reset %+v", cond)
 	}
 	// The kernel log still shows the XIDs: nothing comes back.
@@ -208,13 +208,13 @@ func TestGPUMonitorWritesOnTheVersionItRead(t *testing.T) {
 			return apierrors.NewConflict(schema.GroupResource{Group: repairv1.GroupVersion.Group, Resource: "gpufaults"}, obj.GetName(), errors.New("modified"))
 		}
 		return nil
-	}), gpuNode(gNode, gBoot), &stored)
+	}), gpuNode(gNode), &stored)
 	m := &GPUMonitor{Client: c, Source: &fakeGPUs{obs: GPUObservation{XIDs: []XIDObservation{xidAt(bus3, 48, t0)}}}, Clock: clk, NodeName: gNode}
 	req := reconcile.Request{NamespacedName: types.NamespacedName{Name: gNode}}
 	if res, err := m.Reconcile(t.Context(), req); err != nil || res.RequeueAfter == 0 {
 		t.Fatalf("first pass: %+v, %v; want to look again soon, no error", res, err)
 	}
-	if cond := conditionOf(getNode(t, c, gNode)); cond != nil {
+	if cond := conditionOf(getNode(t, c)); cond != nil {
 		t.Errorf("the condition was written before the record: %+v", cond)
 	}
 	if _, err := m.Reconcile(t.Context(), req); err != nil {
@@ -260,7 +260,7 @@ func TestAgentResetGPUClearsTheRecords(t *testing.T) {
 					return errors.New("injected: etcd unavailable")
 				}
 				return nil
-			}), repair(), out.DeepCopy(), gpuNode(gNode, gBoot))
+			}), repair(), out.DeepCopy(), gpuNode(gNode))
 			exec := &recordingExecutor{err: tc.execErr}
 			a := &Agent{Client: c, NodeName: gNode, Executor: exec, Clock: clocktesting.NewFakePassiveClock(agentNow)}
 			if err := reconcileRepair(t, a, repairName); err != nil {
@@ -297,14 +297,14 @@ func TestGPUMonitorStaleNodeWritesTheConditionOnce(t *testing.T) {
 		}
 		return c.Get(ctx, key, obj, opts...)
 	}
-	c := newFakeClient(t, funcs, gpuNode(gNode, gBoot))
-	before := getNode(t, c, gNode)
+	c := newFakeClient(t, funcs, gpuNode(gNode))
+	before := getNode(t, c)
 	m := &GPUMonitor{Client: c, Source: &fakeGPUs{obs: GPUObservation{XIDs: []XIDObservation{xidAt(bus3, 48, t0)}}}, Clock: clk, NodeName: gNode}
 	req := reconcile.Request{NamespacedName: types.NamespacedName{Name: gNode}}
 	if _, err := m.Reconcile(t.Context(), req); err != nil {
 		t.Fatal(err)
 	}
-	written := conditionOf(getNode(t, c, gNode))
+	written := conditionOf(getNode(t, c))
 	clk.SetTime(gNow.Add(time.Minute))
 	w.writes = nil
 	serveStale = before
@@ -312,7 +312,7 @@ func TestGPUMonitorStaleNodeWritesTheConditionOnce(t *testing.T) {
 	if err != nil || res.RequeueAfter == 0 {
 		t.Errorf("a pass on a stale node: %+v, %v, writes %v; want to look again", res, err, w.writes)
 	}
-	if got := conditionOf(getNode(t, c, gNode)); got == nil || *got != *written {
+	if got := conditionOf(getNode(t, c)); got == nil || *got != *written {
 		t.Errorf("the condition was written again: %+v, was %+v", got, written)
 	}
 	w.writes = nil

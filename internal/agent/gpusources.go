@@ -185,7 +185,7 @@ func ReadBootTime(path string) (time.Time, error) {
 	if err != nil {
 		return time.Time{}, err
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }()
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
 		if v, ok := strings.CutPrefix(sc.Text(), "btime "); ok {
@@ -295,7 +295,7 @@ func (d *DCGMScraper) fetch(ctx context.Context) (map[gpufault.GPUKey]gpufault.G
 	if err != nil {
 		return nil, err
 	}
-	defer resp.Body.Close()
+	defer func() { _ = resp.Body.Close() }()
 	if resp.StatusCode != http.StatusOK {
 		return nil, fmt.Errorf("GET %s: %s", d.URL, resp.Status)
 	}
