@@ -8,6 +8,7 @@ import (
 	"fmt"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
@@ -45,7 +46,7 @@ func (a *Agent) Reconcile(ctx context.Context, req reconcile.Request) (reconcile
 		return reconcile.Result{}, client.IgnoreNotFound(err)
 	}
 	p := nr.Status.Pending
-	if p == nil || (a.NodeName != "" && nr.Spec.NodeName != a.NodeName) {
+	if p == nil || (a.NodeName != "" && nr.Spec.NodeName != a.NodeName) || ended(nr) {
 		return reconcile.Result{}, nil
 	}
 	log := ctrl.LoggerFrom(ctx).WithValues("repair", klog.KObj(nr))
@@ -84,9 +85,23 @@ func (a *Agent) Reconcile(ctx context.Context, req reconcile.Request) (reconcile
 	nr.Status.Pending = nil
 	nr.Status.NextAction++
 	if err := patchStatus(ctx, a.Client, before, nr); err != nil {
+		if apierrors.IsConflict(err) && outcome == "Interrupted" {
+			// The update event of our own start, read before our outcome
+			// reached the cache: the outcome is already recorded.
+			return reconcile.Result{}, nil
+		}
 		return reconcile.Result{}, fmt.Errorf("recording the outcome of %s: %w", p.Action, err)
 	}
 	return reconcile.Result{}, nil
+}
+
+// ended reports whether the repair is over: its pending action is moot.
+func ended(nr *repairv1.NodeRepair) bool {
+	switch nr.Status.Phase {
+	case repairv1.PhaseSucceeded, repairv1.PhaseRecoveryFailed, repairv1.PhaseIgnored:
+		return true
+	}
+	return false
 }
 
 // patchStatus writes the NodeRepair's status as a merge patch that fails

@@ -333,3 +333,43 @@ func TestAgentNodeReadFailureIsRetriedNotInterrupted(t *testing.T) {
 		t.Errorf("retry: executor calls %v, timeline %+v; want one run, Started then Succeeded", exec.calls, got.Status.Timeline)
 	}
 }
+
+// TestAgentLeavesEndedRepairsAlone: a repair that ended (the controller saw
+// the GPUs back in service, or failed it past a bound) while an action was
+// still pending runs nothing.
+func TestAgentLeavesEndedRepairsAlone(t *testing.T) {
+	for _, phase := range []repairv1.Phase{repairv1.PhaseSucceeded, repairv1.PhaseRecoveryFailed, repairv1.PhaseIgnored} {
+		t.Run(string(phase), func(t *testing.T) {
+			nr := testRepair("gpu-1", repairv1.ActionRestartKubelet)
+			nr.Status.Phase = phase
+			exec := &recordingExecutor{}
+			a := newTestAgent(t, "gpu-1", exec, nil, nr, testNode("gpu-1"))
+			if err := reconcileRepair(t, a, repairName); err != nil {
+				t.Fatal(err)
+			}
+			if len(exec.calls) != 0 || len(getRepair(t, a).Status.Timeline) != 0 {
+				t.Errorf("an ended repair was acted on: calls %v, timeline %+v", exec.calls, getRepair(t, a).Status.Timeline)
+			}
+		})
+	}
+}
+
+// TestAgentStaleReadOfItsOwnStartIsNotAnError: the update event of the
+// agent's own "Started" write, read from a cache that has not seen the
+// outcome yet, looks like an interrupted action; recording "Interrupted"
+// then conflicts with the stored outcome, which is expected, not an error.
+func TestAgentStaleReadOfItsOwnStartIsNotAnError(t *testing.T) {
+	funcs := &interceptor.Funcs{
+		SubResourcePatch: func(ctx context.Context, c client.Client, sub string, obj client.Object, patch client.Patch, opts ...client.SubResourcePatchOption) error {
+			return apierrors.NewConflict(schema.GroupResource{Group: repairv1.GroupVersion.Group, Resource: "noderepairs"}, obj.GetName(), errors.New("the object has been modified"))
+		},
+	}
+	exec := &recordingExecutor{}
+	a := newTestAgent(t, "gpu-1", exec, funcs, testRepair("gpu-1", repairv1.ActionRestartKubelet, at("RestartKubelet", "Started", "")), testNode("gpu-1"))
+	if err := reconcileRepair(t, a, repairName); err != nil {
+		t.Errorf("stale read of the agent's own start: %v, want no error", err)
+	}
+	if len(exec.calls) != 0 {
+		t.Errorf("ran %v again", exec.calls)
+	}
+}
