@@ -51,7 +51,8 @@ const gpuHostNode = "gpuhost-000"
 //     False;
 //   - an agent restart (a new manager, re-reading the whole kernel log):
 //     GPU 3 stays in service;
-//   - GPU 5 falls off the bus (missing from the exporter): class Reboot.
+//   - GPU 5 falls off the bus (missing from the exporter): class Reboot;
+//   - a reboot (the simulated host's): every GPU back in service.
 func TestNodeAgentReportsSimulatedGPUFaults(t *testing.T) {
 	devtest.NeedCluster(t)
 	ctx := t.Context()
@@ -192,7 +193,33 @@ func TestNodeAgentReportsSimulatedGPUFaults(t *testing.T) {
 		t.Errorf("the missing GPU's record names %+v", g5.Spec.GPU)
 	}
 	waitGPUProblem(t, corev1.ConditionTrue, "Reboot")
+
+	// A reboot (new boot ID) brings it back: every GPU in service.
+	if err := (devcluster.SimExecutor{Cluster: cluster, RebootDowntime: 100 * time.Millisecond}).Execute(ctx,
+		&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: gpuHostNode}}, repairv1.ActionReboot, nil); err != nil {
+		t.Fatal(err)
+	}
+	g5 = waitGPUFault(t, kube, 5, "GPU 5 back after the reboot", func(f *repairv1.GPUFault) bool { return f.InService() })
+	waitGPUProblem(t, corev1.ConditionFalse, repairv1.ReasonGPUsHealthy)
+	boot := gpuHostNodeBootID(t)
+	for _, i := range []int{1, 3, 5} {
+		if f := getGPUFault(t, kube, i); f.Status.BootID != boot || !f.InService() {
+			t.Errorf("after the reboot GPU %d: boot %q (node %q), class %q", i, f.Status.BootID, boot, f.Status.Class)
+		}
+	}
+	if len(g5.Status.Occurrences) != 1 || len(g5.Status.Faults) != 1 || g5.Status.Faults[0].Active {
+		t.Errorf("GPU 5 after the reboot: %+v", g5.Status)
+	}
 	stop()
+}
+
+func gpuHostNodeBootID(t *testing.T) string {
+	t.Helper()
+	n, err := cluster.Client.CoreV1().Nodes().Get(t.Context(), gpuHostNode, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n.Status.NodeInfo.BootID
 }
 
 func gpuHostAdmin(t *testing.T) client.Client {
