@@ -20,8 +20,10 @@ import (
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/config"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/yaml"
 
 	"github.com/go-logr/logr/funcr"
@@ -367,4 +369,97 @@ func waitGPUProblem(t *testing.T, status corev1.ConditionStatus, reason string) 
 		t.Fatalf("GPUProblem=%s %s not seen within 20s: %+v", status, reason, c)
 	}
 	return c
+}
+
+// TestInProcessAgentReportsSimulatedGPUFaults: the in-process agents of
+// the simulation (agent.AddInProcess, as gpufleet dev and the operator's
+// tests run them), under the operator's generated RBAC, report an XID of a
+// node's GPU and clear it after a ResetGPU.
+func TestInProcessAgentReportsSimulatedGPUFaults(t *testing.T) {
+	devtest.NeedCluster(t)
+	ctx := t.Context()
+	const node = "gpuhost-001"
+	if err := devcluster.InstallCRDs(ctx, cluster.Config); err != nil {
+		t.Fatal(err)
+	}
+	kube := gpuHostAdmin(t)
+	if err := cluster.AddNodes(ctx, devcluster.NodeSpec{Name: node, Pool: "gpuhost", GPUs: 4}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx := context.Background()
+		_ = kube.DeleteAllOf(ctx, &repairv1.NodeRepair{})
+		_ = kube.DeleteAllOf(ctx, &repairv1.GPUFault{})
+		_ = cluster.Client.CoreV1().Nodes().Delete(ctx, node, metav1.DeleteOptions{})
+	})
+	cfg, err := cluster.OperatorConfig(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	scheme := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	if err := repairv1.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	mgr, err := ctrl.NewManager(cfg, ctrl.Options{Scheme: scheme, Metrics: metricsserver.Options{BindAddress: "0"},
+		Controller: config.Controller{SkipNameValidation: ptr.To(true)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sim := devcluster.SimExecutor{Cluster: cluster}
+	if err := agent.AddInProcess(mgr, sim, nil); err != nil {
+		t.Fatal(err)
+	}
+	mctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- mgr.Start(mctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("manager: %v", err)
+		}
+	})
+
+	if err := cluster.InjectXID(ctx, node, 2, 95); err != nil {
+		t.Fatal(err)
+	}
+	name := agent.GPUFaultName(node, devcluster.SimGPU(node, 2).PCIBusID)
+	f := &repairv1.GPUFault{}
+	poll := func(what string, ok func() bool) {
+		t.Helper()
+		err := wait.PollUntilContextTimeout(ctx, 10*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+			if err := kube.Get(ctx, types.NamespacedName{Name: name}, f); err != nil {
+				return false, nil //nolint:nilerr // not written yet
+			}
+			return ok(), nil
+		})
+		if err != nil {
+			t.Fatalf("%s: not seen within 30s: %+v", what, f.Status)
+		}
+	}
+	poll("GPU 2 out of service (XID 95: ResetGPU)", func() bool { return f.Status.Class == repairv1.GPUClassResetGPU })
+	nr := &repairv1.NodeRepair{ObjectMeta: metav1.ObjectMeta{Name: "gpuhost-inprocess-reset"},
+		Spec: repairv1.NodeRepairSpec{NodeName: node, Policy: "none", Actions: []repairv1.Action{repairv1.ActionResetGPU},
+			GPUs:  []repairv1.GPURef{f.Spec.GPU},
+			Fault: repairv1.Fault{Rule: "gpu-reset", ConditionType: repairv1.ConditionGPUProblem, Status: "True", Reason: "ResetGPU", Since: metav1.Now()}}}
+	if err := kube.Create(ctx, nr); err != nil {
+		t.Fatal(err)
+	}
+	nr.Status = repairv1.NodeRepairStatus{Phase: repairv1.PhaseRepairing,
+		Pending: &repairv1.PendingAction{Action: repairv1.ActionResetGPU, RequestedAt: metav1.Now()}}
+	if err := kube.Status().Update(ctx, nr); err != nil {
+		t.Fatal(err)
+	}
+	poll("GPU 2 back in service after the reset", f.InService)
+	n, err := cluster.Client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range n.Status.Conditions {
+		if c.Type == repairv1.ConditionGPUProblem && (c.Status != corev1.ConditionFalse || c.Reason != repairv1.ReasonGPUsHealthy) {
+			t.Errorf("condition after the reset: %+v", c)
+		}
+	}
 }
