@@ -5,6 +5,8 @@
 package gpustack
 
 import (
+	"k8s.io/utils/ptr"
+
 	nvidiav1 "github.com/gpufleet/gpufleet/api/nvidia/v1"
 )
 
@@ -46,10 +48,10 @@ var Components = []Component{
 	{Key: ContainerToolkit, Stage: 1, Privileged: true, Spec: func(s *nvidiav1.ClusterPolicySpec) *nvidiav1.ComponentSpec { return &s.Toolkit.ComponentSpec }},
 	{Key: DevicePlugin, Stage: 2, Privileged: true, Spec: func(s *nvidiav1.ClusterPolicySpec) *nvidiav1.ComponentSpec { return &s.DevicePlugin.ComponentSpec }},
 	{Key: Validator, Stage: 3, Privileged: true, Spec: validatorSpec},
-	{Key: DCGM, Stage: 4, OffByDefault: true, Spec: func(s *nvidiav1.ClusterPolicySpec) *nvidiav1.ComponentSpec { return &s.DCGM }},
-	{Key: DCGMExporter, Stage: 4, Spec: func(s *nvidiav1.ClusterPolicySpec) *nvidiav1.ComponentSpec { return &s.DCGMExporter }},
+	{Key: DCGM, Stage: 4, OffByDefault: true, Spec: func(s *nvidiav1.ClusterPolicySpec) *nvidiav1.ComponentSpec { return &s.DCGM.ComponentSpec }},
+	{Key: DCGMExporter, Stage: 4, Spec: func(s *nvidiav1.ClusterPolicySpec) *nvidiav1.ComponentSpec { return &s.DCGMExporter.ComponentSpec }},
 	{Key: GFD, Stage: 5, Spec: func(s *nvidiav1.ClusterPolicySpec) *nvidiav1.ComponentSpec { return &s.GFD.ComponentSpec }},
-	{Key: MIGManager, Stage: 6, OffByDefault: true, Privileged: true, Spec: func(s *nvidiav1.ClusterPolicySpec) *nvidiav1.ComponentSpec { return &s.MIGManager }},
+	{Key: MIGManager, Stage: 6, OffByDefault: true, Privileged: true, Spec: func(s *nvidiav1.ClusterPolicySpec) *nvidiav1.ComponentSpec { return &s.MIGManager.ComponentSpec }},
 	{Key: NodeStatusExporter, Stage: 6, OffByDefault: true, Spec: func(s *nvidiav1.ClusterPolicySpec) *nvidiav1.ComponentSpec { return &s.NodeStatusExporter }},
 }
 
@@ -59,13 +61,43 @@ func init() {
 	}
 }
 
-// validatorSpec prefers spec.validator; a policy written for NVIDIA operator
-// 1.x puts the validator under spec.operator.validator.
+// validatorSpec is the validator's settings, read the same way from both
+// places a policy may hold them: spec.validator (current shape) and
+// spec.operator.validator (NVIDIA operator 1.x). The image settings come
+// from spec.validator when it names an image, else from the 1.x place;
+// enabled is spec.validator's when set, else the 1.x place's. The result
+// is a copy: callers read it, never write through it.
 func validatorSpec(s *nvidiav1.ClusterPolicySpec) *nvidiav1.ComponentSpec {
-	if s.Validator.Image == "" && s.Operator.Validator != nil {
-		return s.Operator.Validator
+	v := s.Validator.ComponentSpec.DeepCopy()
+	old := s.Operator.Validator
+	if old == nil {
+		return v
 	}
-	return &s.Validator
+	enabled := v.Enabled
+	if v.Image == "" {
+		v = old.DeepCopy()
+	}
+	v.Enabled = enabled
+	if v.Enabled == nil && old.Enabled != nil {
+		v.Enabled = ptr.To(*old.Enabled)
+	}
+	return v
+}
+
+// ValidatorEnabled reports whether the operator validator runs. It is the
+// one answer the renderer, the node labels and driver upgrades (which wait
+// for the validator only when it runs) all use.
+func ValidatorEnabled(s *nvidiav1.ClusterPolicySpec) bool {
+	return validatorComponent().Enabled(s)
+}
+
+func validatorComponent() Component {
+	for _, c := range Components {
+		if c.Key == Validator {
+			return c
+		}
+	}
+	panic("the validator is not a component") // Components is a constant table
 }
 
 // Enabled reports whether the component is enabled in the policy.

@@ -36,7 +36,11 @@ const (
 	ReasonIgnored      = "Ignored"
 	ReasonNodeDegraded = "NodeDegraded" // Warning
 	ReasonStackReady   = "StackReady"
-	actionDeploy       = "Deploy"
+	// ReasonUnsupportedFields: the policy enables a feature gpufleet does
+	// not provide (Warning; also the reason of the condition when True).
+	ReasonUnsupportedFields  = "UnsupportedFields"
+	reasonAllFieldsSupported = "AllFieldsSupported"
+	actionDeploy             = "Deploy"
 )
 
 // Reconciler deploys the active ClusterPolicy's GPU stack.
@@ -82,6 +86,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	}
 	status := policy.Status.DeepCopy()
 	status.Namespace = r.Namespace
+	r.setUnsupported(policy, status, ev)
 	objs, err := Render(policy, factsOf(&nodes, r.Namespace, policy.Spec.Operator.DefaultRuntime), r.Assets)
 	if err != nil {
 		if c := meta.FindStatusCondition(policy.Status.Conditions, nvidiav1.ConditionDegraded); c == nil || c.Message != err.Error() {
@@ -138,6 +143,7 @@ func (r *Reconciler) ignore(ctx context.Context, policy *nvidiav1.ClusterPolicy,
 	status := policy.Status.DeepCopy()
 	status.State = nvidiav1.StateIgnored
 	status.Components = nil
+	r.setUnsupported(policy, status, ev)
 	msg := fmt.Sprintf("ClusterPolicy %s is active; only the oldest ClusterPolicy is used", active)
 	r.setConditions(policy, status, metav1.ConditionFalse, metav1.ConditionFalse, metav1.ConditionFalse, ReasonIgnored, msg)
 	if policy.Status.State != nvidiav1.StateIgnored {
@@ -457,6 +463,21 @@ func (r *Reconciler) setConditions(policy *nvidiav1.ClusterPolicy, status *nvidi
 	}
 	set(nvidiav1.ConditionDegraded, degraded, degReason, degMsg)
 	status.ObservedGeneration = policy.Generation
+}
+
+// setUnsupported sets the UnsupportedFields condition: True naming each
+// enabled field gpufleet does not provide (UnsupportedFields), else False.
+// A new or changed list is also reported by a Warning event.
+func (r *Reconciler) setUnsupported(policy *nvidiav1.ClusterPolicy, status *nvidiav1.ClusterPolicyStatus, ev *pendingevents.Recorder) {
+	cond := metav1.Condition{Type: nvidiav1.ConditionUnsupportedFields, Status: metav1.ConditionFalse, Reason: reasonAllFieldsSupported,
+		ObservedGeneration: policy.Generation, LastTransitionTime: metav1.NewTime(r.Clock.Now())}
+	if msg := UnsupportedMessage(UnsupportedFields(&policy.Spec)); msg != "" {
+		cond.Status, cond.Reason, cond.Message = metav1.ConditionTrue, ReasonUnsupportedFields, msg
+		if c := meta.FindStatusCondition(policy.Status.Conditions, cond.Type); c == nil || c.Message != msg {
+			ev.Eventf(policy, nil, corev1.EventTypeWarning, ReasonUnsupportedFields, actionDeploy, "%s", msg)
+		}
+	}
+	meta.SetStatusCondition(&status.Conditions, cond)
 }
 
 // writeStatus patches the status when it changed, then emits the events

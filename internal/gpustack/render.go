@@ -18,6 +18,7 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -229,6 +230,7 @@ func daemonSets(base *appsv1.DaemonSet, policy *nvidiav1.ClusterPolicy, facts Fa
 	customise(base, policy, c, spec, image)
 	switch c.Key {
 	case Driver:
+		driverProbes(base, &policy.Spec.Driver)
 		var out []client.Object
 		flavours := slices.Clone(facts.OSFlavours)
 		slices.SortFunc(flavours, func(a, b OSFlavour) int { return strings.Compare(a.String(), b.String()) })
@@ -329,8 +331,17 @@ func customise(ds *appsv1.DaemonSet, policy *nvidiav1.ClusterPolicy, c Component
 	if spec.Resources != nil {
 		ctr.Resources = *spec.Resources.DeepCopy()
 	}
-	if common.UpdateStrategy == string(appsv1.OnDeleteDaemonSetStrategyType) {
+	if common.PodSecurityContext != nil {
+		ps.SecurityContext = common.PodSecurityContext.DeepCopy()
+	}
+	switch {
+	case common.UpdateStrategy == string(appsv1.OnDeleteDaemonSetStrategyType):
 		ds.Spec.UpdateStrategy = appsv1.DaemonSetUpdateStrategy{Type: appsv1.OnDeleteDaemonSetStrategyType}
+	case common.RollingUpdate != nil && common.RollingUpdate.MaxUnavailable != "":
+		// "1" is a number of nodes, "10%" a share (the schema allows only these).
+		maxUnavailable := intstr.Parse(common.RollingUpdate.MaxUnavailable)
+		ds.Spec.UpdateStrategy = appsv1.DaemonSetUpdateStrategy{Type: appsv1.RollingUpdateDaemonSetStrategyType,
+			RollingUpdate: &appsv1.RollingUpdateDaemonSet{MaxUnavailable: &maxUnavailable}}
 	}
 }
 
@@ -342,16 +353,49 @@ func componentEnv(policy *nvidiav1.ClusterPolicy, key string) []corev1.EnvVar {
 		if s := policy.Spec.GFD.DiscoveryIntervalSeconds; s != nil {
 			env = append(env, corev1.EnvVar{Name: "GFD_SLEEP_INTERVAL", Value: fmt.Sprintf("%ds", *s)})
 		}
-		if m := policy.Spec.GFD.MigStrategy; m != "" {
+		if m := migStrategy(&policy.Spec); m != "" {
 			env = append(env, corev1.EnvVar{Name: "GFD_MIG_STRATEGY", Value: m})
 		}
 		return env
+	case DevicePlugin:
+		// (A 1.x policy gives the device plugin its strategy in args.)
+		if m := policy.Spec.MIG.Strategy; m != "" {
+			return []corev1.EnvVar{{Name: "MIG_STRATEGY", Value: m}}
+		}
 	case ContainerToolkit:
 		if d := policy.Spec.Toolkit.InstallDir; d != "" {
 			return []corev1.EnvVar{{Name: "ROOT", Value: d}}
 		}
 	}
 	return nil
+}
+
+// migStrategy is spec.mig.strategy, or the 1.x place gfd.migStrategy.
+func migStrategy(s *nvidiav1.ClusterPolicySpec) string {
+	if s.GFD.MigStrategy != "" {
+		return s.GFD.MigStrategy
+	}
+	return s.MIG.Strategy
+}
+
+// driverProbes applies driver.startupProbe's settings to the driver
+// container's startup probe (the probe's check stays the asset's).
+func driverProbes(ds *appsv1.DaemonSet, d *nvidiav1.DriverSpec) {
+	probe := ds.Spec.Template.Spec.Containers[0].StartupProbe
+	spec := d.StartupProbe
+	if probe == nil || spec == nil {
+		return
+	}
+	set := func(dst *int32, v int32) {
+		if v != 0 {
+			*dst = v
+		}
+	}
+	set(&probe.InitialDelaySeconds, spec.InitialDelaySeconds)
+	set(&probe.TimeoutSeconds, spec.TimeoutSeconds)
+	set(&probe.PeriodSeconds, spec.PeriodSeconds)
+	set(&probe.SuccessThreshold, spec.SuccessThreshold)
+	set(&probe.FailureThreshold, spec.FailureThreshold)
 }
 
 func pullPolicy(spec *nvidiav1.ComponentSpec) corev1.PullPolicy {

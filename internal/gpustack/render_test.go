@@ -64,6 +64,8 @@ func TestRenderGolden(t *testing.T) {
 	}{
 		"seed":                       {policy: seedPolicy, facts: Facts{Namespace: "gpu-operator", OSFlavours: []OSFlavour{{"ubuntu", "22.04"}}, Runtimes: []string{"containerd"}}},
 		"seed-mixed-os-and-runtimes": {policy: seedPolicy, facts: mixed},
+		"chart-default":              {policy: chartDefaultPolicy, facts: mixed},
+		"common-options":             {policy: commonOptionsPolicy, facts: Facts{Namespace: "gpu-operator", OSFlavours: []OSFlavour{{"ubuntu", "22.04"}}, Runtimes: []string{"containerd"}}},
 		"defaults-all-optional-on": {policy: func(*testing.T) *nvidiav1.ClusterPolicy {
 			p := &nvidiav1.ClusterPolicy{}
 			p.Name, p.UID = "cluster-policy", "uid-1"

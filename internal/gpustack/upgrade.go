@@ -124,20 +124,16 @@ func autoUpgrade(p *nvidiav1.DriverUpgradePolicySpec) bool {
 	return p == nil || p.AutoUpgrade == nil || *p.AutoUpgrade
 }
 
-// upgradeDrivers runs one step of the driver rollout. It returns when to
-// look again (for upgrade timeouts).
-// stackPods are the stack's pods, as listed for the status.
-func (r *Reconciler) upgradeDrivers(ctx context.Context, policy *nvidiav1.ClusterPolicy, nodes *corev1.NodeList, desiredImages map[string]string, stackPods []corev1.Pod) (time.Duration, error) {
-	up := policy.Spec.Driver.UpgradePolicy
-	if !autoUpgrade(up) || !policy.Spec.Driver.IsEnabled() {
-		return 0, nil
-	}
-	ours, err := requestor.Mine(ctx, r.Client, r.Namespace, UpgradeRequestor)
-	if err != nil {
-		return 0, err
-	}
+// upgradeNodes gathers what the upgrade planner knows about each GPU node
+// (pure): its driver pod, whether that runs the desired image and is Ready,
+// whether the validator is Ready on it (or not needed: a disabled validator
+// is never waited for), and our NodeMaintenance of it. It also returns the
+// number of GPU nodes.
+func upgradeNodes(spec *nvidiav1.ClusterPolicySpec, nodes *corev1.NodeList, desiredImages map[string]string,
+	stackPods []corev1.Pod, ours map[string]*maintenancev1.NodeMaintenance) (map[string]*UpgradeNode, int) {
 	byNode := map[string]*UpgradeNode{}
 	gpuNodes := 0
+	validatorRuns := ValidatorEnabled(spec)
 	for i := range nodes.Items {
 		n := &nodes.Items[i]
 		if !HasNvidiaGPU(n.Labels) {
@@ -145,7 +141,7 @@ func (r *Reconciler) upgradeDrivers(ctx context.Context, policy *nvidiav1.Cluste
 		}
 		gpuNodes++
 		byNode[n.Name] = &UpgradeNode{Name: n.Name, Failed: n.Labels[LabelUpgradeState] == upgradeStateFailed,
-			ValidatorReady: !policy.Spec.Validator.IsEnabled()}
+			ValidatorReady: !validatorRuns}
 	}
 	for i := range stackPods {
 		p := &stackPods[i]
@@ -175,6 +171,22 @@ func (r *Reconciler) upgradeDrivers(ctx context.Context, policy *nvidiav1.Cluste
 			n.Maintenance, n.MaintenanceIsOurs = nm, true
 		}
 	}
+	return byNode, gpuNodes
+}
+
+// upgradeDrivers runs one step of the driver rollout. It returns when to
+// look again (for upgrade timeouts).
+// stackPods are the stack's pods, as listed for the status.
+func (r *Reconciler) upgradeDrivers(ctx context.Context, policy *nvidiav1.ClusterPolicy, nodes *corev1.NodeList, desiredImages map[string]string, stackPods []corev1.Pod) (time.Duration, error) {
+	up := policy.Spec.Driver.UpgradePolicy
+	if !autoUpgrade(up) || !policy.Spec.Driver.IsEnabled() {
+		return 0, nil
+	}
+	ours, err := requestor.Mine(ctx, r.Client, r.Namespace, UpgradeRequestor)
+	if err != nil {
+		return 0, err
+	}
+	byNode, gpuNodes := upgradeNodes(&policy.Spec, nodes, desiredImages, stackPods, ours)
 	list := make([]UpgradeNode, 0, len(byNode))
 	for _, n := range byNode {
 		list = append(list, *n)
@@ -254,34 +266,39 @@ func (r *Reconciler) setUpgradeLabel(ctx context.Context, node, value string) er
 	return r.patchNodeLabels(ctx, node, map[string]any{LabelUpgradeState: v})
 }
 
-// upgradeRequest is the maintenance request of one node's driver upgrade:
-// cordon, and drain the pods that use GPUs (or what upgradePolicy.drain says).
+// upgradeRequest is the maintenance request of one node's driver upgrade,
+// with the NVIDIA GPU Operator's meaning of upgradePolicy: cordon; wait for
+// the pods of waitForCompletion.podSelector (if set); then delete the pods
+// that use GPUs (podDeletion: force, timeout, emptyDir; default force and
+// emptyDir, 300 s) — or, with drain.enable, drain the node's pods (those of
+// drain.podSelector) with the drain settings instead.
 func upgradeRequest(policy *nvidiav1.ClusterPolicy, ns, node string) requestor.Request {
 	drain := &maintenancev1.DrainSpec{
 		Force: true, DeleteEmptyDir: true, TimeoutSeconds: ptr.To[int32](300),
 		PodEvictionFilters: []maintenancev1.PodEvictionFilterEntry{{ByResourceNameRegex: ptr.To(`^nvidia\.com/`)}},
 	}
-	if d := policyDrain(policy); d != nil {
-		if d.Enable != nil && !*d.Enable {
-			drain = nil
-		} else {
+	var wait *maintenancev1.WaitForPodCompletionSpec
+	if up := policy.Spec.Driver.UpgradePolicy; up != nil {
+		if d := up.PodDeletion; d != nil {
 			drain.Force, drain.DeleteEmptyDir = d.Force, d.DeleteEmptyDir
-			drain.PodSelector = maintenancev1.LabelSelectorString(d.PodSelector)
 			if d.TimeoutSeconds != nil {
 				drain.TimeoutSeconds = d.TimeoutSeconds
 			}
+		}
+		if d := up.Drain; d != nil && d.Enable != nil && *d.Enable {
+			drain = &maintenancev1.DrainSpec{Force: d.Force, DeleteEmptyDir: d.DeleteEmptyDir,
+				PodSelector: maintenancev1.LabelSelectorString(d.PodSelector), TimeoutSeconds: ptr.To[int32](300)}
+			if d.TimeoutSeconds != nil {
+				drain.TimeoutSeconds = d.TimeoutSeconds
+			}
+		}
+		if w := up.WaitForCompletion; w != nil && w.PodSelector != "" {
+			wait = &maintenancev1.WaitForPodCompletionSpec{PodSelector: maintenancev1.LabelSelectorString(w.PodSelector), TimeoutSeconds: w.TimeoutSeconds}
 		}
 	}
 	return requestor.Request{
 		RequestorID: UpgradeRequestor, Namespace: ns, Name: "driver-upgrade-" + node, NodeName: node, Owner: policy,
 		Labels: map[string]string{LabelManagedBy: managedBy, LabelComponent: Driver},
-		Cordon: ptr.To(true), Drain: drain,
+		Cordon: ptr.To(true), Drain: drain, WaitForPodCompletion: wait,
 	}
-}
-
-func policyDrain(p *nvidiav1.ClusterPolicy) *nvidiav1.UpgradeDrainSpec {
-	if p.Spec.Driver.UpgradePolicy == nil {
-		return nil
-	}
-	return p.Spec.Driver.UpgradePolicy.Drain
 }

@@ -5,9 +5,12 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 
 	maintenancev1 "github.com/gpufleet/gpufleet/api/maintenance/v1alpha1"
+	nvidiav1 "github.com/gpufleet/gpufleet/api/nvidia/v1"
 )
 
 var t0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
@@ -96,6 +99,97 @@ func TestPlanUpgrades(t *testing.T) {
 			got := PlanUpgrades(tc.nodes, tc.limit, timeout, t0)
 			if diff := cmp.Diff(tc.want, got); diff != "" {
 				t.Errorf("actions (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+// Regression (issue 14, item 7): a 1.x policy that disables the validator
+// under spec.operator.validator rendered no validator, but driver upgrades
+// read spec.validator and waited for a validator that never ran.
+func TestUpgradeOfA1xPolicyWithoutValidatorDoesNotWaitForIt(t *testing.T) {
+	const image = "nvcr.io/nvidia/driver:550.54.15-ubuntu22.04"
+	ready := []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}
+	nodes := &corev1.NodeList{Items: []corev1.Node{*gpuNode(nil, "containerd://1.7")}}
+	driverPod := corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "drv", Labels: map[string]string{LabelComponent: Driver, "app": "nvidia-driver-daemonset-ubuntu22.04"}},
+		Spec:       corev1.PodSpec{NodeName: "n", Containers: []corev1.Container{{Image: image}}},
+		Status:     corev1.PodStatus{Conditions: ready},
+	}
+	desired := map[string]string{"nvidia-driver-daemonset-ubuntu22.04": image}
+	ours := map[string]*maintenancev1.NodeMaintenance{"n": nm(true, t0.Format(time.RFC3339))}
+	tests := map[string]struct {
+		spec       nvidiav1.ClusterPolicySpec
+		wantFinish bool
+	}{
+		"1.x: operator.validator.enabled false": {
+			spec: nvidiav1.ClusterPolicySpec{Operator: nvidiav1.OperatorSpec{Validator: &nvidiav1.ComponentSpec{
+				Enabled: ptr.To(false), Repository: "nvcr.io/nvidia/k8s", Image: "cuda-sample", Version: "vectoradd-cuda10.2"}}},
+			wantFinish: true,
+		},
+		"validator.enabled false":            {spec: nvidiav1.ClusterPolicySpec{Validator: nvidiav1.ValidatorSpec{ComponentSpec: nvidiav1.ComponentSpec{Enabled: ptr.To(false)}}}, wantFinish: true},
+		"validator on and not Ready: waits":  {spec: nvidiav1.ClusterPolicySpec{}, wantFinish: false},
+		"1.x validator on, not Ready: waits": {spec: nvidiav1.ClusterPolicySpec{Operator: nvidiav1.OperatorSpec{Validator: &nvidiav1.ComponentSpec{Image: "cuda-sample"}}}, wantFinish: false},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			byNode, gpuNodes := upgradeNodes(&tc.spec, nodes, desired, []corev1.Pod{driverPod}, ours)
+			if gpuNodes != 1 || byNode["n"] == nil {
+				t.Fatalf("GPU nodes %d, %v", gpuNodes, byNode)
+			}
+			acts := PlanUpgrades([]UpgradeNode{*byNode["n"]}, 1, time.Hour, t0)
+			finish := len(acts) == 1 && acts[0] == UpgradeAction{ActFinish, "n"}
+			if finish != tc.wantFinish {
+				t.Errorf("actions %v; want the upgrade finished: %v", acts, tc.wantFinish)
+			}
+		})
+	}
+}
+
+func TestUpgradeRequestFollowsTheUpgradePolicy(t *testing.T) {
+	gpuPods := []maintenancev1.PodEvictionFilterEntry{{ByResourceNameRegex: ptr.To(`^nvidia\.com/`)}}
+	tests := map[string]struct {
+		policy    *nvidiav1.DriverUpgradePolicySpec
+		wantDrain *maintenancev1.DrainSpec
+		wantWait  *maintenancev1.WaitForPodCompletionSpec
+	}{
+		"no policy: delete the pods using GPUs": {
+			wantDrain: &maintenancev1.DrainSpec{Force: true, DeleteEmptyDir: true, TimeoutSeconds: ptr.To[int32](300), PodEvictionFilters: gpuPods},
+		},
+		"the chart's defaults: podDeletion settings, drain off, nothing to wait for": {
+			policy: &nvidiav1.DriverUpgradePolicySpec{
+				WaitForCompletion: &nvidiav1.WaitForCompletionSpec{TimeoutSeconds: ptr.To[int32](0)},
+				PodDeletion:       &nvidiav1.PodDeletionSpec{TimeoutSeconds: ptr.To[int32](300)},
+				Drain:             &nvidiav1.UpgradeDrainSpec{Enable: ptr.To(false), TimeoutSeconds: ptr.To[int32](300)},
+			},
+			wantDrain: &maintenancev1.DrainSpec{TimeoutSeconds: ptr.To[int32](300), PodEvictionFilters: gpuPods},
+		},
+		"drain enabled: the node's pods of the selector, drain settings": {
+			policy: &nvidiav1.DriverUpgradePolicySpec{
+				PodDeletion: &nvidiav1.PodDeletionSpec{Force: true, TimeoutSeconds: ptr.To[int32](60)},
+				Drain:       &nvidiav1.UpgradeDrainSpec{Enable: ptr.To(true), Force: true, DeleteEmptyDir: true, PodSelector: "tier=batch", TimeoutSeconds: ptr.To[int32](900)},
+			},
+			wantDrain: &maintenancev1.DrainSpec{Force: true, DeleteEmptyDir: true, PodSelector: "tier=batch", TimeoutSeconds: ptr.To[int32](900)},
+		},
+		"wait for the training jobs first": {
+			policy:    &nvidiav1.DriverUpgradePolicySpec{WaitForCompletion: &nvidiav1.WaitForCompletionSpec{PodSelector: "app=training", TimeoutSeconds: ptr.To[int32](600)}},
+			wantDrain: &maintenancev1.DrainSpec{Force: true, DeleteEmptyDir: true, TimeoutSeconds: ptr.To[int32](300), PodEvictionFilters: gpuPods},
+			wantWait:  &maintenancev1.WaitForPodCompletionSpec{PodSelector: "app=training", TimeoutSeconds: ptr.To[int32](600)},
+		},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			p := &nvidiav1.ClusterPolicy{}
+			p.Spec.Driver.UpgradePolicy = tc.policy
+			req := upgradeRequest(p, "ns", "n")
+			if diff := cmp.Diff(tc.wantDrain, req.Drain); diff != "" {
+				t.Errorf("drain (-want +got):\n%s", diff)
+			}
+			if diff := cmp.Diff(tc.wantWait, req.WaitForPodCompletion); diff != "" {
+				t.Errorf("wait for completion (-want +got):\n%s", diff)
+			}
+			if req.Cordon == nil || !*req.Cordon || req.RequestorID != UpgradeRequestor {
+				t.Errorf("request %+v", req)
 			}
 		})
 	}

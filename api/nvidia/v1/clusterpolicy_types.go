@@ -22,6 +22,9 @@ const (
 	ConditionReady       = "Ready"
 	ConditionProgressing = "Progressing"
 	ConditionDegraded    = "Degraded"
+	// ConditionUnsupportedFields is True when the policy enables a feature
+	// gpufleet does not provide; its message names each such field.
+	ConditionUnsupportedFields = "UnsupportedFields"
 )
 
 // ComponentSpec is what every GPU stack component has in common.
@@ -62,30 +65,171 @@ type ComponentSpec struct {
 	// writes it; privileged components are privileged regardless).
 	// +optional
 	SecurityContext *corev1.SecurityContext `json:"securityContext,omitempty"`
+	// HostNetwork runs the component's pods in the host's network namespace
+	// (accepted for compatibility with the NVIDIA GPU Operator).
+	// +optional
+	HostNetwork *bool `json:"hostNetwork,omitempty"`
 }
 
 // IsEnabled reports whether the component is enabled (default true).
 func (c *ComponentSpec) IsEnabled() bool { return c == nil || c.Enabled == nil || *c.Enabled }
 
+// EnvVar is an environment variable as the NVIDIA GPU Operator takes it
+// in the newer parts of the ClusterPolicy (a name and a value).
+type EnvVar struct {
+	Name string `json:"name"`
+	// +optional
+	Value string `json:"value,omitempty"`
+}
+
+// ResourceRequirements are a container's resource limits and requests.
+type ResourceRequirements struct {
+	// +optional
+	Limits corev1.ResourceList `json:"limits,omitempty"`
+	// +optional
+	Requests corev1.ResourceList `json:"requests,omitempty"`
+}
+
+// EnvSpec holds extra environment variables of one part of a component.
+type EnvSpec struct {
+	// +optional
+	Env []EnvVar `json:"env,omitempty"`
+}
+
+// ImageSpec names an auxiliary image (an init container).
+type ImageSpec struct {
+	// +optional
+	// +kubebuilder:validation:MaxLength=256
+	Repository string `json:"repository,omitempty"`
+	// +optional
+	// +kubebuilder:validation:MaxLength=256
+	Image string `json:"image,omitempty"`
+	// +optional
+	// +kubebuilder:validation:MaxLength=128
+	Version string `json:"version,omitempty"`
+	// +optional
+	// +kubebuilder:validation:Enum=Always;IfNotPresent;Never
+	ImagePullPolicy corev1.PullPolicy `json:"imagePullPolicy,omitempty"`
+	// +optional
+	ImagePullSecrets []string `json:"imagePullSecrets,omitempty"`
+}
+
+// DriverManagerSpec configures the k8s-driver-manager init container that
+// prepares a node for a driver (re)install.
+type DriverManagerSpec struct {
+	ImageSpec `json:",inline"`
+	// +optional
+	Env []EnvVar `json:"env,omitempty"`
+}
+
+// ContainerProbeSpec tunes a probe of the driver container.
+type ContainerProbeSpec struct {
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	InitialDelaySeconds int32 `json:"initialDelaySeconds,omitempty"`
+	// +optional
+	// +kubebuilder:validation:Minimum=1
+	TimeoutSeconds int32 `json:"timeoutSeconds,omitempty"`
+	// +optional
+	// +kubebuilder:validation:Minimum=1
+	PeriodSeconds int32 `json:"periodSeconds,omitempty"`
+	// +optional
+	// +kubebuilder:validation:Minimum=1
+	SuccessThreshold int32 `json:"successThreshold,omitempty"`
+	// +optional
+	// +kubebuilder:validation:Minimum=1
+	FailureThreshold int32 `json:"failureThreshold,omitempty"`
+}
+
+// GPUDirectRDMASpec configures GPUDirect RDMA in the driver.
+type GPUDirectRDMASpec struct {
+	// Enabled loads nvidia-peermem with the driver.
+	// +optional
+	Enabled *bool `json:"enabled,omitempty"`
+	// UseHostMOFED uses the MOFED driver installed on the host.
+	// +optional
+	UseHostMOFED *bool `json:"useHostMofed,omitempty"`
+}
+
 // DriverSpec configures the driver installer.
 type DriverSpec struct {
 	ComponentSpec `json:",inline"`
+	// UseNvidiaDriverCRD hands the driver over to NVIDIADriver objects.
+	// +optional
+	UseNvidiaDriverCRD *bool `json:"useNvidiaDriverCRD,omitempty"`
+	// UsePrecompiled installs precompiled kernel modules.
+	// +optional
+	UsePrecompiled *bool `json:"usePrecompiled,omitempty"`
+	// UseOpenKernelModules is deprecated in favour of kernelModuleType.
+	// +optional
+	UseOpenKernelModules *bool `json:"useOpenKernelModules,omitempty"`
+	// KernelModuleType: auto, open or proprietary.
+	// +optional
+	// +kubebuilder:validation:Enum=auto;open;proprietary
+	KernelModuleType string `json:"kernelModuleType,omitempty"`
+	// +optional
+	StartupProbe *ContainerProbeSpec `json:"startupProbe,omitempty"`
+	// +optional
+	LivenessProbe *ContainerProbeSpec `json:"livenessProbe,omitempty"`
+	// +optional
+	ReadinessProbe *ContainerProbeSpec `json:"readinessProbe,omitempty"`
+	// RDMA configures GPUDirect RDMA.
+	// +optional
+	RDMA *GPUDirectRDMASpec `json:"rdma,omitempty"`
+	// Manager is the k8s-driver-manager init container.
+	// +optional
+	Manager *DriverManagerSpec `json:"manager,omitempty"`
 	// UpgradePolicy governs driver upgrades.
 	// +optional
 	UpgradePolicy *DriverUpgradePolicySpec `json:"upgradePolicy,omitempty"`
-	// LicensingConfig and RepoConfig are accepted for compatibility.
-	// +optional
-	LicensingConfig *ConfigMapRef `json:"licensingConfig,omitempty"`
 	// +optional
 	RepoConfig *ConfigMapRef `json:"repoConfig,omitempty"`
+	// CertConfig names a ConfigMap of custom certificates.
+	// +optional
+	CertConfig *NameRef `json:"certConfig,omitempty"`
+	// LicensingConfig is the vGPU guest driver licensing.
+	// +optional
+	LicensingConfig *LicensingConfigSpec `json:"licensingConfig,omitempty"`
+	// VirtualTopology is the vGPU topology daemon configuration.
+	// +optional
+	VirtualTopology *VirtualTopologySpec `json:"virtualTopology,omitempty"`
+	// KernelModuleConfig names a ConfigMap of kernel module parameters.
+	// +optional
+	KernelModuleConfig *NameRef `json:"kernelModuleConfig,omitempty"`
+	// SecretEnv names a Secret whose entries become driver env variables.
+	// +optional
+	SecretEnv string `json:"secretEnv,omitempty"`
 }
 
 // ConfigMapRef names a ConfigMap (NVIDIA operator compatibility).
 type ConfigMapRef struct {
 	// +optional
 	ConfigMapName string `json:"configMapName,omitempty"`
+	// DestinationDir is the NVIDIA operator 1.x place of the repo files.
 	// +optional
 	DestinationDir string `json:"destinationDir,omitempty"`
+}
+
+// NameRef names a ConfigMap.
+type NameRef struct {
+	// +optional
+	Name string `json:"name,omitempty"`
+}
+
+// LicensingConfigSpec is the vGPU licensing configuration.
+type LicensingConfigSpec struct {
+	// +optional
+	ConfigMapName string `json:"configMapName,omitempty"`
+	// +optional
+	SecretName string `json:"secretName,omitempty"`
+	// +optional
+	NLSEnabled *bool `json:"nlsEnabled,omitempty"`
+}
+
+// VirtualTopologySpec names the vGPU topology daemon's ConfigMap.
+type VirtualTopologySpec struct {
+	// +optional
+	Config string `json:"config,omitempty"`
 }
 
 // DriverUpgradePolicySpec says how driver version changes roll out.
@@ -103,9 +247,37 @@ type DriverUpgradePolicySpec struct {
 	// +kubebuilder:validation:XIntOrString
 	// +kubebuilder:validation:XValidation:rule="type(self) == int ? self >= 0 : self.matches('^(100|[1-9]?[0-9])%$')",message="maxUnavailable must be a non-negative integer or a percentage between 0% and 100%"
 	MaxUnavailable *intstr.IntOrString `json:"maxUnavailable,omitempty"`
+	// WaitForCompletion waits for matching pods to finish before the upgrade.
+	// +optional
+	WaitForCompletion *WaitForCompletionSpec `json:"waitForCompletion,omitempty"`
+	// PodDeletion is how the pods using GPUs are deleted before the upgrade.
+	// +optional
+	PodDeletion *PodDeletionSpec `json:"podDeletion,omitempty"`
 	// Drain settings for the upgrade's NodeMaintenance.
 	// +optional
 	Drain *UpgradeDrainSpec `json:"drain,omitempty"`
+}
+
+// WaitForCompletionSpec waits for jobs on the node to finish.
+type WaitForCompletionSpec struct {
+	// PodSelector is a label selector of the pods to wait for.
+	// +optional
+	PodSelector string `json:"podSelector,omitempty"`
+	// TimeoutSeconds: 0 waits forever.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	TimeoutSeconds *int32 `json:"timeoutSeconds,omitempty"`
+}
+
+// PodDeletionSpec is the deletion of the pods that use GPUs.
+type PodDeletionSpec struct {
+	// +optional
+	Force bool `json:"force,omitempty"`
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	TimeoutSeconds *int32 `json:"timeoutSeconds,omitempty"`
+	// +optional
+	DeleteEmptyDir bool `json:"deleteEmptyDir,omitempty"`
 }
 
 // UpgradeDrainSpec is the drain part of an upgrade.
@@ -134,6 +306,26 @@ type ToolkitSpec struct {
 // DevicePluginSpec configures the device plugin.
 type DevicePluginSpec struct {
 	ComponentSpec `json:",inline"`
+	// Config names the ConfigMap of device plugin configurations.
+	// +optional
+	Config *DevicePluginConfig `json:"config,omitempty"`
+	// MPS configures the MPS control daemon.
+	// +optional
+	MPS *MPSSpec `json:"mps,omitempty"`
+}
+
+// DevicePluginConfig names a ConfigMap and its default entry.
+type DevicePluginConfig struct {
+	// +optional
+	Name string `json:"name,omitempty"`
+	// +optional
+	Default string `json:"default,omitempty"`
+}
+
+// MPSSpec is the MPS root on the host.
+type MPSSpec struct {
+	// +optional
+	Root string `json:"root,omitempty"`
 }
 
 // GFDSpec configures GPU feature discovery.
@@ -142,9 +334,152 @@ type GFDSpec struct {
 	// +optional
 	// +kubebuilder:validation:Minimum=1
 	DiscoveryIntervalSeconds *int32 `json:"discoveryIntervalSeconds,omitempty"`
+	// MigStrategy is the NVIDIA operator 1.x place of mig.strategy.
 	// +optional
 	// +kubebuilder:validation:Enum=none;single;mixed
 	MigStrategy string `json:"migStrategy,omitempty"`
+}
+
+// ValidatorSpec configures the operator validator; its parts (plugin,
+// toolkit, driver, cuda, ...) take extra env variables.
+type ValidatorSpec struct {
+	ComponentSpec `json:",inline"`
+	// +optional
+	Plugin *EnvSpec `json:"plugin,omitempty"`
+	// +optional
+	Toolkit *EnvSpec `json:"toolkit,omitempty"`
+	// +optional
+	Driver *EnvSpec `json:"driver,omitempty"`
+	// +optional
+	CUDA *EnvSpec `json:"cuda,omitempty"`
+	// +optional
+	VFIOPCI *EnvSpec `json:"vfioPCI,omitempty"`
+	// +optional
+	VGPUManager *EnvSpec `json:"vgpuManager,omitempty"`
+	// +optional
+	VGPUDevices *EnvSpec `json:"vgpuDevices,omitempty"`
+}
+
+// DCGMSpec configures the standalone DCGM host engine.
+type DCGMSpec struct {
+	ComponentSpec `json:",inline"`
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=65535
+	HostPort int32 `json:"hostPort,omitempty"`
+}
+
+// DCGMExporterSpec configures dcgm-exporter.
+type DCGMExporterSpec struct {
+	ComponentSpec `json:",inline"`
+	// Annotations of the exporter's pods.
+	// +optional
+	Annotations map[string]string `json:"annotations,omitempty"`
+	// Config names the ConfigMap of the metrics to export (key dcgm-metrics.csv).
+	// +optional
+	Config *NameRef `json:"config,omitempty"`
+	// ServiceMonitor for the Prometheus operator.
+	// +optional
+	ServiceMonitor *ServiceMonitorSpec `json:"serviceMonitor,omitempty"`
+	// Service of the exporter.
+	// +optional
+	Service *DCGMExporterServiceSpec `json:"service,omitempty"`
+	// +optional
+	HostPID *bool `json:"hostPID,omitempty"`
+	// HPCJobMapping labels metrics with the jobs of an HPC workload manager.
+	// +optional
+	HPCJobMapping *HPCJobMappingSpec `json:"hpcJobMapping,omitempty"`
+	// +optional
+	EnablePodLabels *bool `json:"enablePodLabels,omitempty"`
+	// +optional
+	EnablePodUID *bool `json:"enablePodUID,omitempty"`
+	// +optional
+	PodLabelAllowlistRegex []string `json:"podLabelAllowlistRegex,omitempty"`
+}
+
+// DCGMExporterServiceSpec is the exporter's Service.
+type DCGMExporterServiceSpec struct {
+	// +optional
+	// +kubebuilder:validation:Enum=ClusterIP;NodePort;LoadBalancer;ExternalName
+	Type corev1.ServiceType `json:"type,omitempty"`
+	// +optional
+	// +kubebuilder:validation:Enum=Cluster;Local
+	InternalTrafficPolicy *corev1.ServiceInternalTrafficPolicy `json:"internalTrafficPolicy,omitempty"`
+}
+
+// HPCJobMappingSpec is dcgm-exporter's HPC job mapping.
+type HPCJobMappingSpec struct {
+	// +optional
+	Enabled *bool `json:"enabled,omitempty"`
+	// +optional
+	Directory string `json:"directory,omitempty"`
+}
+
+// Duration is a Prometheus duration, e.g. "15s" or "1m30s".
+// +kubebuilder:validation:Pattern=`^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$`
+type Duration string
+
+// ServiceMonitorSpec configures a Prometheus operator ServiceMonitor.
+type ServiceMonitorSpec struct {
+	// +optional
+	Enabled *bool `json:"enabled,omitempty"`
+	// +optional
+	Interval Duration `json:"interval,omitempty"`
+	// +optional
+	ScrapeTimeout Duration `json:"scrapeTimeout,omitempty"`
+	// +optional
+	HonorLabels *bool `json:"honorLabels,omitempty"`
+	// +optional
+	AdditionalLabels map[string]string `json:"additionalLabels,omitempty"`
+	// +optional
+	Relabelings []RelabelConfig `json:"relabelings,omitempty"`
+}
+
+// RelabelConfig is a Prometheus relabeling rule.
+type RelabelConfig struct {
+	// +optional
+	SourceLabels []string `json:"sourceLabels,omitempty"`
+	// +optional
+	Separator *string `json:"separator,omitempty"`
+	// +optional
+	TargetLabel string `json:"targetLabel,omitempty"`
+	// +optional
+	Regex string `json:"regex,omitempty"`
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	Modulus int64 `json:"modulus,omitempty"`
+	// +optional
+	Replacement *string `json:"replacement,omitempty"`
+	// +optional
+	// +kubebuilder:validation:Enum=replace;Replace;keep;Keep;drop;Drop;hashmod;HashMod;labelmap;LabelMap;labeldrop;LabelDrop;labelkeep;LabelKeep;lowercase;Lowercase;uppercase;Uppercase;keepequal;KeepEqual;dropequal;DropEqual
+	Action string `json:"action,omitempty"`
+}
+
+// MIGSpec is the cluster's MIG strategy for GFD and the device plugin.
+type MIGSpec struct {
+	// +optional
+	// +kubebuilder:validation:Enum=none;single;mixed
+	Strategy string `json:"strategy,omitempty"`
+}
+
+// MIGManagerSpec configures mig-manager.
+type MIGManagerSpec struct {
+	ComponentSpec `json:",inline"`
+	// Config names the mig-parted ConfigMap (key config.yaml) and the
+	// configuration applied by default.
+	// +optional
+	Config *MIGManagerConfigSpec `json:"config,omitempty"`
+	// GPUClientsConfig names the ConfigMap of GPU clients to restart.
+	// +optional
+	GPUClientsConfig *NameRef `json:"gpuClientsConfig,omitempty"`
+}
+
+// MIGManagerConfigSpec names mig-manager's configuration.
+type MIGManagerConfigSpec struct {
+	// +optional
+	Name string `json:"name,omitempty"`
+	// +optional
+	Default string `json:"default,omitempty"`
 }
 
 // OperatorSpec holds operator-wide settings.
@@ -153,9 +488,40 @@ type OperatorSpec struct {
 	// +optional
 	// +kubebuilder:validation:Enum=docker;containerd;crio
 	DefaultRuntime string `json:"defaultRuntime,omitempty"`
-	// Validator is the NVIDIA operator 1.x place of the validator image.
+	// RuntimeClass is the name of the NVIDIA RuntimeClass.
+	// +optional
+	RuntimeClass string `json:"runtimeClass,omitempty"`
+	// InitContainer is deprecated in the NVIDIA GPU Operator.
+	// +optional
+	InitContainer *ImageSpec `json:"initContainer,omitempty"`
+	// +optional
+	Labels map[string]string `json:"labels,omitempty"`
+	// +optional
+	Annotations map[string]string `json:"annotations,omitempty"`
+	// +optional
+	Metrics *OperatorMetricsSpec `json:"metrics,omitempty"`
+	// UseOpenShiftDriverToolkit (OpenShift only).
+	// +optional
+	UseOpenShiftDriverToolkit *bool `json:"use_ocp_driver_toolkit,omitempty"`
+	// Validator is the NVIDIA operator 1.x place of the validator; it means
+	// the same as spec.validator (which wins where both set a field).
 	// +optional
 	Validator *ComponentSpec `json:"validator,omitempty"`
+}
+
+// OperatorMetricsSpec configures the operator's own metrics.
+type OperatorMetricsSpec struct {
+	// +optional
+	ServiceMonitor *ServiceMonitorSpec `json:"serviceMonitor,omitempty"`
+}
+
+// RollingUpdateSpec is the rolling update of every DaemonSet.
+type RollingUpdateSpec struct {
+	// MaxUnavailable: a number or a percentage of nodes, e.g. "1" or "10%"
+	// (not 0: a DaemonSet's rolling update must be able to proceed).
+	// +optional
+	// +kubebuilder:validation:Pattern=`^([1-9][0-9]*|([1-9]|[1-9][0-9]|100)%)$`
+	MaxUnavailable string `json:"maxUnavailable,omitempty"`
 }
 
 // DaemonsetsSpec holds settings common to every DaemonSet.
@@ -173,14 +539,167 @@ type DaemonsetsSpec struct {
 	// +optional
 	// +kubebuilder:validation:Enum=RollingUpdate;OnDelete
 	UpdateStrategy string `json:"updateStrategy,omitempty"`
+	// +optional
+	RollingUpdate *RollingUpdateSpec `json:"rollingUpdate,omitempty"`
+	// PodSecurityContext of every DaemonSet's pods.
+	// +optional
+	PodSecurityContext *corev1.PodSecurityContext `json:"podSecurityContext,omitempty"`
 }
 
-// ClusterPolicySpec is the desired GPU software stack.
+// EnabledSpec is a feature switch.
+type EnabledSpec struct {
+	// +optional
+	Enabled *bool `json:"enabled,omitempty"`
+}
+
+// CDISpec configures the Container Device Interface.
+type CDISpec struct {
+	// Enabled generates CDI specifications for the GPUs. Default true.
+	// +optional
+	Enabled *bool `json:"enabled,omitempty"`
+	// Default makes CDI the default mode of injecting GPUs.
+	// +optional
+	Default *bool `json:"default,omitempty"`
+	// NRIPluginEnabled injects CDI devices through an NRI plugin.
+	// +optional
+	NRIPluginEnabled *bool `json:"nriPluginEnabled,omitempty"`
+}
+
+// HostPathsSpec are host paths the components use.
+type HostPathsSpec struct {
+	// RootFS is the host's root filesystem (chroot-able). Default "/".
+	// +optional
+	RootFS string `json:"rootFS,omitempty"`
+	// DriverInstallDir is where the driver's files are. Default
+	// "/run/nvidia/driver".
+	// +optional
+	DriverInstallDir string `json:"driverInstallDir,omitempty"`
+	// KubeletRootDir. Default "/var/lib/kubelet".
+	// +optional
+	KubeletRootDir string `json:"kubeletRootDir,omitempty"`
+}
+
+// SandboxWorkloadsSpec configures GPUs for virtual machines (not provided
+// by gpufleet: accepted, and reported when enabled).
+type SandboxWorkloadsSpec struct {
+	// +optional
+	Enabled *bool `json:"enabled,omitempty"`
+	// +optional
+	// +kubebuilder:validation:Enum=container;vm-passthrough;vm-vgpu
+	DefaultWorkload string `json:"defaultWorkload,omitempty"`
+	// +optional
+	// +kubebuilder:validation:Enum=kubevirt;kata
+	Mode string `json:"mode,omitempty"`
+}
+
+// OperandSpec is a component gpufleet does not deploy (vGPU, sandbox,
+// confidential computing, GPUDirect Storage): accepted as the NVIDIA GPU
+// Operator defines it, and reported when enabled.
+type OperandSpec struct {
+	// +optional
+	Enabled *bool `json:"enabled,omitempty"`
+	// +optional
+	// +kubebuilder:validation:MaxLength=256
+	Repository string `json:"repository,omitempty"`
+	// +optional
+	// +kubebuilder:validation:MaxLength=256
+	Image string `json:"image,omitempty"`
+	// +optional
+	// +kubebuilder:validation:MaxLength=128
+	Version string `json:"version,omitempty"`
+	// +optional
+	// +kubebuilder:validation:Enum=Always;IfNotPresent;Never
+	ImagePullPolicy corev1.PullPolicy `json:"imagePullPolicy,omitempty"`
+	// +optional
+	ImagePullSecrets []string `json:"imagePullSecrets,omitempty"`
+	// +optional
+	Resources *ResourceRequirements `json:"resources,omitempty"`
+	// +optional
+	Args []string `json:"args,omitempty"`
+	// +optional
+	Env []EnvVar `json:"env,omitempty"`
+	// +optional
+	HostNetwork *bool `json:"hostNetwork,omitempty"`
+}
+
+// VGPUManagerSpec is the vGPU host driver.
+type VGPUManagerSpec struct {
+	OperandSpec `json:",inline"`
+	// +optional
+	DriverManager *DriverManagerSpec `json:"driverManager,omitempty"`
+	// +optional
+	KernelModuleConfig *NameRef `json:"kernelModuleConfig,omitempty"`
+}
+
+// VGPUDeviceManagerSpec is the vGPU device manager.
+type VGPUDeviceManagerSpec struct {
+	OperandSpec `json:",inline"`
+	// +optional
+	Config *VGPUDevicesConfigSpec `json:"config,omitempty"`
+}
+
+// VGPUDevicesConfigSpec names the vGPU devices ConfigMap.
+type VGPUDevicesConfigSpec struct {
+	// +optional
+	Name string `json:"name,omitempty"`
+	// +optional
+	Default string `json:"default,omitempty"`
+}
+
+// VFIOManagerSpec is the VFIO-PCI manager.
+type VFIOManagerSpec struct {
+	OperandSpec `json:",inline"`
+	// +optional
+	DriverManager *DriverManagerSpec `json:"driverManager,omitempty"`
+}
+
+// CCManagerSpec is the confidential computing manager.
+type CCManagerSpec struct {
+	OperandSpec `json:",inline"`
+	// +optional
+	// +kubebuilder:validation:Enum=on;off;devtools
+	DefaultMode string `json:"defaultMode,omitempty"`
+}
+
+// KataManagerSpec is the Kata manager (deprecated in the NVIDIA GPU Operator).
+type KataManagerSpec struct {
+	OperandSpec `json:",inline"`
+	// +optional
+	Config *KataManagerConfig `json:"config,omitempty"`
+}
+
+// KataManagerConfig lists the Kata runtime classes to install.
+type KataManagerConfig struct {
+	// +optional
+	ArtifactsDir string `json:"artifactsDir,omitempty"`
+	// +optional
+	RuntimeClasses []KataRuntimeClass `json:"runtimeClasses,omitempty"`
+}
+
+// KataRuntimeClass is one Kata runtime class and its artifacts.
+type KataRuntimeClass struct {
+	Name string `json:"name"`
+	// +optional
+	NodeSelector map[string]string `json:"nodeSelector,omitempty"`
+	Artifacts    KataArtifacts     `json:"artifacts"`
+}
+
+// KataArtifacts locates the artifacts of a Kata runtime class.
+type KataArtifacts struct {
+	URL string `json:"url"`
+	// +optional
+	PullSecret string `json:"pullSecret,omitempty"`
+}
+
+// ClusterPolicySpec is the desired GPU software stack. It accepts both the
+// NVIDIA GPU Operator 1.x shape (the seed's) and the current one (v26.x).
 type ClusterPolicySpec struct {
 	// +optional
 	Operator OperatorSpec `json:"operator,omitempty"`
 	// +optional
 	Daemonsets DaemonsetsSpec `json:"daemonsets,omitempty"`
+	// +optional
+	HostPaths HostPathsSpec `json:"hostPaths,omitempty"`
 	// +optional
 	Driver DriverSpec `json:"driver,omitempty"`
 	// +optional
@@ -188,19 +707,50 @@ type ClusterPolicySpec struct {
 	// +optional
 	DevicePlugin DevicePluginSpec `json:"devicePlugin,omitempty"`
 	// +optional
-	Validator ComponentSpec `json:"validator,omitempty"`
+	Validator ValidatorSpec `json:"validator,omitempty"`
 	// +optional
-	DCGM ComponentSpec `json:"dcgm,omitempty"`
+	DCGM DCGMSpec `json:"dcgm,omitempty"`
 	// +optional
-	DCGMExporter ComponentSpec `json:"dcgmExporter,omitempty"`
+	DCGMExporter DCGMExporterSpec `json:"dcgmExporter,omitempty"`
 	// +optional
 	GFD GFDSpec `json:"gfd,omitempty"`
+	// +optional
+	MIG MIGSpec `json:"mig,omitempty"`
 	// MIGManager is off unless enabled.
 	// +optional
-	MIGManager ComponentSpec `json:"migManager,omitempty"`
+	MIGManager MIGManagerSpec `json:"migManager,omitempty"`
 	// NodeStatusExporter is off unless enabled.
 	// +optional
 	NodeStatusExporter ComponentSpec `json:"nodeStatusExporter,omitempty"`
+	// PSP is deprecated (PodSecurityPolicies no longer exist).
+	// +optional
+	PSP EnabledSpec `json:"psp,omitempty"`
+	// PSA labels the namespace for Pod Security Admission.
+	// +optional
+	PSA EnabledSpec `json:"psa,omitempty"`
+	// +optional
+	CDI CDISpec `json:"cdi,omitempty"`
+	// GPUDirectStorage (nvidia-fs).
+	// +optional
+	GPUDirectStorage *OperandSpec `json:"gds,omitempty"`
+	// +optional
+	GDRCopy *OperandSpec `json:"gdrcopy,omitempty"`
+	// +optional
+	SandboxWorkloads SandboxWorkloadsSpec `json:"sandboxWorkloads,omitempty"`
+	// +optional
+	SandboxDevicePlugin OperandSpec `json:"sandboxDevicePlugin,omitempty"`
+	// +optional
+	KataSandboxDevicePlugin OperandSpec `json:"kataSandboxDevicePlugin,omitempty"`
+	// +optional
+	VGPUManager VGPUManagerSpec `json:"vgpuManager,omitempty"`
+	// +optional
+	VGPUDeviceManager VGPUDeviceManagerSpec `json:"vgpuDeviceManager,omitempty"`
+	// +optional
+	VFIOManager VFIOManagerSpec `json:"vfioManager,omitempty"`
+	// +optional
+	KataManager KataManagerSpec `json:"kataManager,omitempty"`
+	// +optional
+	CCManager CCManagerSpec `json:"ccManager,omitempty"`
 }
 
 // ComponentStatus is the rollout state of one component.

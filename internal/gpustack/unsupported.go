@@ -1,0 +1,79 @@
+package gpustack
+
+import (
+	"strings"
+
+	nvidiav1 "github.com/gpufleet/gpufleet/api/nvidia/v1"
+)
+
+// UnsupportedField is a field of a policy that turns on a feature gpufleet
+// does not provide. The policy is accepted as written; the feature is not
+// deployed, and the policy's UnsupportedFields condition names the field.
+type UnsupportedField struct {
+	// Path of the field in the object, e.g. "spec.vgpuManager.enabled".
+	Path string
+	// Feature it turns on, e.g. "NVIDIA vGPU host driver".
+	Feature string
+}
+
+func (f UnsupportedField) String() string { return f.Path + " (" + f.Feature + ")" }
+
+// UnsupportedFields lists, in a fixed order, the fields of spec that turn
+// on a feature gpufleet does not provide (pure). A field counts only when
+// it is on as the NVIDIA GPU Operator reads it: these features are off
+// unless set to true, and the sandbox operands (VFIO manager, vGPU device
+// manager, the sandbox and Kata device plugins, the confidential computing
+// manager) run there only with sandboxWorkloads.enabled — the chart leaves
+// them "enabled" with sandbox workloads off, which turns nothing on. The
+// vGPU manager counts whenever it is enabled: the chart leaves it off, so
+// enabling it is a request for vGPU.
+func UnsupportedFields(spec *nvidiav1.ClusterPolicySpec) []UnsupportedField {
+	var out []UnsupportedField
+	add := func(on bool, path, feature string) {
+		if on {
+			out = append(out, UnsupportedField{Path: "spec." + path, Feature: feature})
+		}
+	}
+	sandbox := isTrue(spec.SandboxWorkloads.Enabled)
+	mode := spec.SandboxWorkloads.Mode
+	if mode == "" {
+		mode = "kubevirt" // the NVIDIA GPU Operator's default
+	}
+	d := &spec.Driver
+	add(isTrue(d.UseNvidiaDriverCRD), "driver.useNvidiaDriverCRD", "drivers from NVIDIADriver objects")
+	add(isTrue(d.UsePrecompiled), "driver.usePrecompiled", "precompiled driver modules")
+	add(d.RDMA != nil && isTrue(d.RDMA.Enabled), "driver.rdma.enabled", "GPUDirect RDMA")
+	add(isTrue(spec.PSA.Enabled), "psa.enabled", "Pod Security Admission labels")
+	add(isTrue(spec.CDI.NRIPluginEnabled), "cdi.nriPluginEnabled", "CDI injection through an NRI plugin")
+	add(spec.DCGMExporter.ServiceMonitor != nil && isTrue(spec.DCGMExporter.ServiceMonitor.Enabled),
+		"dcgmExporter.serviceMonitor.enabled", "a ServiceMonitor for dcgm-exporter")
+	add(spec.DCGMExporter.HPCJobMapping != nil && isTrue(spec.DCGMExporter.HPCJobMapping.Enabled),
+		"dcgmExporter.hpcJobMapping.enabled", "HPC job mapping of GPU metrics")
+	add(isTrue(spec.Operator.UseOpenShiftDriverToolkit), "operator.use_ocp_driver_toolkit", "the OpenShift Driver Toolkit")
+	add(spec.GPUDirectStorage != nil && isTrue(spec.GPUDirectStorage.Enabled), "gds.enabled", "GPUDirect Storage")
+	add(spec.GDRCopy != nil && isTrue(spec.GDRCopy.Enabled), "gdrcopy.enabled", "GDRCopy")
+	add(sandbox, "sandboxWorkloads.enabled", "GPUs for virtual machines")
+	add(isTrue(spec.VGPUManager.Enabled), "vgpuManager.enabled", "NVIDIA vGPU host driver")
+	add(sandbox && isTrue(spec.VGPUDeviceManager.Enabled), "vgpuDeviceManager.enabled", "vGPU device manager")
+	add(sandbox && isTrue(spec.VFIOManager.Enabled), "vfioManager.enabled", "VFIO-PCI manager")
+	add(sandbox && mode == "kubevirt" && isTrue(spec.SandboxDevicePlugin.Enabled), "sandboxDevicePlugin.enabled", "KubeVirt GPU device plugin")
+	add(sandbox && mode == "kata" && isTrue(spec.KataSandboxDevicePlugin.Enabled), "kataSandboxDevicePlugin.enabled", "Kata sandbox device plugin")
+	add(isTrue(spec.KataManager.Enabled), "kataManager.enabled", "Kata manager")
+	add(sandbox && mode == "kata" && isTrue(spec.CCManager.Enabled), "ccManager.enabled", "confidential computing manager")
+	return out
+}
+
+// UnsupportedMessage is the UnsupportedFields condition's message for
+// fields ("" when there are none).
+func UnsupportedMessage(fields []UnsupportedField) string {
+	if len(fields) == 0 {
+		return ""
+	}
+	s := make([]string, len(fields))
+	for i, f := range fields {
+		s[i] = f.String()
+	}
+	return "not supported by gpufleet, accepted and not deployed: " + strings.Join(s, ", ")
+}
+
+func isTrue(b *bool) bool { return b != nil && *b }
