@@ -453,13 +453,22 @@ func TestInProcessAgentReportsSimulatedGPUFaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	poll("GPU 2 back in service after the reset", f.InService)
-	n, err := cluster.Client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, c := range n.Status.Conditions {
-		if c.Type == repairv1.ConditionGPUProblem && (c.Status != corev1.ConditionFalse || c.Reason != repairv1.ReasonGPUsHealthy) {
-			t.Errorf("condition after the reset: %+v", c)
+	// The condition follows the record (a write of its own).
+	var last corev1.NodeCondition
+	err = wait.PollUntilContextTimeout(ctx, 10*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		n, err := cluster.Client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+		if err != nil {
+			return false, nil //nolint:nilerr // keep polling
 		}
+		for _, c := range n.Status.Conditions {
+			if c.Type == repairv1.ConditionGPUProblem {
+				last = c
+				return c.Status == corev1.ConditionFalse && c.Reason == repairv1.ReasonGPUsHealthy, nil
+			}
+		}
+		return false, nil
+	})
+	if err != nil {
+		t.Errorf("condition after the reset: %+v, want False/%s within 30s", last, repairv1.ReasonGPUsHealthy)
 	}
 }
