@@ -168,7 +168,7 @@ func GPUProblemCondition(conditions []corev1.NodeCondition, records []repairv1.G
 		if r.Status.Class.Rank() > worst.Rank() {
 			worst = r.Status.Class
 		}
-		parts = append(parts, GPUName(r.Spec.GPU)+": "+describe(r.Status.Faults, true))
+		parts = append(parts, r.Spec.GPU.Describe()+": "+describe(r.Status.Faults, true))
 	}
 	if worst != "" {
 		want.Status, want.Reason, want.Message = corev1.ConditionTrue, string(worst), truncate(strings.Join(parts, "; "), maxConditionMessage)
@@ -255,26 +255,6 @@ func objectName(s string) string {
 	h := fnv.New32a()
 	_, _ = h.Write([]byte(s))
 	return strings.TrimRight(s[:limit-9], "-.") + fmt.Sprintf("-%08x", h.Sum32())
-}
-
-// GPUName names a GPU for people: "GPU 3 (GPU-5c1b…, 0000:3b:00.0)"; a
-// record of unidentified GPUs is "unidentified GPUs".
-func GPUName(g repairv1.GPURef) string {
-	var ids []string
-	if g.UUID != "" {
-		ids = append(ids, g.UUID)
-	}
-	if g.PCIBusID != "" {
-		ids = append(ids, g.PCIBusID)
-	}
-	switch {
-	case len(ids) == 0:
-		return "unidentified GPUs"
-	case g.Index != nil:
-		return fmt.Sprintf("GPU %d (%s)", *g.Index, strings.Join(ids, ", "))
-	default:
-		return "GPU " + strings.Join(ids, ", ")
-	}
 }
 
 // workSet is the node's records being updated.

@@ -171,7 +171,7 @@ func writeRecords(ctx context.Context, c client.Client, old map[string]repairv1.
 		after[w.Name] = cur
 		if old[w.Name].Status.Class != w.Status.Class || !existed {
 			log.Info("GPU fault record written", "gpufault", klog.KObj(&cur), "node", w.Spec.NodeName,
-				"gpu", GPUName(w.Spec.GPU), "class", w.Status.Class, "faults", w.Status.Summary)
+				"gpu", w.Spec.GPU.Describe(), "class", w.Status.Class, "faults", w.Status.Summary)
 		}
 	}
 	return after, nil

@@ -91,7 +91,7 @@ func (h HostExecutor) resetGPUs(ctx context.Context, gpus []repairv1.GPURef) (er
 	log := ctrl.LoggerFrom(ctx)
 	for _, g := range gpus {
 		if g.PCIBusID == "" {
-			return fmt.Errorf("cannot reset %s: no PCI bus ID", GPUName(g))
+			return fmt.Errorf("cannot reset %s: no PCI bus ID", g.Describe())
 		}
 		out, err := h.host(ctx, "nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader", "-i", g.PCIBusID)
 		if err != nil {

@@ -90,9 +90,17 @@ func NewManager(cfg *rest.Config, opts Options) (manager.Manager, error) {
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:  scheme,
 		Metrics: metricsserver.Options{BindAddress: "0"},
-		Cache: cache.Options{ByObject: map[client.Object]cache.ByObject{
-			&corev1.Node{}: {Field: fieldsForNode(opts.NodeName)},
-		}},
+		// The agent caches its own node and its node's NodeRepairs and
+		// GPUFaults only (the CRDs make spec.nodeName selectable), without
+		// managed fields: it runs on every node and must stay small.
+		Cache: cache.Options{
+			ByObject: map[client.Object]cache.ByObject{
+				&corev1.Node{}:         {Field: fieldsForNode(opts.NodeName)},
+				&repairv1.NodeRepair{}: {Field: fields.OneTermEqualSelector("spec.nodeName", opts.NodeName)},
+				&repairv1.GPUFault{}:   {Field: fields.OneTermEqualSelector("spec.nodeName", opts.NodeName)},
+			},
+			DefaultTransform: cache.TransformStripManagedFields(),
+		},
 		Controller: opts.Controller,
 		Logger:     opts.Logger,
 	})

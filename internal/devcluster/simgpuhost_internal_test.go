@@ -331,7 +331,7 @@ func TestSimHostThroughTheAgentCore(t *testing.T) {
 	writes := agent.DetectGPUFaults(agent.GPUState{Node: node.Name, BootID: "boot-1", Capacity: 8, Observed: obs}, simT)
 	var got []string
 	for _, w := range writes {
-		got = append(got, w.Name+" "+agent.GPUName(w.Spec.GPU)+" "+string(w.Status.Class))
+		got = append(got, w.Name+" "+w.Spec.GPU.Describe()+" "+string(w.Status.Class))
 	}
 	g3, g5 := SimGPU("gpu-003", 3), SimGPU("gpu-003", 5)
 	want := []string{"gpu-003-0000-28-00-0 GPU 3 (" + g3.UUID + ", 0000:28:00.0) ResetGPU",

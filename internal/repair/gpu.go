@@ -48,9 +48,9 @@ func gpuRepair(r *repairv1.NodeRepair, gpus []*repairv1.GPUFault, limit *repairv
 		r.Spec.GPUs = append(r.Spec.GPUs, g.Spec.GPU)
 		switch n := occurrencesSince(g, now.Add(-window)); {
 		case g.Status.Class == repairv1.GPUClassReplace:
-			replace = append(replace, fmt.Sprintf("%s: %s", GPUName(g.Spec.GPU), g.Status.Summary))
+			replace = append(replace, fmt.Sprintf("%s: %s", g.Spec.GPU.Describe(), g.Status.Summary))
 		case n >= int(count):
-			replace = append(replace, fmt.Sprintf("%s: out of service %d times within %s (replaceAfter %d)", GPUName(g.Spec.GPU), n, window, count))
+			replace = append(replace, fmt.Sprintf("%s: out of service %d times within %s (replaceAfter %d)", g.Spec.GPU.Describe(), n, window, count))
 		}
 	}
 	if len(replace) > 0 {
@@ -68,24 +68,11 @@ func occurrencesSince(g *repairv1.GPUFault, from time.Time) int {
 	return n
 }
 
-// GPUName names a GPU for people: "GPU 3 (GPU-5c1b…, 0000:3b:00.0)".
-func GPUName(g repairv1.GPURef) string {
-	var ids []string
-	if g.UUID != "" {
-		ids = append(ids, g.UUID)
-	}
-	ids = append(ids, g.PCIBusID)
-	if g.Index != nil {
-		return fmt.Sprintf("GPU %d (%s)", *g.Index, strings.Join(ids, ", "))
-	}
-	return fmt.Sprintf("GPU %s", strings.Join(ids, ", "))
-}
-
 // gpuNames lists GPUs for people.
 func gpuNames(gpus []repairv1.GPURef) string {
 	names := make([]string, len(gpus))
 	for i, g := range gpus {
-		names[i] = GPUName(g)
+		names[i] = g.Describe()
 	}
 	return strings.Join(names, ", ")
 }

@@ -182,8 +182,8 @@ func neverCordoned(t *testing.T, node string) func() bool {
 // NodeMaintenance, without cordoning the node; the agent resets it and it
 // returns to service.
 func TestGPUFaultIsolatesDrainsOnlyItsPodsResetsAndReturnsTheGPU(t *testing.T) {
-	counted, requests := devcluster.CountRequests(env.OperatorConfig)
 	devtest.NeedCluster(t)
+	counted, requests := devcluster.CountRequests(env.OperatorConfig)
 	const node = "b-0"
 	cleanGPUs(t, node)
 	startStoppableOn(t, counted, nil, "maintenance", "repair")

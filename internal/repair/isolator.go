@@ -91,7 +91,7 @@ func (r *Isolator) Reconcile(ctx context.Context, req reconcile.Request) (reconc
 		have = nil
 	}
 	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: gf.Spec.NodeName}}
-	log := ctrl.LoggerFrom(ctx).WithValues("node", gf.Spec.NodeName, "gpu", GPUName(gf.Spec.GPU))
+	log := ctrl.LoggerFrom(ctx).WithValues("node", gf.Spec.NodeName, "gpu", gf.Spec.GPU.Describe())
 	switch {
 	case want.rule != nil && have == nil:
 		if err := r.Client.Create(ctx, want.rule); err != nil && !apierrors.IsAlreadyExists(err) {
@@ -99,7 +99,7 @@ func (r *Isolator) Reconcile(ctx context.Context, req reconcile.Request) (reconc
 		}
 		log.Info("GPU isolated", "deviceTaintRule", want.rule.Name, "class", gf.Status.Class)
 		r.Recorder.Eventf(node, gf, corev1.EventTypeWarning, ReasonIsolated, actionIsolate, "%s of node %s isolated (%s): %s",
-			GPUName(gf.Spec.GPU), gf.Spec.NodeName, want.note, gf.Status.Summary)
+			gf.Spec.GPU.Describe(), gf.Spec.NodeName, want.note, gf.Status.Summary)
 	case want.rule != nil && !sameSelector(have, want.rule):
 		have = have.DeepCopy()
 		have.Spec = want.rule.Spec
@@ -112,7 +112,7 @@ func (r *Isolator) Reconcile(ctx context.Context, req reconcile.Request) (reconc
 		}
 		log.Info("GPU back in service", "deviceTaintRule", have.Name)
 		r.Recorder.Eventf(node, gf, corev1.EventTypeNormal, ReasonReturned, actionIsolate, "%s of node %s is back in service (DeviceTaintRule %s deleted)",
-			GPUName(gf.Spec.GPU), gf.Spec.NodeName, have.Name)
+			gf.Spec.GPU.Describe(), gf.Spec.NodeName, have.Name)
 	}
 	if err := r.count(ctx); err != nil {
 		return reconcile.Result{}, err

@@ -15,6 +15,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	repairv1 "github.com/gpufleet/gpufleet/api/repair/v1alpha1"
+	"github.com/gpufleet/gpufleet/internal/agent"
 	"github.com/gpufleet/gpufleet/internal/devcluster"
 	"github.com/gpufleet/gpufleet/internal/devcluster/devtest"
 	"github.com/gpufleet/gpufleet/internal/repair"
@@ -28,7 +29,7 @@ import (
 func gpuFault(t *testing.T, node string, i int, class repairv1.GPUFaultClass) *repairv1.GPUFault {
 	t.Helper()
 	ref := devcluster.SimGPU(node, i)
-	gf := &repairv1.GPUFault{ObjectMeta: metav1.ObjectMeta{Name: node + "-" + strings.NewReplacer(":", "-", ".", "-").Replace(ref.PCIBusID)},
+	gf := &repairv1.GPUFault{ObjectMeta: metav1.ObjectMeta{Name: agent.GPUFaultName(node, ref.PCIBusID)},
 		Spec: repairv1.GPUFaultSpec{NodeName: node, GPU: ref}}
 	if err := env.Kube.Create(t.Context(), gf); err != nil {
 		t.Fatal(err)

@@ -1,6 +1,9 @@
 package v1alpha1
 
 import (
+	"fmt"
+	"strings"
+
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
@@ -70,6 +73,27 @@ type GPURef struct {
 	// PCIBusID in the long form, e.g. 0000:3b:00.0.
 	// +kubebuilder:validation:MaxLength=32
 	PCIBusID string `json:"pciBusID"`
+}
+
+// Describe names a GPU for people: "GPU 3 (GPU-5c1b…, 0000:3b:00.0)"; a
+// reference without any identity is "unidentified GPUs" (the record of
+// GPUs missing from a node that nothing identifies).
+func (g GPURef) Describe() string {
+	var ids []string
+	if g.UUID != "" {
+		ids = append(ids, g.UUID)
+	}
+	if g.PCIBusID != "" {
+		ids = append(ids, g.PCIBusID)
+	}
+	switch {
+	case len(ids) == 0:
+		return "unidentified GPUs"
+	case g.Index != nil:
+		return fmt.Sprintf("GPU %d (%s)", *g.Index, strings.Join(ids, ", "))
+	default:
+		return "GPU " + strings.Join(ids, ", ")
+	}
 }
 
 // GPUFaultEntry is one kind of fault seen on a GPU.
@@ -144,6 +168,7 @@ func (g *GPUFault) InService() bool { return !g.Status.Class.Repairs() }
 // +kubebuilder:object:root=true
 // +kubebuilder:subresource:status
 // +kubebuilder:resource:scope=Cluster,shortName=gpuf
+// +kubebuilder:selectablefield:JSONPath=`.spec.nodeName`
 // +kubebuilder:printcolumn:name="Node",type="string",JSONPath=`.spec.nodeName`
 // +kubebuilder:printcolumn:name="GPU",type="integer",JSONPath=`.spec.gpu.index`
 // +kubebuilder:printcolumn:name="PCI",type="string",JSONPath=`.spec.gpu.pciBusID`

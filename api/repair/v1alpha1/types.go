@@ -325,6 +325,7 @@ type NodeRepairStatus struct {
 // +kubebuilder:object:root=true
 // +kubebuilder:subresource:status
 // +kubebuilder:resource:scope=Cluster,shortName=nr
+// +kubebuilder:selectablefield:JSONPath=`.spec.nodeName`
 // +kubebuilder:printcolumn:name="Node",type="string",JSONPath=`.spec.nodeName`
 // +kubebuilder:printcolumn:name="Pool",type="string",JSONPath=`.spec.pool`
 // +kubebuilder:printcolumn:name="Fault",type="string",JSONPath=`.spec.fault.rule`
