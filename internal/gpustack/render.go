@@ -327,6 +327,7 @@ func customise(ds *appsv1.DaemonSet, policy *nvidiav1.ClusterPolicy, c Component
 		ctr.Args = slices.Clone(spec.Args)
 	}
 	ctr.Env = mergeEnv(ctr.Env, componentEnv(policy, c.Key))
+	configMaps(ps, policy, c.Key)
 	ctr.Env = mergeEnv(ctr.Env, spec.Env)
 	if spec.Resources != nil {
 		ctr.Resources = *spec.Resources.DeepCopy()
@@ -368,6 +369,34 @@ func componentEnv(policy *nvidiav1.ClusterPolicy, key string) []corev1.EnvVar {
 		}
 	}
 	return nil
+}
+
+// configMaps mounts the ConfigMaps a policy names into a component's main
+// container, where gpu-operator mounts them: dcgmExporter.config (the
+// metrics to export, key dcgm-metrics.csv) and migManager.config (the
+// mig-parted configuration, key config.yaml).
+func configMaps(ps *corev1.PodSpec, policy *nvidiav1.ClusterPolicy, key string) {
+	ctr := &ps.Containers[0]
+	mount := func(volume, configMap string, items []corev1.KeyToPath, m corev1.VolumeMount, env corev1.EnvVar) {
+		ps.Volumes = append(ps.Volumes, corev1.Volume{Name: volume, VolumeSource: corev1.VolumeSource{
+			ConfigMap: &corev1.ConfigMapVolumeSource{LocalObjectReference: corev1.LocalObjectReference{Name: configMap}, Items: items}}})
+		m.Name, m.ReadOnly = volume, true
+		ctr.VolumeMounts = append(ctr.VolumeMounts, m)
+		ctr.Env = mergeEnv(ctr.Env, []corev1.EnvVar{env})
+	}
+	switch key {
+	case DCGMExporter:
+		if cfg := policy.Spec.DCGMExporter.Config; cfg != nil && cfg.Name != "" {
+			const file, path = "dcgm-metrics.csv", "/etc/dcgm-exporter/dcgm-metrics.csv"
+			mount("metrics-config", cfg.Name, []corev1.KeyToPath{{Key: file, Path: file}},
+				corev1.VolumeMount{MountPath: path, SubPath: file}, corev1.EnvVar{Name: "DCGM_EXPORTER_COLLECTORS", Value: path})
+		}
+	case MIGManager:
+		if cfg := policy.Spec.MIGManager.Config; cfg != nil && cfg.Name != "" {
+			mount("mig-parted-config", cfg.Name, nil, corev1.VolumeMount{MountPath: "/mig-parted-config"},
+				corev1.EnvVar{Name: "CONFIG_FILE", Value: "/mig-parted-config/config.yaml"})
+		}
+	}
 }
 
 // migStrategy is spec.mig.strategy, or the 1.x place gfd.migStrategy.
