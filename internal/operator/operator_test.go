@@ -9,6 +9,7 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
+	resourcev1 "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -111,7 +112,7 @@ func TestSchemeHasEveryKind(t *testing.T) {
 		"maintenance.nvidia.com": {maintenancev1.GroupVersion,
 			own("MaintenanceOperatorConfig", "MaintenanceOperatorConfigList", "NodeMaintenance", "NodeMaintenanceList")},
 		"nvidia.com":          {nvidiav1.GroupVersion, own("ClusterPolicy", "ClusterPolicyList")},
-		"repair.gpufleet.dev": {repairv1.GroupVersion, own("NodeRepair", "NodeRepairList", "NodeRepairPolicy", "NodeRepairPolicyList")},
+		"repair.gpufleet.dev": {repairv1.GroupVersion, own("GPUFault", "GPUFaultList", "NodeRepair", "NodeRepairList", "NodeRepairPolicy", "NodeRepairPolicyList")},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
@@ -122,7 +123,8 @@ func TestSchemeHasEveryKind(t *testing.T) {
 	}
 	// The Kubernetes kinds the controllers read and write.
 	for _, obj := range []runtime.Object{&corev1.Node{}, &corev1.Pod{}, &corev1.Event{}, &corev1.ConfigMap{},
-		&policyv1.Eviction{}, &policyv1.PodDisruptionBudget{}, &appsv1.DaemonSet{}, &coordinationv1.Lease{}} {
+		&policyv1.Eviction{}, &policyv1.PodDisruptionBudget{}, &appsv1.DaemonSet{}, &coordinationv1.Lease{},
+		&resourcev1.ResourceSlice{}, &resourcev1.ResourceClaim{}, &resourcev1.DeviceTaintRule{}} {
 		if gvks, _, err := s.ObjectKinds(obj); err != nil || len(gvks) == 0 {
 			t.Errorf("%T is not in the scheme: %v", obj, err)
 		}
