@@ -11,6 +11,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
+	maintenancev1 "github.com/gpufleet/gpufleet/api/maintenance/v1alpha1"
 	repairv1 "github.com/gpufleet/gpufleet/api/repair/v1alpha1"
 )
 
@@ -50,15 +51,33 @@ func TestDetectGPUFaults(t *testing.T) {
 		Actions        []repairv1.Action
 		GPUs           []string
 		Recommendation string
+		DryRun         bool
+		IgnoreReason   string
 	}
+	held := maintenancev1.NodeMaintenance{Spec: maintenancev1.NodeMaintenanceSpec{NodeName: "a-0", RequestorID: "human.example.com"}}
+	held.Status.Conditions = []metav1.Condition{{Type: maintenancev1.ConditionTypeReady, Reason: string(maintenancev1.PhaseDraining)}}
 	tests := map[string]struct {
-		policy  *repairv1.NodeRepairPolicy
-		nodes   []corev1.Node
-		gpus    []repairv1.GPUFault
-		repairs []repairv1.NodeRepair
-		want    []want
-		blocked string
+		policy       *repairv1.NodeRepairPolicy
+		nodes        []corev1.Node
+		gpus         []repairv1.GPUFault
+		repairs      []repairv1.NodeRepair
+		maintenances []maintenancev1.NodeMaintenance
+		want         []want
+		blocked      string
 	}{
+		"a dry run records the GPU repair it would run": {
+			policy: defaults(func(s *repairv1.NodeRepairPolicySpec) { s.DryRun = true }),
+			nodes:  []corev1.Node{gpuNode("a-0", "a", repairv1.GPUClassResetGPU, since)},
+			gpus:   []repairv1.GPUFault{gpuRecord("a-0", 3, repairv1.GPUClassResetGPU, since)},
+			want:   []want{{Node: "a-0", Actions: []repairv1.Action{repairv1.ActionResetGPU, repairv1.ActionReboot}, GPUs: []string{"0000:18:00.0"}, DryRun: true}},
+		},
+		"a node held by another requestor gets an ignore record": {
+			policy:       defaults(nil),
+			nodes:        []corev1.Node{gpuNode("a-0", "a", repairv1.GPUClassResetGPU, since)},
+			gpus:         []repairv1.GPUFault{gpuRecord("a-0", 3, repairv1.GPUClassResetGPU, since)},
+			maintenances: []maintenancev1.NodeMaintenance{held},
+			want:         []want{{Node: "a-0", Actions: []repairv1.Action{repairv1.ActionResetGPU, repairv1.ActionReboot}, IgnoreReason: "node is in planned maintenance by human.example.com"}},
+		},
 		"a GPU needing a reset: reset it, then reboot": {
 			policy: defaults(nil),
 			nodes:  []corev1.Node{gpuNode("a-0", "a", repairv1.GPUClassResetGPU, since)},
@@ -119,10 +138,10 @@ func TestDetectGPUFaults(t *testing.T) {
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
-			d := Detect(DetectInput{Policy: tc.policy, Nodes: tc.nodes, GPUFaults: tc.gpus, Repairs: tc.repairs, Now: t0})
+			d := Detect(DetectInput{Policy: tc.policy, Nodes: tc.nodes, GPUFaults: tc.gpus, Repairs: tc.repairs, Maintenances: tc.maintenances, Now: t0})
 			var got []want
 			for _, r := range d.Create {
-				w := want{Node: r.Spec.NodeName, Actions: r.Spec.Actions, Recommendation: r.Spec.Recommendation}
+				w := want{Node: r.Spec.NodeName, Actions: r.Spec.Actions, Recommendation: r.Spec.Recommendation, DryRun: r.Spec.DryRun, IgnoreReason: r.Spec.IgnoreReason}
 				for _, g := range r.Spec.GPUs {
 					w.GPUs = append(w.GPUs, g.PCIBusID)
 				}
