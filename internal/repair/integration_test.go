@@ -690,10 +690,19 @@ func TestDefaultRulesFireAtTheirThreshold(t *testing.T) {
 			}
 			c := corev1.NodeCondition{Type: corev1.NodeConditionType(rule.ConditionType), Status: corev1.ConditionStatus(rule.Status),
 				Reason: reason, Message: rule.MessageContains}
-			if err := env.SetNodeCondition(t.Context(), node, c); err != nil {
+			if rule.ConditionType == repairv1.ConditionGPUProblem {
+				// The node agent writes this condition from its GPUFault
+				// records (the detector waits for them): fault a GPU of
+				// the simulated host instead.
+				injectGPUFault(t, node, repairv1.GPUFaultClass(rule.Reason))
+			} else if err := env.SetNodeCondition(t.Context(), node, c); err != nil {
 				t.Fatal(err)
 			}
 			t.Cleanup(func() {
+				if rule.ConditionType == repairv1.ConditionGPUProblem {
+					_ = env.ClearSimGPUs(context.Background(), node)
+					_ = env.Kube.DeleteAllOf(context.Background(), &repairv1.GPUFault{})
+				}
 				// Clear the fault first and wait for it to be gone, so that
 				// no new repair of it starts while cleaning up.
 				_ = env.ClearNodeCondition(context.Background(), node, c.Type)
@@ -739,5 +748,40 @@ func TestDefaultRulesFireAtTheirThreshold(t *testing.T) {
 				t.Errorf("no %s event: %s", repair.ReasonStart, evs)
 			}
 		})
+	}
+}
+
+// injectGPUFault faults a GPU of node's simulated host so that the agent
+// reports GPUProblem with reason class, and waits for the condition.
+func injectGPUFault(t *testing.T, node string, class repairv1.GPUFaultClass) {
+	t.Helper()
+	var err error
+	switch class {
+	case repairv1.GPUClassResetGPU:
+		err = env.InjectXID(t.Context(), node, 3, 48) // uncorrectable ECC error
+	case repairv1.GPUClassReboot:
+		err = env.InjectXID(t.Context(), node, 5, 79) // fell off the bus
+	case repairv1.GPUClassReplace:
+		err = env.SetGPUState(t.Context(), node, 6, func(s *devcluster.SimGPUState) { s.RowRemapFailure = true })
+	default:
+		t.Fatalf("no simulated fault of class %q", class)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = wait.PollUntilContextTimeout(t.Context(), 50*time.Millisecond, 20*time.Second, true, func(ctx context.Context) (bool, error) {
+		n, err := env.Client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+		if err != nil {
+			return false, nil //nolint:nilerr // keep polling
+		}
+		for _, c := range n.Status.Conditions {
+			if c.Type == repairv1.ConditionGPUProblem {
+				return c.Status == corev1.ConditionTrue && c.Reason == string(class), nil
+			}
+		}
+		return false, nil
+	})
+	if err != nil {
+		t.Fatalf("the agent did not report GPUProblem=True/%s on %s within 20s", class, node)
 	}
 }
