@@ -127,7 +127,7 @@ func waitTaintRule(t *testing.T, node string, i int, want bool, timeout time.Dur
 	err := wait.PollUntilContextTimeout(t.Context(), 10*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
 		err := env.Kube.Get(ctx, types.NamespacedName{Name: name}, &resourcev1.DeviceTaintRule{})
 		if err != nil && !apierrors.IsNotFound(err) {
-			return false, nil //nolint:nilerr // keep polling
+			return false, nil // keep polling
 		}
 		seen = time.Now()
 		return (err == nil) == want, nil

@@ -15,10 +15,10 @@ import (
 	repairv1 "github.com/gpufleet/gpufleet/api/repair/v1alpha1"
 )
 
-// gpuNode is a node of pool whose agent reports GPUProblem=True with
+// gpuNode is a node of pool "a" whose agent reports GPUProblem=True with
 // reason class, seen by gpufleet since `since`.
-func gpuNode(name, pool string, class repairv1.GPUFaultClass, since time.Time) corev1.Node {
-	n := corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{DefaultPoolLabel: pool}}}
+func gpuNode(name string, class repairv1.GPUFaultClass, since time.Time) corev1.Node {
+	n := corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{DefaultPoolLabel: "a"}}}
 	n.Status.Conditions = []corev1.NodeCondition{{Type: repairv1.ConditionGPUProblem, Status: corev1.ConditionTrue, Reason: string(class)}}
 	rule := map[repairv1.GPUFaultClass]string{repairv1.GPUClassResetGPU: "gpu-reset", repairv1.GPUClassReboot: "gpu-reboot", repairv1.GPUClassReplace: "gpu-replace"}[class]
 	data, _ := json.Marshal(map[string]string{rule: since.Format(time.RFC3339)})
@@ -67,39 +67,39 @@ func TestDetectGPUFaults(t *testing.T) {
 	}{
 		"a dry run records the GPU repair it would run": {
 			policy: defaults(func(s *repairv1.NodeRepairPolicySpec) { s.DryRun = true }),
-			nodes:  []corev1.Node{gpuNode("a-0", "a", repairv1.GPUClassResetGPU, since)},
+			nodes:  []corev1.Node{gpuNode("a-0", repairv1.GPUClassResetGPU, since)},
 			gpus:   []repairv1.GPUFault{gpuRecord("a-0", 3, repairv1.GPUClassResetGPU, since)},
 			want:   []want{{Node: "a-0", Actions: []repairv1.Action{repairv1.ActionResetGPU, repairv1.ActionReboot}, GPUs: []string{"0000:18:00.0"}, DryRun: true}},
 		},
 		"a node held by another requestor gets an ignore record": {
 			policy:       defaults(nil),
-			nodes:        []corev1.Node{gpuNode("a-0", "a", repairv1.GPUClassResetGPU, since)},
+			nodes:        []corev1.Node{gpuNode("a-0", repairv1.GPUClassResetGPU, since)},
 			gpus:         []repairv1.GPUFault{gpuRecord("a-0", 3, repairv1.GPUClassResetGPU, since)},
 			maintenances: []maintenancev1.NodeMaintenance{held},
 			want:         []want{{Node: "a-0", Actions: []repairv1.Action{repairv1.ActionResetGPU, repairv1.ActionReboot}, IgnoreReason: "node is in planned maintenance by human.example.com"}},
 		},
 		"a GPU needing a reset: reset it, then reboot": {
 			policy: defaults(nil),
-			nodes:  []corev1.Node{gpuNode("a-0", "a", repairv1.GPUClassResetGPU, since)},
+			nodes:  []corev1.Node{gpuNode("a-0", repairv1.GPUClassResetGPU, since)},
 			gpus:   []repairv1.GPUFault{gpuRecord("a-0", 3, repairv1.GPUClassResetGPU, since)},
 			want:   []want{{Node: "a-0", Actions: []repairv1.Action{repairv1.ActionResetGPU, repairv1.ActionReboot}, GPUs: []string{"0000:18:00.0"}}},
 		},
 		"without reboots, the reset only": {
 			policy: defaults(func(s *repairv1.NodeRepairPolicySpec) { s.AllowReboot = false }),
-			nodes:  []corev1.Node{gpuNode("a-0", "a", repairv1.GPUClassResetGPU, since)},
+			nodes:  []corev1.Node{gpuNode("a-0", repairv1.GPUClassResetGPU, since)},
 			gpus:   []repairv1.GPUFault{gpuRecord("a-0", 3, repairv1.GPUClassResetGPU, since)},
 			want:   []want{{Node: "a-0", Actions: []repairv1.Action{repairv1.ActionResetGPU}, GPUs: []string{"0000:18:00.0"}}},
 		},
 		"a GPU out of service for the third time in a day is reported for replacement": {
 			policy: defaults(nil),
-			nodes:  []corev1.Node{gpuNode("a-0", "a", repairv1.GPUClassResetGPU, since)},
+			nodes:  []corev1.Node{gpuNode("a-0", repairv1.GPUClassResetGPU, since)},
 			gpus:   []repairv1.GPUFault{gpuRecord("a-0", 3, repairv1.GPUClassResetGPU, t0.Add(-20*time.Hour), t0.Add(-2*time.Hour), since)},
 			want: []want{{Node: "a-0", GPUs: []string{"0000:18:00.0"},
 				Recommendation: "replace GPU 3 (GPU-a-0, 0000:18:00.0): out of service 3 times within 24h0m0s (replaceAfter 3)"}},
 		},
 		"occurrences older than the window do not count": {
 			policy: defaults(nil),
-			nodes:  []corev1.Node{gpuNode("a-0", "a", repairv1.GPUClassResetGPU, since)},
+			nodes:  []corev1.Node{gpuNode("a-0", repairv1.GPUClassResetGPU, since)},
 			gpus:   []repairv1.GPUFault{gpuRecord("a-0", 3, repairv1.GPUClassResetGPU, t0.Add(-30*time.Hour), t0.Add(-25*time.Hour), since)},
 			want:   []want{{Node: "a-0", Actions: []repairv1.Action{repairv1.ActionResetGPU, repairv1.ActionReboot}, GPUs: []string{"0000:18:00.0"}}},
 		},
@@ -107,31 +107,31 @@ func TestDetectGPUFaults(t *testing.T) {
 			policy: defaults(func(s *repairv1.NodeRepairPolicySpec) {
 				s.GPU.ReplaceAfter = &repairv1.RepeatLimit{Count: 2, WindowSeconds: 3600}
 			}),
-			nodes: []corev1.Node{gpuNode("a-0", "a", repairv1.GPUClassResetGPU, since)},
+			nodes: []corev1.Node{gpuNode("a-0", repairv1.GPUClassResetGPU, since)},
 			gpus:  []repairv1.GPUFault{gpuRecord("a-0", 3, repairv1.GPUClassResetGPU, t0.Add(-30*time.Minute), since)},
 			want: []want{{Node: "a-0", GPUs: []string{"0000:18:00.0"},
 				Recommendation: "replace GPU 3 (GPU-a-0, 0000:18:00.0): out of service 2 times within 1h0m0s (replaceAfter 2)"}},
 		},
 		"a fault that calls for replacement is reported, not repaired": {
 			policy: defaults(nil),
-			nodes:  []corev1.Node{gpuNode("a-0", "a", repairv1.GPUClassReplace, since)},
+			nodes:  []corev1.Node{gpuNode("a-0", repairv1.GPUClassReplace, since)},
 			gpus:   []repairv1.GPUFault{gpuRecord("a-0", 3, repairv1.GPUClassReplace, since)},
 			want:   []want{{Node: "a-0", GPUs: []string{"0000:18:00.0"}, Recommendation: "replace GPU 3 (GPU-a-0, 0000:18:00.0): Xid 48 (DBE ECC)"}},
 		},
 		"the condition without the records waits for them": {
 			policy:  defaults(nil),
-			nodes:   []corev1.Node{gpuNode("a-0", "a", repairv1.GPUClassResetGPU, since)},
+			nodes:   []corev1.Node{gpuNode("a-0", repairv1.GPUClassResetGPU, since)},
 			blocked: "a-0: waiting for the node agent's GPUFault records",
 		},
 		"a GPU of another node does not count": {
 			policy:  defaults(nil),
-			nodes:   []corev1.Node{gpuNode("a-0", "a", repairv1.GPUClassResetGPU, since)},
+			nodes:   []corev1.Node{gpuNode("a-0", repairv1.GPUClassResetGPU, since)},
 			gpus:    []repairv1.GPUFault{gpuRecord("b-0", 3, repairv1.GPUClassResetGPU, since)},
 			blocked: "a-0: waiting for the node agent's GPUFault records",
 		},
 		"one GPU repair per pool, like any repair": {
 			policy: defaults(nil),
-			nodes:  []corev1.Node{gpuNode("a-0", "a", repairv1.GPUClassResetGPU, since), gpuNode("a-1", "a", repairv1.GPUClassReboot, since)},
+			nodes:  []corev1.Node{gpuNode("a-0", repairv1.GPUClassResetGPU, since), gpuNode("a-1", repairv1.GPUClassReboot, since)},
 			gpus:   []repairv1.GPUFault{gpuRecord("a-0", 3, repairv1.GPUClassResetGPU, since), gpuRecord("a-1", 5, repairv1.GPUClassReboot, since)},
 			want:   []want{{Node: "a-0", Actions: []repairv1.Action{repairv1.ActionResetGPU, repairv1.ActionReboot}, GPUs: []string{"0000:18:00.0"}}},
 		},
@@ -169,7 +169,7 @@ func TestDetectReplaceRecommendationDoesNotSuspendThePool(t *testing.T) {
 	})
 	d := Detect(DetectInput{
 		Policy:    testPolicy(func(s *repairv1.NodeRepairPolicySpec) { s.Rules = nil }),
-		Nodes:     []corev1.Node{gpuNode("a-0", "a", repairv1.GPUClassReplace, since), faultyNode("a-1", "a", since)},
+		Nodes:     []corev1.Node{gpuNode("a-0", repairv1.GPUClassReplace, since), faultyNode("a-1", "a", since)},
 		GPUFaults: []repairv1.GPUFault{gpuRecord("a-0", 3, repairv1.GPUClassReplace, since)},
 		Repairs:   []repairv1.NodeRepair{failed},
 		Now:       t0,

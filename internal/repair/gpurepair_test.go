@@ -26,7 +26,7 @@ var gpuResetRule = repairv1.Rule{Name: "gpu-reset", ConditionType: repairv1.Cond
 // claimPod creates a pod on node whose claim was allocated the node's
 // device gpu-<i> (written as the scheduler would; no scheduler runs in the
 // direct tests' objects: the pod is bound by nodeName). i < 0: no claim.
-func claimPod(t *testing.T, name, node string, i int) *corev1.Pod {
+func claimPod(t *testing.T, name, node string, i int) {
 	t.Helper()
 	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name},
 		Spec: corev1.PodSpec{NodeName: node, Containers: []corev1.Container{{Name: "c", Image: "busybox"}}}}
@@ -50,7 +50,6 @@ func claimPod(t *testing.T, name, node string, i int) *corev1.Pod {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = env.Kube.Delete(context.Background(), pod, client.GracePeriodSeconds(0)) })
-	return pod
 }
 
 // addRule adds a rule to the test policy.
