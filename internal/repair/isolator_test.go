@@ -230,6 +230,7 @@ func TestIsolatorGPUNotPublishedThroughDRA(t *testing.T) {
 	}
 }
 
+// drain returns the events recorded so far.
 func drain(rec *events.FakeRecorder) []string {
 	var out []string
 	for {

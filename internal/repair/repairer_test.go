@@ -75,17 +75,7 @@ func (d *direct) reconcile(name string) (reconcile.Result, *repairv1.NodeRepair)
 	return res, got
 }
 
-func (d *direct) events() []string {
-	var out []string
-	for {
-		select {
-		case e := <-d.rec.Events:
-			out = append(out, e)
-		default:
-			return out
-		}
-	}
-}
+func (d *direct) events() []string { return drain(d.rec) }
 
 func nodeLabel(t *testing.T, node string) string {
 	t.Helper()
