@@ -166,11 +166,11 @@ func (r *Isolator) desired(ctx context.Context, gf *repairv1.GPUFault) (isolatio
 	if err != nil || policy == nil {
 		return isolation{note: "no NodeRepairPolicy selects the node: not isolated"}, err
 	}
-	var slices resourcev1.ResourceSliceList
-	if err := r.Client.List(ctx, &slices); err != nil {
+	var published resourcev1.ResourceSliceList
+	if err := r.Client.List(ctx, &published); err != nil {
 		return isolation{}, fmt.Errorf("listing ResourceSlices: %w", err)
 	}
-	dev, ok := DeviceOf(slices.Items, draDriver(&policy.Spec), node.Name, gf.Spec.GPU)
+	dev, ok := DeviceOf(published.Items, draDriver(&policy.Spec), node.Name, gf.Spec.GPU)
 	switch {
 	case !ok:
 		return isolation{note: devicePluginNote(node, draDriver(&policy.Spec))}, nil

@@ -449,14 +449,14 @@ func (r *Repairer) gpuDrainRequest(ctx context.Context, l *ladder) (requestor.Re
 	if err := r.Live.List(ctx, &pods, client.MatchingFields{"spec.nodeName": node}); err != nil {
 		return requestor.Request{}, "", fmt.Errorf("listing pods on node %s: %w", node, err)
 	}
-	var slices resourcev1.ResourceSliceList
-	if err := r.Live.List(ctx, &slices, client.MatchingFields{"spec.nodeName": node}); err != nil && !meta.IsNoMatchError(err) {
+	var published resourcev1.ResourceSliceList
+	if err := r.Live.List(ctx, &published, client.MatchingFields{"spec.nodeName": node}); err != nil && !meta.IsNoMatchError(err) {
 		return requestor.Request{}, "", fmt.Errorf("listing ResourceSlices of node %s: %w", node, err)
 	}
 	driver := draDriver(&l.policy.Spec)
 	var devices []Device
 	for _, g := range l.nr.Spec.GPUs {
-		if d, ok := DeviceOf(slices.Items, driver, node, g); ok {
+		if d, ok := DeviceOf(published.Items, driver, node, g); ok {
 			devices = append(devices, d)
 		}
 	}
