@@ -10,7 +10,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/labels"
 
 	repairv1 "github.com/gpufleet/gpufleet/api/repair/v1alpha1"
 	"github.com/gpufleet/gpufleet/internal/gpufault"
@@ -204,7 +203,7 @@ func XIDClassesFor(node *corev1.Node, policies []repairv1.NodeRepairPolicy) map[
 	var out map[int]gpufault.Class
 	for i := range policies {
 		p := &policies[i]
-		if len(p.Spec.GPU.XIDClasses) == 0 || !selects(p, node) {
+		if len(p.Spec.GPU.XIDClasses) == 0 || !p.SelectsLabels(node.Labels) {
 			continue
 		}
 		for _, x := range p.Spec.GPU.XIDClasses {
@@ -221,17 +220,6 @@ func XIDClassesFor(node *corev1.Node, policies []repairv1.NodeRepairPolicy) map[
 		}
 	}
 	return out
-}
-
-func selects(p *repairv1.NodeRepairPolicy, node *corev1.Node) bool {
-	if p.Spec.NodeSelector == nil {
-		return true
-	}
-	sel, err := metav1.LabelSelectorAsSelector(p.Spec.NodeSelector)
-	if err != nil {
-		return false
-	}
-	return sel.Matches(labels.Set(node.Labels))
 }
 
 // NodeRecordName names the record of a node's GPUs that are missing and

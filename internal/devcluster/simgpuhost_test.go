@@ -1,22 +1,17 @@
 package devcluster_test
 
 import (
-	"bytes"
 	"context"
-	"errors"
-	"io"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
-	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
@@ -24,12 +19,10 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/config"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
-	"sigs.k8s.io/yaml"
 
 	"github.com/go-logr/logr/funcr"
 
 	repairv1 "github.com/gpufleet/gpufleet/api/repair/v1alpha1"
-	agentconfig "github.com/gpufleet/gpufleet/config/agent"
 	"github.com/gpufleet/gpufleet/internal/agent"
 	"github.com/gpufleet/gpufleet/internal/devcluster"
 	"github.com/gpufleet/gpufleet/internal/devcluster/devtest"
@@ -77,7 +70,7 @@ func TestNodeAgentReportsSimulatedGPUFaults(t *testing.T) {
 		}
 		_ = cluster.Client.CoreV1().Nodes().Delete(ctx, gpuHostNode, metav1.DeleteOptions{})
 	})
-	installAgentRBAC(t, kube)
+	devtest.InstallAgentRBAC(t, kube)
 	// The API server's first write of a CRD it has just been given takes
 	// seconds (it sets up the storage): done here, not in the timed part.
 	warm := &repairv1.GPUFault{ObjectMeta: metav1.ObjectMeta{Name: "warm-up"}, Spec: repairv1.GPUFaultSpec{NodeName: "none", GPU: repairv1.GPURef{PCIBusID: "0000:01:00.0"}}}
@@ -238,38 +231,6 @@ func gpuHostAdmin(t *testing.T) client.Client {
 		t.Fatal(err)
 	}
 	return c
-}
-
-// installAgentRBAC creates the agent's ClusterRole and binding from
-// config/agent/rbac.yaml.
-func installAgentRBAC(t *testing.T, kube client.Client) {
-	t.Helper()
-	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(agentconfig.RBAC), 4096)
-	for {
-		var raw map[string]any
-		if err := dec.Decode(&raw); errors.Is(err, io.EOF) {
-			break
-		} else if err != nil {
-			t.Fatal(err)
-		}
-		data, _ := yaml.Marshal(raw)
-		var obj client.Object
-		switch raw["kind"] {
-		case "ClusterRole":
-			obj = &rbacv1.ClusterRole{}
-		case "ClusterRoleBinding":
-			obj = &rbacv1.ClusterRoleBinding{}
-		default:
-			continue
-		}
-		if err := yaml.UnmarshalStrict(data, obj); err != nil {
-			t.Fatal(err)
-		}
-		if err := kube.Create(t.Context(), obj); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = kube.Delete(context.Background(), obj) })
-	}
 }
 
 // startGPUHostAgent runs the agent's manager for gpuHostNode until the returned

@@ -1,18 +1,13 @@
 package repair_test
 
 import (
-	"bytes"
 	"context"
-	"errors"
-	"io"
 	"testing"
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
-	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
-	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/config"
@@ -32,32 +27,7 @@ import (
 func TestAgentRunsItsNodesActionsUnderItsOwnRBAC(t *testing.T) {
 	devtest.NeedCluster(t)
 	ctx := t.Context()
-	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(agentconfig.RBAC), 4096)
-	for {
-		var raw map[string]any
-		if err := dec.Decode(&raw); errors.Is(err, io.EOF) {
-			break
-		} else if err != nil {
-			t.Fatal(err)
-		}
-		data, _ := yaml.Marshal(raw)
-		var obj client.Object
-		switch raw["kind"] {
-		case "ClusterRole":
-			obj = &rbacv1.ClusterRole{}
-		case "ClusterRoleBinding":
-			obj = &rbacv1.ClusterRoleBinding{}
-		default:
-			continue
-		}
-		if err := yaml.UnmarshalStrict(data, obj); err != nil {
-			t.Fatal(err)
-		}
-		if err := env.Kube.Create(ctx, obj); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = env.Kube.Delete(context.Background(), obj) })
-	}
+	devtest.InstallAgentRBAC(t, env.Kube)
 	ds := &appsv1.DaemonSet{}
 	if err := yaml.UnmarshalStrict(agentconfig.DaemonSet, ds); err != nil {
 		t.Fatalf("config/agent/daemonset.yaml: %v", err)

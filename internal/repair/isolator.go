@@ -10,7 +10,6 @@ import (
 	resourcev1 "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/utils/ptr"
@@ -167,7 +166,7 @@ func (r *Isolator) desired(ctx context.Context, gf *repairv1.GPUFault) (isolatio
 		return isolation{note: "no NodeRepairPolicy selects the node: not isolated"}, err
 	}
 	var published resourcev1.ResourceSliceList
-	if err := r.Client.List(ctx, &published); err != nil {
+	if err := r.Client.List(ctx, &published, client.MatchingFields{indexSliceNode: node.Name}); err != nil {
 		return isolation{}, fmt.Errorf("listing ResourceSlices: %w", err)
 	}
 	dev, ok := DeviceOf(published.Items, draDriver(&policy.Spec), node.Name, gf.Spec.GPU)
@@ -199,16 +198,7 @@ func (r *Isolator) policyOf(ctx context.Context, node *corev1.Node) (*repairv1.N
 	}
 	var best *repairv1.NodeRepairPolicy
 	for i := range list.Items {
-		p := &list.Items[i]
-		sel := labels.Everything()
-		if p.Spec.NodeSelector != nil {
-			s, err := metav1.LabelSelectorAsSelector(p.Spec.NodeSelector)
-			if err != nil {
-				continue // the detector reports it on the policy
-			}
-			sel = s
-		}
-		if sel.Matches(labels.Set(node.Labels)) && (best == nil || p.Name < best.Name) {
+		if p := &list.Items[i]; p.SelectsLabels(node.Labels) && (best == nil || p.Name < best.Name) {
 			best = p
 		}
 	}

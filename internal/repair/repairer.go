@@ -450,7 +450,7 @@ func (r *Repairer) gpuDrainRequest(ctx context.Context, l *ladder) (requestor.Re
 		return requestor.Request{}, "", fmt.Errorf("listing pods on node %s: %w", node, err)
 	}
 	var published resourcev1.ResourceSliceList
-	if err := r.Live.List(ctx, &published, client.MatchingFields{"spec.nodeName": node}); err != nil && !meta.IsNoMatchError(err) {
+	if err := r.Live.List(ctx, &published, client.MatchingFields{indexSliceNode: node}); err != nil && !meta.IsNoMatchError(err) {
 		return requestor.Request{}, "", fmt.Errorf("listing ResourceSlices of node %s: %w", node, err)
 	}
 	driver := draDriver(&l.policy.Spec)

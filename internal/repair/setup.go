@@ -24,8 +24,11 @@ import (
 	"github.com/gpufleet/gpufleet/internal/maintenance/requestor"
 )
 
-// indexNode indexes NodeRepairs by node.
-const indexNode = "spec.nodeName"
+// indexNode indexes NodeRepairs by node; indexSliceNode, ResourceSlices.
+const (
+	indexNode      = "spec.nodeName"
+	indexSliceNode = "spec.nodeName"
+)
 
 // +kubebuilder:rbac:groups=repair.gpufleet.dev,resources=noderepairpolicies,verbs=get;list;watch
 // +kubebuilder:rbac:groups=repair.gpufleet.dev,resources=noderepairpolicies/status,verbs=get;update;patch
@@ -124,6 +127,16 @@ func setupIsolator(mgr manager.Manager, log logr.Logger) error {
 				"kind", resourcev1.SchemeGroupVersion.WithKind(kind).String(), "error", err.Error())
 			return nil
 		}
+	}
+	// The isolator reads the slices of one node (the API server serves the
+	// same field selector, for a client without this cache).
+	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &resourcev1.ResourceSlice{}, indexSliceNode, func(o client.Object) []string {
+		if n := o.(*resourcev1.ResourceSlice).Spec.NodeName; n != nil {
+			return []string{*n}
+		}
+		return nil
+	}); err != nil {
+		return fmt.Errorf("indexing ResourceSlices by node: %w", err)
 	}
 	c := mgr.GetClient()
 	gpusOfNode := func(ctx context.Context, node string) []reconcile.Request {

@@ -2,6 +2,7 @@ package v1alpha1
 
 import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/intstr"
 )
 
@@ -146,6 +147,17 @@ type NodeRepairPolicySpec struct {
 	// and GPUFault records of the node agent).
 	// +optional
 	GPU GPUSpec `json:"gpu,omitempty"`
+}
+
+// SelectsLabels reports whether the policy selects a node with these
+// labels (no nodeSelector: every node; an unusable selector: none — the
+// detector reports it on the policy).
+func (p *NodeRepairPolicy) SelectsLabels(nodeLabels map[string]string) bool {
+	if p.Spec.NodeSelector == nil {
+		return true
+	}
+	sel, err := metav1.LabelSelectorAsSelector(p.Spec.NodeSelector)
+	return err == nil && sel.Matches(labels.Set(nodeLabels))
 }
 
 // SuspendedPool is a pool where repairs stopped.
