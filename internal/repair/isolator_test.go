@@ -242,3 +242,34 @@ func drain(rec *events.FakeRecorder) []string {
 		}
 	}
 }
+
+// TestIsolatorRestartBetweenItsTwoWrites: an isolator that created the rule
+// and stopped before noting it on the record: a fresh one finds the rule,
+// writes no second one and notes it.
+func TestIsolatorRestartBetweenItsTwoWrites(t *testing.T) {
+	iso, rec := newIsolator(t)
+	policy(t, true, ntpRule)
+	gf := gpuFault(t, "b-2", 7, repairv1.GPUClassResetGPU)
+	isolate(t, iso, gf)
+	rule := taintRule(t, gf)
+	if rule == nil {
+		t.Fatal("not isolated")
+	}
+	drain(rec)
+	// Undo the second write, as if the process had stopped before it.
+	patch := client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"annotations":{"repair.gpufleet.dev/isolation":null}}}`))
+	if err := env.Kube.Patch(t.Context(), gf, patch); err != nil {
+		t.Fatal(err)
+	}
+	fresh, rec2 := newIsolator(t)
+	got := isolate(t, fresh, gf)
+	if after := taintRule(t, gf); after == nil || after.UID != rule.UID || after.ResourceVersion != rule.ResourceVersion {
+		t.Errorf("the rule was replaced or rewritten: %+v", after)
+	}
+	if note := got.Annotations[repair.AnnotationIsolation]; !strings.Contains(note, "DeviceTaintRule "+rule.Name) {
+		t.Errorf("note %q", note)
+	}
+	if evs := drain(rec2); len(evs) != 0 {
+		t.Errorf("events after the restart: %q", evs)
+	}
+}
