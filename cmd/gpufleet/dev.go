@@ -137,6 +137,11 @@ GPU faults (auto-repair with DRA; the simulated nodes publish their GPUs in Reso
   %[2]s/gpufleet sim gpu gpu-001 2 --dbe 4 --reset-fails   # a reset that fails: the node is rebooted
   %[2]s/gpufleet sim xid gpu-002 1 13          # an application's error: recorded, not repaired
 
+See the fleet (every node's pool, GPUs, GPU stack, maintenance and repair):
+  %[2]s/gpufleet status                         # or, with ln -s gpufleet kubectl-gpufleet on the PATH: kubectl gpufleet status
+  %[2]s/gpufleet status --problems -o wide; %[2]s/gpufleet explain gpu-000
+  %[2]s/gpufleet ui                             # the live view in the browser: http://127.0.0.1:8090/
+
 Logs of the control plane are in %[3]s. Press Ctrl-C to stop and clean up.
 `, cluster.Kubeconfig, binDirOf(p.binDir), cluster.Dir)
 

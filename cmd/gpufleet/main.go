@@ -28,6 +28,9 @@ import (
 )
 
 func main() {
+	if pluginMain() {
+		return
+	}
 	if err := newRootCommand().Execute(); err != nil {
 		fmt.Fprintln(os.Stderr, "error:", err)
 		os.Exit(1)
@@ -41,7 +44,8 @@ func newRootCommand() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newOperatorCommand(), newDevCommand(), newAgentCommand(), newSimCommand(), newVersionCommand())
+	root.AddCommand(newOperatorCommand(), newDevCommand(), newAgentCommand(), newSimCommand(), newVersionCommand(),
+		newStatusCommand(), newExplainCommand(), newUICommand())
 	return root
 }
 

@@ -1,0 +1,227 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/cli-runtime/pkg/genericclioptions"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/gpufleet/gpufleet/internal/fleet"
+	"github.com/gpufleet/gpufleet/internal/fleet/ui"
+)
+
+// pluginName is the executable name kubectl runs for `kubectl gpufleet`.
+const pluginName = "kubectl-gpufleet"
+
+// isPlugin reports whether the binary was invoked as the kubectl plugin
+// (`ln -s gpufleet kubectl-gpufleet`).
+func isPlugin(argv0 string) bool {
+	return strings.TrimSuffix(filepath.Base(argv0), ".exe") == pluginName
+}
+
+// newPluginCommand is the root of `kubectl gpufleet`: the fleet commands.
+func newPluginCommand() *cobra.Command {
+	root := &cobra.Command{
+		Use:           "kubectl gpufleet",
+		Short:         "See the GPU fleet: every node's pool, GPUs, GPU stack, maintenance and repair",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.AddCommand(newStatusCommand(), newExplainCommand(), newUICommand(), newVersionCommand())
+	return root
+}
+
+// fleetClient is a client with the user's kubeconfig (cli-runtime flags).
+func fleetClient(flags *genericclioptions.ConfigFlags) (client.Client, *rest.Config, error) {
+	cfg, err := flags.ToRESTConfig()
+	if err != nil {
+		return nil, nil, fmt.Errorf("loading the kubeconfig: %w", err)
+	}
+	cfg = rest.CopyConfig(cfg)
+	if cfg.QPS == 0 {
+		cfg.QPS, cfg.Burst = 50, 100 // one request per kind, in parallel
+	}
+	c, err := client.New(cfg, client.Options{Scheme: fleet.Scheme()})
+	if err != nil {
+		return nil, nil, fmt.Errorf("connecting to the cluster: %w", err)
+	}
+	return c, cfg, nil
+}
+
+func newStatusCommand() *cobra.Command {
+	var (
+		selector, output, sortBy, poolLabel string
+		pools                               []string
+		problems                            bool
+		timeout                             time.Duration
+	)
+	flags := genericclioptions.NewConfigFlags(true)
+	cmd := &cobra.Command{
+		Use:   "status",
+		Short: "One row per node: pool, GPUs, GPU stack, maintenance, repair, state; and a summary line",
+		Long: `status lists every node with its pool, its GPUs (in use/allocatable, and
+faulty ones), where its GPU stack is (driver ✓ toolkit ✓ plugin …), its
+maintenance (requestor and phase, or why it waits), its open repair and its
+overall state (ready, in maintenance, draining, repairing, recovery failed,
+degraded stack, not ready, cordoned), then a summary line. One List request
+per kind; a kind whose CRD is not installed or that RBAC forbids shows as -
+with a note.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			sel, err := labels.Parse(selector)
+			if err != nil {
+				return fmt.Errorf("-l %q: %w", selector, err)
+			}
+			filter := fleet.Filter{Pools: pools, Problems: problems, SortBy: sortBy}
+			if err := filter.Apply(&fleet.Fleet{}); err != nil {
+				return err
+			}
+			if err := fleet.CheckOutput(output); err != nil {
+				return err
+			}
+			c, _, err := fleetClient(flags)
+			if err != nil {
+				return err
+			}
+			ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
+			defer cancel()
+			snap, err := fleet.Load(ctx, c, fleet.LoadOptions{NodeSelector: sel, PoolLabel: poolLabel})
+			if err != nil {
+				return err
+			}
+			now := time.Now()
+			f := fleet.Build(snap, now)
+			if err := filter.Apply(f); err != nil {
+				return err
+			}
+			return fleet.Write(cmd.OutOrStdout(), cmd.ErrOrStderr(), f, output, now)
+		},
+	}
+	f := cmd.Flags()
+	flags.AddFlags(f)
+	f.StringVarP(&selector, "selector", "l", "", "node label selector, e.g. gpufleet.dev/pool=pool-a")
+	f.StringSliceVar(&pools, "pool", nil, "only the nodes of these pools (comma separated)")
+	f.BoolVar(&problems, "problems", false, "only the nodes that are not ready for work or have a problem")
+	f.StringVarP(&output, "output", "o", "", "output format: wide, json or yaml (default: a table)")
+	f.StringVar(&sortBy, "sort-by", fleet.SortByName, "order of the rows: "+strings.Join(fleet.SortOrders, ", "))
+	f.StringVar(&poolLabel, "pool-label", fleet.DefaultPoolLabel, "the node label that names a node's pool")
+	f.DurationVar(&timeout, "timeout", 30*time.Second, "give up after this long")
+	return cmd
+}
+
+func newExplainCommand() *cobra.Command {
+	var (
+		output, poolLabel string
+		timeout           time.Duration
+	)
+	flags := genericclioptions.NewConfigFlags(true)
+	cmd := &cobra.Command{
+		Use:   "explain NODE",
+		Short: "The node's story, newest first: maintenance, repairs, GPU faults, GPU stack and their events",
+		Long: `explain tells why a node is where it is: its NodeMaintenance objects and
+their phases (and why a pending one waits), its NodeRepairs and their
+timelines, its GPU faults, its GPU-stack pods, its conditions, and the
+events of all of these, newest first.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if output != "" && output != fleet.OutputJSON && output != fleet.OutputYAML {
+				return fmt.Errorf("-o %q: must be json or yaml (default: text)", output)
+			}
+			c, _, err := fleetClient(flags)
+			if err != nil {
+				return err
+			}
+			ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
+			defer cancel()
+			st, err := explain(ctx, c, args[0], poolLabel, time.Now())
+			if err != nil {
+				return err
+			}
+			return fleet.WriteStoryAs(cmd.OutOrStdout(), st, output, time.Now())
+		},
+	}
+	f := cmd.Flags()
+	flags.AddFlags(f)
+	f.StringVarP(&output, "output", "o", "", "output format: json or yaml (default: text)")
+	f.StringVar(&poolLabel, "pool-label", fleet.DefaultPoolLabel, "the node label that names a node's pool")
+	f.DurationVar(&timeout, "timeout", 30*time.Second, "give up after this long")
+	return cmd
+}
+
+func explain(ctx context.Context, c client.Reader, node, poolLabel string, now time.Time) (*fleet.Story, error) {
+	snap, err := fleet.Load(ctx, c, fleet.LoadOptions{Node: node, PoolLabel: poolLabel})
+	if err != nil {
+		return nil, err
+	}
+	if len(snap.Nodes) == 0 {
+		return nil, &fleet.ErrUnknownNode{Node: node}
+	}
+	if err := fleet.LoadEvents(ctx, c, snap, node); err != nil {
+		return nil, err
+	}
+	return fleet.Explain(snap, node, now)
+}
+
+func newUICommand() *cobra.Command {
+	var (
+		address, poolLabel string
+	)
+	flags := genericclioptions.NewConfigFlags(true)
+	cmd := &cobra.Command{
+		Use:   "ui",
+		Short: "Serve the live fleet view in the browser (on 127.0.0.1:8090 by default)",
+		Long: `ui serves a page that shows every node as a tile, grouped by pool and
+coloured by state, with the totals, updated live from watches (server-sent
+events); a click on a node shows its story (explain). It uses your
+kubeconfig; the page talks only to this process and never sees your
+credentials. It listens on loopback unless --address says otherwise, and
+has no write actions.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			_, cfg, err := fleetClient(flags)
+			if err != nil {
+				return err
+			}
+			ctx, cancel := signalContext()
+			defer cancel()
+			srv, err := ui.New(cfg, ui.Options{PoolLabel: poolLabel})
+			if err != nil {
+				return err
+			}
+			say := func(format string, args ...any) {
+				_, _ = fmt.Fprintf(cmd.ErrOrStderr(), "gpufleet ui: "+format+"\n", args...)
+			}
+			err = srv.ListenAndServe(ctx, address, say)
+			if errors.Is(err, context.Canceled) {
+				return nil
+			}
+			return err
+		},
+	}
+	f := cmd.Flags()
+	flags.AddFlags(f)
+	f.StringVar(&address, "address", ui.DefaultAddress, "address to listen on (loopback by default; anything else exposes the view of your cluster to that network)")
+	f.StringVar(&poolLabel, "pool-label", fleet.DefaultPoolLabel, "the node label that names a node's pool")
+	return cmd
+}
+
+// pluginMain runs the kubectl plugin when invoked as kubectl-gpufleet.
+func pluginMain() bool {
+	if !isPlugin(os.Args[0]) {
+		return false
+	}
+	if err := newPluginCommand().Execute(); err != nil {
+		fmt.Fprintln(os.Stderr, "error:", err)
+		os.Exit(1)
+	}
+	return true
+}

@@ -1,0 +1,174 @@
+package fleet
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	corev1 "k8s.io/api/core/v1"
+	resourcev1 "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
+	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	maintenancev1 "github.com/gpufleet/gpufleet/api/maintenance/v1alpha1"
+	repairv1 "github.com/gpufleet/gpufleet/api/repair/v1alpha1"
+)
+
+// Scheme knows every kind the view reads.
+func Scheme() *runtime.Scheme {
+	s := runtime.NewScheme()
+	utilruntime.Must(clientgoscheme.AddToScheme(s))
+	utilruntime.Must(maintenancev1.AddToScheme(s))
+	utilruntime.Must(repairv1.AddToScheme(s))
+	return s
+}
+
+// LoadOptions narrow what Load reads.
+type LoadOptions struct {
+	// NodeSelector selects the nodes (nil: all).
+	NodeSelector labels.Selector
+	// Node reads only this node (explain).
+	Node string
+	// PoolLabel names the node label of the pool (default DefaultPoolLabel).
+	PoolLabel string
+}
+
+// Load lists every kind the view needs, one List per kind, in parallel.
+// Nodes must be readable; any other kind that is not installed (its CRD is
+// missing) or that RBAC forbids is noted in Snapshot.Unavailable and left
+// empty.
+func Load(ctx context.Context, c client.Reader, opts LoadOptions) (*Snapshot, error) {
+	s := &Snapshot{PoolLabel: opts.PoolLabel, Unavailable: map[Kind]string{}}
+	var (
+		nodes        corev1.NodeList
+		pods         corev1.PodList
+		claims       resourcev1.ResourceClaimList
+		slices       resourcev1.ResourceSliceList
+		maintenances maintenancev1.NodeMaintenanceList
+		repairs      repairv1.NodeRepairList
+		faults       repairv1.GPUFaultList
+	)
+	nodeOpts := []client.ListOption{}
+	podOpts := []client.ListOption{}
+	switch {
+	case opts.Node != "":
+		nodeOpts = append(nodeOpts, client.MatchingFieldsSelector{Selector: fields.OneTermEqualSelector("metadata.name", opts.Node)})
+		podOpts = append(podOpts, client.MatchingFieldsSelector{Selector: fields.OneTermEqualSelector("spec.nodeName", opts.Node)})
+	case opts.NodeSelector != nil:
+		nodeOpts = append(nodeOpts, client.MatchingLabelsSelector{Selector: opts.NodeSelector})
+	}
+	lists := []struct {
+		kind Kind
+		list client.ObjectList
+		opts []client.ListOption
+	}{
+		{KindNode, &nodes, nodeOpts},
+		{KindPod, &pods, podOpts},
+		{KindResourceClaim, &claims, nil},
+		{KindResourceSlice, &slices, nil},
+		{KindNodeMaintenance, &maintenances, nil},
+		{KindNodeRepair, &repairs, nil},
+		{KindGPUFault, &faults, nil},
+	}
+	errs := make([]error, len(lists))
+	var wg sync.WaitGroup
+	for i, l := range lists {
+		wg.Go(func() { errs[i] = c.List(ctx, l.list, l.opts...) })
+	}
+	wg.Wait()
+	for i, l := range lists {
+		err := errs[i]
+		if err == nil {
+			continue
+		}
+		why := Unreadable(err)
+		if why == "" || l.kind == KindNode {
+			return nil, fmt.Errorf("listing %s: %w", l.kind, err)
+		}
+		s.Unavailable[l.kind] = why
+	}
+	s.Nodes = ptrs(nodes.Items)
+	s.Pods = ptrs(pods.Items)
+	s.Claims = ptrs(claims.Items)
+	s.Slices = ptrs(slices.Items)
+	s.Maintenances = ptrs(maintenances.Items)
+	s.Repairs = ptrs(repairs.Items)
+	s.Faults = ptrs(faults.Items)
+	return s, nil
+}
+
+// Unreadable says why a kind cannot be read when err means it is not
+// installed or forbidden ("" for any other error).
+func Unreadable(err error) string {
+	var noMatch *meta.NoKindMatchError
+	switch {
+	case meta.IsNoMatchError(err), errors.As(err, &noMatch), apierrors.IsNotFound(err):
+		return "not installed in the cluster (no such API); shown as -"
+	case apierrors.IsForbidden(err):
+		return "forbidden to you by RBAC; shown as -"
+	}
+	return ""
+}
+
+// LoadEvents adds to s the events about its node and about the objects
+// that concern it (one List per object, by field selector).
+func LoadEvents(ctx context.Context, c client.Reader, s *Snapshot, node string) error {
+	type ref struct{ kind, namespace, name string }
+	refs := []ref{{"Node", "", node}}
+	for _, nm := range s.Maintenances {
+		if nm.Spec.NodeName == node {
+			refs = append(refs, ref{"NodeMaintenance", nm.Namespace, nm.Name})
+		}
+	}
+	for _, r := range s.Repairs {
+		if r.Spec.NodeName == node {
+			refs = append(refs, ref{"NodeRepair", "", r.Name})
+		}
+	}
+	for _, f := range s.Faults {
+		if f.Spec.NodeName == node {
+			refs = append(refs, ref{"GPUFault", "", f.Name})
+		}
+	}
+	lists := make([]corev1.EventList, len(refs))
+	errs := make([]error, len(refs))
+	var wg sync.WaitGroup
+	for i, r := range refs {
+		wg.Go(func() {
+			sel := fields.Set{"involvedObject.kind": r.kind, "involvedObject.name": r.name}
+			opts := []client.ListOption{client.MatchingFieldsSelector{Selector: sel.AsSelector()}}
+			if r.namespace != "" {
+				opts = append(opts, client.InNamespace(r.namespace))
+			}
+			errs[i] = c.List(ctx, &lists[i], opts...)
+		})
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err == nil {
+			s.Events = append(s.Events, ptrs(lists[i].Items)...)
+			continue
+		}
+		why := Unreadable(err)
+		if why == "" {
+			return fmt.Errorf("listing the events of %s %s: %w", refs[i].kind, refs[i].name, err)
+		}
+		s.Unavailable[KindEvent] = why
+	}
+	return nil
+}
+
+func ptrs[T any](items []T) []*T {
+	out := make([]*T, len(items))
+	for i := range items {
+		out[i] = &items[i]
+	}
+	return out
+}

@@ -1,0 +1,499 @@
+// Package ui serves the live fleet view in the browser (`gpufleet ui`):
+// informers on every kind the view reads, the fleet rebuilt (fleet.Build)
+// on each change and pushed to the page as server-sent events, a node's
+// story (fleet.Explain) on a click. The page talks only to this process;
+// it never sees the user's credentials, and there are no write actions.
+package ui
+
+import (
+	"bytes"
+	"context"
+	"embed"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"html/template"
+	"io/fs"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	resourcev1 "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/client-go/rest"
+	toolscache "k8s.io/client-go/tools/cache"
+	"k8s.io/utils/clock"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	maintenancev1 "github.com/gpufleet/gpufleet/api/maintenance/v1alpha1"
+	repairv1 "github.com/gpufleet/gpufleet/api/repair/v1alpha1"
+	"github.com/gpufleet/gpufleet/internal/fleet"
+)
+
+// DefaultAddress is where the view listens by default: loopback only.
+const DefaultAddress = "127.0.0.1:8090"
+
+// coalesce is how long a burst of changes is gathered into one update.
+const coalesce = 50 * time.Millisecond
+
+//go:embed static
+var static embed.FS
+
+var indexTemplate = template.Must(template.ParseFS(static, "static/index.html"))
+
+// Options configure the view.
+type Options struct {
+	// PoolLabel names the node label of the pool (default fleet.DefaultPoolLabel).
+	PoolLabel string
+	// Clock (default: the real one).
+	Clock clock.PassiveClock
+}
+
+// Server is the fleet view.
+type Server struct {
+	opts   Options
+	direct client.Client
+	cache  cache.Cache
+
+	kinds       []kindInfo
+	unavailable map[fleet.Kind]string
+
+	dirty chan struct{}
+
+	mu      sync.Mutex
+	current *fleet.Fleet
+	rows    map[string][]byte // node -> JSON of its row, as last sent
+	subs    map[chan []byte]struct{}
+	ready   chan struct{}
+}
+
+type kindInfo struct {
+	kind fleet.Kind
+	obj  client.Object
+	list client.ObjectList
+}
+
+// New prepares the view of the cluster cfg points to. Start it with
+// Start, then Serve.
+func New(cfg *rest.Config, opts Options) (*Server, error) {
+	if opts.Clock == nil {
+		opts.Clock = clock.RealClock{}
+	}
+	scheme := fleet.Scheme()
+	direct, err := client.New(cfg, client.Options{Scheme: scheme})
+	if err != nil {
+		return nil, fmt.Errorf("connecting to the cluster: %w", err)
+	}
+	c, err := cache.New(cfg, cache.Options{
+		Scheme: scheme, DefaultTransform: trim,
+		// The view lists from the cache without copying; Build only reads.
+		DefaultUnsafeDisableDeepCopy: ptrTo(true),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("creating the cache: %w", err)
+	}
+	return &Server{
+		opts: opts, direct: direct, cache: c, unavailable: map[fleet.Kind]string{},
+		dirty: make(chan struct{}, 1), rows: map[string][]byte{}, subs: map[chan []byte]struct{}{}, ready: make(chan struct{}),
+		kinds: []kindInfo{
+			{fleet.KindNode, &corev1.Node{}, &corev1.NodeList{}},
+			{fleet.KindPod, &corev1.Pod{}, &corev1.PodList{}},
+			{fleet.KindResourceClaim, &resourcev1.ResourceClaim{}, &resourcev1.ResourceClaimList{}},
+			{fleet.KindResourceSlice, &resourcev1.ResourceSlice{}, &resourcev1.ResourceSliceList{}},
+			{fleet.KindNodeMaintenance, &maintenancev1.NodeMaintenance{}, &maintenancev1.NodeMaintenanceList{}},
+			{fleet.KindNodeRepair, &repairv1.NodeRepair{}, &repairv1.NodeRepairList{}},
+			{fleet.KindGPUFault, &repairv1.GPUFault{}, &repairv1.GPUFaultList{}},
+		},
+	}, nil
+}
+
+func ptrTo[T any](v T) *T { return &v }
+
+// Start probes which kinds can be read (a kind whose CRD is missing or
+// that RBAC forbids is noted and not watched), starts one informer per
+// readable kind, waits for them to sync, builds the first view, and keeps
+// rebuilding it on every change until ctx ends.
+func (s *Server) Start(ctx context.Context) error {
+	var readable []kindInfo
+	for _, k := range s.kinds {
+		err := s.direct.List(ctx, k.list, client.Limit(1))
+		if err == nil {
+			readable = append(readable, k)
+			continue
+		}
+		why := fleet.Unreadable(err)
+		if why == "" || k.kind == fleet.KindNode {
+			return fmt.Errorf("listing %s: %w", k.kind, err)
+		}
+		s.unavailable[k.kind] = why
+	}
+	s.kinds = readable
+	for _, k := range s.kinds {
+		inf, err := s.cache.GetInformer(ctx, k.obj, cache.BlockUntilSynced(false))
+		if err != nil {
+			return fmt.Errorf("watching %s: %w", k.kind, err)
+		}
+		if _, err := inf.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
+			AddFunc:    func(any) { s.changed() },
+			UpdateFunc: func(_, _ any) { s.changed() },
+			DeleteFunc: func(any) { s.changed() },
+		}); err != nil {
+			return fmt.Errorf("watching %s: %w", k.kind, err)
+		}
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- s.cache.Start(ctx) }()
+	if !s.cache.WaitForCacheSync(ctx) {
+		select {
+		case err := <-errc:
+			return fmt.Errorf("watching the cluster: %w", err)
+		default:
+			return fmt.Errorf("watching the cluster: %w", ctx.Err())
+		}
+	}
+	if err := s.rebuild(ctx); err != nil {
+		return err
+	}
+	close(s.ready)
+	go s.loop(ctx)
+	return nil
+}
+
+func (s *Server) changed() {
+	select {
+	case s.dirty <- struct{}{}:
+	default:
+	}
+}
+
+// loop rebuilds the view after each burst of changes (no polling: it
+// sleeps until an informer reports one).
+func (s *Server) loop(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			s.closeSubscribers()
+			return
+		case <-s.dirty:
+		}
+		select {
+		case <-ctx.Done():
+			continue
+		case <-time.After(coalesce):
+		}
+		if err := s.rebuild(ctx); err != nil && ctx.Err() == nil {
+			s.broadcast(event("problem", map[string]string{"message": err.Error()}))
+		}
+	}
+}
+
+// snapshot lists every readable kind from the cache.
+func (s *Server) snapshot(ctx context.Context) (*fleet.Snapshot, error) {
+	snap := &fleet.Snapshot{PoolLabel: s.opts.PoolLabel, Unavailable: s.unavailable}
+	for _, k := range s.kinds {
+		if err := s.cache.List(ctx, k.list); err != nil {
+			return nil, fmt.Errorf("listing %s from the cache: %w", k.kind, err)
+		}
+		items, err := meta.ExtractList(k.list)
+		if err != nil {
+			return nil, err
+		}
+		for _, o := range items {
+			switch v := o.(type) {
+			case *corev1.Node:
+				snap.Nodes = append(snap.Nodes, v)
+			case *corev1.Pod:
+				snap.Pods = append(snap.Pods, v)
+			case *resourcev1.ResourceClaim:
+				snap.Claims = append(snap.Claims, v)
+			case *resourcev1.ResourceSlice:
+				snap.Slices = append(snap.Slices, v)
+			case *maintenancev1.NodeMaintenance:
+				snap.Maintenances = append(snap.Maintenances, v)
+			case *repairv1.NodeRepair:
+				snap.Repairs = append(snap.Repairs, v)
+			case *repairv1.GPUFault:
+				snap.Faults = append(snap.Faults, v)
+			}
+		}
+	}
+	return snap, nil
+}
+
+// update is what the page receives after a change.
+type update struct {
+	Summary fleet.Summary     `json:"summary"`
+	Notes   []string          `json:"notes"`
+	Changed []json.RawMessage `json:"changed"`
+	Removed []string          `json:"removed"`
+}
+
+func (s *Server) rebuild(ctx context.Context) error {
+	snap, err := s.snapshot(ctx)
+	if err != nil {
+		return err
+	}
+	f := fleet.Build(snap, s.opts.Clock.Now())
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	u := update{Summary: f.Summary, Notes: f.Notes, Changed: []json.RawMessage{}, Removed: []string{}}
+	seen := make(map[string]bool, len(f.Rows))
+	for i := range f.Rows {
+		r := &f.Rows[i]
+		seen[r.Node] = true
+		data, err := json.Marshal(r)
+		if err != nil {
+			return err
+		}
+		if !bytes.Equal(s.rows[r.Node], data) {
+			s.rows[r.Node] = data
+			u.Changed = append(u.Changed, data)
+		}
+	}
+	for name := range s.rows {
+		if !seen[name] {
+			delete(s.rows, name)
+			u.Removed = append(u.Removed, name)
+		}
+	}
+	s.current = f
+	if len(u.Changed) > 0 || len(u.Removed) > 0 {
+		s.broadcastLocked(event("update", u))
+	}
+	return nil
+}
+
+func event(name string, v any) []byte {
+	data, err := json.Marshal(v)
+	if err != nil {
+		data = []byte(`{}`)
+	}
+	return []byte("event: " + name + "\ndata: " + string(data) + "\n\n")
+}
+
+func (s *Server) broadcast(msg []byte) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.broadcastLocked(msg)
+}
+
+// broadcastLocked sends msg to every page; a page too slow to keep up is
+// dropped (its EventSource reconnects and gets a fresh snapshot).
+func (s *Server) broadcastLocked(msg []byte) {
+	for ch := range s.subs {
+		select {
+		case ch <- msg:
+		default:
+			delete(s.subs, ch)
+			close(ch)
+		}
+	}
+}
+
+func (s *Server) closeSubscribers() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for ch := range s.subs {
+		delete(s.subs, ch)
+		close(ch)
+	}
+}
+
+// subscribe returns the current view as a snapshot event and a channel of
+// the updates after it.
+func (s *Server) subscribe() ([]byte, chan []byte) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ch := make(chan []byte, 64)
+	s.subs[ch] = struct{}{}
+	return event("snapshot", s.current), ch
+}
+
+func (s *Server) unsubscribe(ch chan []byte) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.subs[ch]; ok {
+		delete(s.subs, ch)
+		close(ch)
+	}
+}
+
+// Handler is the view's HTTP handler: the page, its static files, the
+// event stream and a node's story. Only GET and HEAD; requests for
+// another host than the listener's are refused when it is on loopback
+// (no DNS rebinding).
+func (s *Server) Handler(loopback bool) http.Handler {
+	mux := http.NewServeMux()
+	sub, _ := fs.Sub(static, "static")
+	mux.Handle("GET /static/", http.StripPrefix("/static/", http.FileServerFS(sub)))
+	mux.HandleFunc("GET /{$}", s.serveIndex)
+	mux.HandleFunc("GET /api/events", s.serveEvents)
+	mux.HandleFunc("GET /api/explain", s.serveExplain)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h := w.Header()
+		h.Set("Content-Security-Policy", "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
+		h.Set("X-Content-Type-Options", "nosniff")
+		h.Set("Referrer-Policy", "no-referrer")
+		h.Set("X-Frame-Options", "DENY")
+		if r.Method != http.MethodGet && r.Method != http.MethodHead {
+			http.Error(w, "read-only view: only GET", http.StatusMethodNotAllowed)
+			return
+		}
+		if loopback && !loopbackHost(r.Host) {
+			http.Error(w, "this view answers only to localhost, 127.0.0.1 or [::1]", http.StatusForbidden)
+			return
+		}
+		mux.ServeHTTP(w, r)
+	})
+}
+
+func loopbackHost(hostport string) bool {
+	host, _, err := net.SplitHostPort(hostport)
+	if err != nil {
+		host = hostport
+	}
+	if strings.EqualFold(host, "localhost") {
+		return true
+	}
+	ip := net.ParseIP(strings.Trim(host, "[]"))
+	return ip != nil && ip.IsLoopback()
+}
+
+func (s *Server) serveIndex(w http.ResponseWriter, _ *http.Request) {
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	type state struct{ Name, Class string }
+	var states []state
+	for _, st := range fleet.States {
+		states = append(states, state{string(st), "state-" + strings.ReplaceAll(string(st), " ", "-")})
+	}
+	if err := indexTemplate.Execute(w, map[string]any{"States": states}); err != nil {
+		http.Error(w, "rendering the page failed", http.StatusInternalServerError)
+	}
+}
+
+func (s *Server) serveEvents(w http.ResponseWriter, r *http.Request) {
+	flusher, ok := w.(http.Flusher)
+	if !ok {
+		http.Error(w, "streaming unsupported", http.StatusInternalServerError)
+		return
+	}
+	select {
+	case <-s.ready:
+	case <-r.Context().Done():
+		return
+	}
+	h := w.Header()
+	h.Set("Content-Type", "text/event-stream")
+	h.Set("Cache-Control", "no-store")
+	first, ch := s.subscribe()
+	defer s.unsubscribe(ch)
+	if _, err := w.Write(first); err != nil {
+		return
+	}
+	flusher.Flush()
+	for {
+		select {
+		case <-r.Context().Done():
+			return
+		case msg, ok := <-ch:
+			if !ok {
+				return
+			}
+			if _, err := w.Write(msg); err != nil {
+				return
+			}
+			flusher.Flush()
+		}
+	}
+}
+
+func (s *Server) serveExplain(w http.ResponseWriter, r *http.Request) {
+	node := r.URL.Query().Get("node")
+	if node == "" {
+		http.Error(w, "node is required", http.StatusBadRequest)
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), 20*time.Second)
+	defer cancel()
+	snap, err := s.snapshot(ctx)
+	if err == nil {
+		err = fleet.LoadEvents(ctx, s.direct, snap, node)
+	}
+	var st *fleet.Story
+	if err == nil {
+		st, err = fleet.Explain(snap, node, s.opts.Clock.Now())
+	}
+	var unknown *fleet.ErrUnknownNode
+	switch {
+	case errors.As(err, &unknown):
+		http.Error(w, err.Error(), http.StatusNotFound)
+		return
+	case err != nil:
+		http.Error(w, err.Error(), http.StatusBadGateway)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	_ = json.NewEncoder(w).Encode(st)
+}
+
+// Serve answers on ln until ctx ends.
+func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
+	srv := &http.Server{Handler: s.Handler(isLoopback(ln.Addr())), ReadHeaderTimeout: 10 * time.Second}
+	go func() {
+		<-ctx.Done()
+		shutdown, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(shutdown)
+		_ = srv.Close()
+	}()
+	err := srv.Serve(ln)
+	if errors.Is(err, http.ErrServerClosed) {
+		return ctx.Err()
+	}
+	return err
+}
+
+func isLoopback(a net.Addr) bool {
+	tcp, ok := a.(*net.TCPAddr)
+	return ok && tcp.IP.IsLoopback()
+}
+
+// ListenAndServe starts the view, listens on address (warning through say
+// when it is not loopback) and serves until ctx ends.
+func (s *Server) ListenAndServe(ctx context.Context, address string, say func(string, ...any)) error {
+	ln, err := net.Listen("tcp", address)
+	if err != nil {
+		return fmt.Errorf("listening on %s: %w", address, err)
+	}
+	defer func() { _ = ln.Close() }()
+	if !isLoopback(ln.Addr()) {
+		say("WARNING: listening on %s, not loopback: anyone who can reach it sees your cluster's nodes with your credentials", ln.Addr())
+	}
+	began := time.Now()
+	say("watching the cluster")
+	if err := s.Start(ctx); err != nil {
+		return err
+	}
+	say("%d nodes watched in %s; the fleet view is on http://%s/ (Ctrl-C stops)", s.nodeCount(), time.Since(began).Round(time.Millisecond), browsable(ln.Addr()))
+	return s.Serve(ctx, ln)
+}
+
+func (s *Server) nodeCount() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.rows)
+}
+
+// browsable is the address to type into a browser.
+func browsable(a net.Addr) string {
+	tcp, ok := a.(*net.TCPAddr)
+	if ok && tcp.IP.IsUnspecified() {
+		return fmt.Sprintf("127.0.0.1:%d", tcp.Port)
+	}
+	return a.String()
+}

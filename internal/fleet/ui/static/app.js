@@ -1,0 +1,179 @@
+// gpufleet fleet view. Every value from the cluster is written with
+// textContent or as a class/attribute built from a fixed set: never as HTML.
+"use strict";
+
+const rows = new Map();      // node -> row
+const tiles = new Map();     // node -> button
+const pools = new Map();     // pool -> {section, tiles, counts}
+let selected = "";
+
+const stateClass = (s) => "state-" + String(s).replace(/[^a-z]+/g, "-");
+
+function el(tag, cls, text) {
+  const e = document.createElement(tag);
+  if (cls) e.className = cls;
+  if (text !== undefined) e.textContent = text;
+  return e;
+}
+
+function poolOf(name) {
+  const key = name || "(no pool)";
+  let p = pools.get(key);
+  if (p) return p;
+  const section = el("div", "pool");
+  section.dataset.pool = key;
+  const h = el("h2", "", key);
+  const counts = el("span", "counts");
+  h.appendChild(counts);
+  const t = el("div", "tiles");
+  section.append(h, t);
+  // keep pools sorted by name
+  const container = document.getElementById("pools");
+  const after = [...container.children].find((c) => c.dataset.pool > key);
+  container.insertBefore(section, after || null);
+  p = { section, tiles: t, counts };
+  pools.set(key, p);
+  return p;
+}
+
+function describe(r) {
+  const parts = [r.node, r.state];
+  if (r.pool) parts.push("pool " + r.pool);
+  if (r.problems) parts.push(...r.problems);
+  return parts.join(" — ");
+}
+
+function upsert(r) {
+  const old = rows.get(r.node);
+  rows.set(r.node, r);
+  let t = tiles.get(r.node);
+  const pool = poolOf(r.pool);
+  if (!t) {
+    t = el("button", "tile");
+    t.type = "button";
+    t.dataset.node = r.node;
+    t.addEventListener("click", () => explain(r.node));
+    tiles.set(r.node, t);
+  }
+  if (!old || old.pool !== r.pool || !t.parentNode) {
+    // insert sorted by node name
+    const after = [...pool.tiles.children].find((c) => c.dataset.node > r.node);
+    pool.tiles.insertBefore(t, after || null);
+  }
+  t.className = "tile " + stateClass(r.state) + (selected === r.node ? " selected" : "");
+  t.dataset.state = r.state;
+  t.title = describe(r);
+  t.setAttribute("aria-label", describe(r));
+}
+
+function remove(name) {
+  const t = tiles.get(name);
+  if (t) t.remove();
+  tiles.delete(name);
+  rows.delete(name);
+}
+
+function render(summary, notes) {
+  const s = summary;
+  let text = `${s.nodes} nodes: ${s.readyForWork} ready for work, ${s.inMaintenance} in maintenance (${s.draining} draining), ` +
+    `${s.repairing} repairing (${s.recoveryFailed} recovery failed), ${s.degraded} degraded; GPUs ${s.gpus}, ${s.gpusInUse} in use, ${s.gpusFaulty} faulty`;
+  document.getElementById("summary").textContent = text;
+  const byState = new Map();
+  const byPool = new Map();
+  for (const r of rows.values()) {
+    byState.set(r.state, (byState.get(r.state) || 0) + 1);
+    const k = r.pool || "(no pool)";
+    const c = byPool.get(k) || { n: 0, ready: 0 };
+    c.n++; if (r.state === "ready") c.ready++;
+    byPool.set(k, c);
+  }
+  for (const b of document.querySelectorAll("#legend .count")) b.textContent = String(byState.get(b.dataset.state) || 0);
+  for (const [k, p] of pools) {
+    const c = byPool.get(k);
+    if (!c) { p.section.remove(); pools.delete(k); continue; }
+    p.counts.textContent = `${c.n} nodes, ${c.ready} ready`;
+  }
+  const n = document.getElementById("notes");
+  n.replaceChildren(...(notes || []).map((x) => el("p", "", "note: " + x)));
+  document.body.dataset.version = String((Number(document.body.dataset.version) || 0) + 1);
+}
+
+function connect() {
+  const es = new EventSource("/api/events");
+  const conn = document.getElementById("connection");
+  es.addEventListener("open", () => { conn.textContent = "live"; conn.className = "connection up"; });
+  es.addEventListener("error", () => { conn.textContent = "reconnecting"; conn.className = "connection down"; });
+  es.addEventListener("snapshot", (ev) => {
+    const f = JSON.parse(ev.data);
+    const names = new Set();
+    for (const r of f.nodes || []) { upsert(r); names.add(r.node); }
+    for (const name of [...rows.keys()]) if (!names.has(name)) remove(name);
+    render(f.summary, f.notes);
+    document.body.dataset.loaded = "true";
+  });
+  es.addEventListener("update", (ev) => {
+    const u = JSON.parse(ev.data);
+    for (const r of u.changed) upsert(r);
+    for (const name of u.removed) remove(name);
+    render(u.summary, u.notes);
+    if (selected && u.changed.some((r) => r.node === selected)) explain(selected);
+  });
+  es.addEventListener("problem", (ev) => {
+    document.getElementById("notes").replaceChildren(el("p", "", "problem: " + JSON.parse(ev.data).message));
+  });
+}
+
+function dd(list, term, value) {
+  list.append(el("dt", "", term), el("dd", "", value));
+}
+
+async function explain(node) {
+  const prev = tiles.get(selected);
+  if (prev) prev.classList.remove("selected");
+  selected = node;
+  const t = tiles.get(node);
+  if (t) t.classList.add("selected");
+  const aside = document.getElementById("story");
+  aside.hidden = false;
+  document.getElementById("story-title").textContent = node;
+  const status = document.getElementById("story-status");
+  status.textContent = "loading…";
+  let st;
+  try {
+    const resp = await fetch("/api/explain?node=" + encodeURIComponent(node));
+    if (!resp.ok) throw new Error(await resp.text());
+    st = await resp.json();
+  } catch (e) {
+    status.textContent = "could not load the story: " + e.message;
+    return;
+  }
+  if (selected !== node) return;
+  status.textContent = (st.notes || []).map((n) => "note: " + n).join(" ");
+  const r = st.row;
+  const dl = document.getElementById("story-row");
+  dl.replaceChildren();
+  dd(dl, "state", r.state);
+  dd(dl, "pool", r.pool || "-");
+  if (r.problems) dd(dl, "problems", r.problems.join("; "));
+  const g = r.gpus;
+  dd(dl, "GPUs", `${g.capacity} capacity, ${g.allocatable} allocatable, ${g.inUse ?? "-"} in use, ${g.faulty ?? "-"} faulty`);
+  dd(dl, "GPU stack", (r.stack || []).map((c) => c.name + " " + c.status).join(", ") || "-");
+  const m = r.maintenance;
+  dd(dl, "maintenance", m ? `${m.requestor} ${m.phase}${m.waiting ? ": " + m.waiting : ""}` : "-");
+  const rp = r.repair;
+  dd(dl, "repair", rp ? `${rp.phase} ${rp.fault} since ${rp.since}` : "-");
+  const body = document.getElementById("story-entries");
+  body.replaceChildren(...(st.entries || []).map((e) => {
+    const tr = el("tr", e.warning ? "warning" : "");
+    tr.append(el("td", "", e.time), el("td", "", e.object), el("td", "", e.what));
+    return tr;
+  }));
+}
+
+document.getElementById("close").addEventListener("click", () => {
+  document.getElementById("story").hidden = true;
+  const t = tiles.get(selected);
+  if (t) t.classList.remove("selected");
+  selected = "";
+});
+connect();
