@@ -19,6 +19,12 @@ const (
 	ReasonNodeDeleted          = "NodeDeleted" // Warning
 )
 
+// Event reasons emitted on the MaintenanceOperatorConfig.
+const (
+	ReasonInvalidConfig = "InvalidConfig" // Warning: the previous valid config keeps applying
+	ReasonConfigValid   = "ConfigValid"
+)
+
 // Event actions (events.k8s.io/v1 requires one).
 const (
 	actionSchedule = "Schedule"

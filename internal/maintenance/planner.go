@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/util/intstr"
+
+	maintenancev1 "github.com/gpufleet/gpufleet/api/maintenance/v1alpha1"
 )
 
 // PlanNode is what the planner needs to know about a node.
@@ -17,6 +19,8 @@ type PlanNode struct {
 	Name          string
 	Unschedulable bool
 	Ready         bool
+	// Pools names the config's pools the node belongs to.
+	Pools []string
 }
 
 // available reports whether the node counts as available for maxUnavailable.
@@ -32,6 +36,9 @@ type PlanObject struct {
 	InProgress bool
 	// Deleting objects that are still Pending are never scheduled.
 	Deleting bool
+	// Urgent objects rank first and may pass a closed maintenance window
+	// (see Limits.UrgentScope).
+	Urgent bool
 }
 
 // Key is namespace/name.
@@ -49,6 +56,29 @@ type Limits struct {
 	MaxParallelOperations *intstr.IntOrString
 	// MaxUnavailable: nil means no limit.
 	MaxUnavailable *intstr.IntOrString
+	// Pools have their own limits, on top of the cluster-wide ones; they
+	// are checked in this order.
+	Pools []PoolLimits
+	// Calendar says when new maintenance may start (zero: always).
+	Calendar Calendar
+	// UrgentScope says which urgent objects pass a closed calendar ("":
+	// UnavailableNodes).
+	UrgentScope maintenancev1.UrgentMaintenanceScope
+}
+
+// PoolLimits are one pool's limits (nil: no pool limit).
+type PoolLimits struct {
+	Name                                  string
+	MaxParallelOperations, MaxUnavailable *intstr.IntOrString
+}
+
+// PoolPlan is one pool's resolved limits and use, before the plan.
+type PoolPlan struct {
+	Name  string
+	Nodes int
+	// MaxParallel and MaxUnavailable are -1 when the pool has no such limit.
+	MaxParallel, MaxUnavailable int
+	InProgress, Unavailable     int
 }
 
 // Plan is the outcome of one planning pass.
@@ -71,6 +101,11 @@ type Plan struct {
 	// AvailableSlots and CanBecomeUnavailable are M4 steps 1 and 2
 	// (CanBecomeUnavailable is -1 when unlimited).
 	AvailableSlots, CanBecomeUnavailable int
+	// Pools: each configured pool, in the config's order.
+	Pools []PoolPlan
+	// Window is the calendar at the time of the plan; the scheduler wakes
+	// at Window.NextChange.
+	Window CalendarState
 }
 
 // ResolveLimits turns the int-or-percent limits into node counts:
@@ -108,13 +143,17 @@ func scaled(v intstr.IntOrString, total int, roundUp bool) (int, error) {
 	return n, nil
 }
 
-// MakePlan runs the scheduling algorithm of SPEC M4 on a snapshot.
-func MakePlan(s Snapshot, l Limits) (Plan, error) {
+// MakePlan runs the scheduling algorithm of SPEC M4 on a snapshot at now,
+// with gpufleet's additions: maintenance windows (a closed calendar holds
+// back everything but urgent objects of unavailable nodes), per-pool limits
+// (on top of the cluster-wide ones) and urgency (urgent objects rank first).
+// Without windows, pools and urgent objects it is exactly M4.
+func MakePlan(s Snapshot, l Limits, now time.Time) (Plan, error) {
 	nodes := make(map[string]PlanNode, len(s.Nodes))
 	for _, n := range s.Nodes {
 		nodes[n.Name] = n
 	}
-	p := Plan{TotalNodes: len(nodes), Waiting: map[string]string{}}
+	p := Plan{TotalNodes: len(nodes), Waiting: map[string]string{}, Window: l.Calendar.At(now)}
 	var err error
 	if p.MaxParallel, p.MaxUnavailable, err = ResolveLimits(l, p.TotalNodes); err != nil {
 		return Plan{}, err
@@ -152,6 +191,11 @@ func MakePlan(s Snapshot, l Limits) (Plan, error) {
 	if p.MaxUnavailable >= 0 {
 		p.CanBecomeUnavailable = max(0, p.MaxUnavailable-p.Unavailable)
 	}
+	pools, err := planPools(l.Pools, nodes, busy)
+	if err != nil {
+		return Plan{}, err
+	}
+	p.Pools = pools
 
 	// Steps 3 and 4: candidate objects are Pending objects on nodes that no
 	// in-progress object holds. Rank keys are computed once.
@@ -161,6 +205,7 @@ func MakePlan(s Snapshot, l Limits) (Plan, error) {
 		active  bool
 		pending int
 	}
+	urgentScope := l.UrgentScope
 	candidates := make([]candidate, 0, len(s.Objects))
 	for _, o := range s.Objects {
 		if o.InProgress || o.Deleting {
@@ -176,6 +221,12 @@ func MakePlan(s Snapshot, l Limits) (Plan, error) {
 
 	// Step 5: rank.
 	slices.SortFunc(candidates, func(a, b candidate) int {
+		if a.Urgent != b.Urgent {
+			if a.Urgent {
+				return -1
+			}
+			return 1
+		}
 		if a.active != b.active {
 			if a.active {
 				return -1
@@ -200,6 +251,7 @@ func MakePlan(s Snapshot, l Limits) (Plan, error) {
 	// unavailability budget is skipped without using a slot, so a later
 	// candidate on an already-unavailable node can still be scheduled.
 	slots, budget, newlyUnavailable := p.AvailableSlots, p.CanBecomeUnavailable, 0
+	poolUse := newPoolUse(p.Pools)
 	claimed := make(map[string]string, len(candidates)) // node -> best-ranked candidate's key
 	var slotsMsg, budgetMsg string                      // built once: they no longer change when used
 	for _, c := range candidates {
@@ -212,6 +264,8 @@ func MakePlan(s Snapshot, l Limits) (Plan, error) {
 		switch {
 		case !exists:
 			p.Waiting[c.key] = "node " + c.NodeName + " does not exist"
+		case !p.Window.Open && !passesClosedWindow(c.PlanObject, n, urgentScope):
+			p.Waiting[c.key] = windowMessage(p.Window, c.PlanObject, urgentScope)
 		case slots == 0:
 			if slotsMsg == "" {
 				slotsMsg = p.slotsMessage()
@@ -224,7 +278,12 @@ func MakePlan(s Snapshot, l Limits) (Plan, error) {
 			}
 			p.Waiting[c.key] = budgetMsg
 		default:
+			if why := poolUse.blocks(n); why != "" {
+				p.Waiting[c.key] = why
+				continue
+			}
 			p.Schedule = append(p.Schedule, c.PlanObject)
+			poolUse.take(n)
 			slots--
 			if n.available() {
 				newlyUnavailable++
@@ -242,4 +301,111 @@ func (p Plan) slotsMessage() string {
 		return "maxParallelOperations is 0: no new maintenance is scheduled"
 	}
 	return fmt.Sprintf("maxParallelOperations reached: %d/%d nodes in maintenance", p.InProgressNodes+len(p.Schedule), p.MaxParallel)
+}
+
+// passesClosedWindow: an urgent object of an unavailable node (or any
+// urgent object, when the config allows) is not held back by the calendar.
+func passesClosedWindow(o PlanObject, n PlanNode, scope maintenancev1.UrgentMaintenanceScope) bool {
+	return o.Urgent && (scope == maintenancev1.UrgentAllNodes || !n.available())
+}
+
+func windowMessage(w CalendarState, o PlanObject, scope maintenancev1.UrgentMaintenanceScope) string {
+	if o.Urgent && scope != maintenancev1.UrgentAllNodes {
+		return w.Reason + " (urgent, but its node is available: urgent requests pass a closed window only for nodes that are already unavailable)"
+	}
+	return w.Reason
+}
+
+// planPools resolves each pool's limits against its own nodes and counts
+// its in-progress and unavailable nodes.
+func planPools(limits []PoolLimits, nodes map[string]PlanNode, busy map[string]string) ([]PoolPlan, error) {
+	if len(limits) == 0 {
+		return nil, nil
+	}
+	index := make(map[string]int, len(limits))
+	out := make([]PoolPlan, len(limits))
+	for i, l := range limits {
+		index[l.Name] = i
+		out[i] = PoolPlan{Name: l.Name}
+	}
+	for name, n := range nodes {
+		_, held := busy[name]
+		for _, pool := range n.Pools {
+			i, ok := index[pool]
+			if !ok {
+				continue
+			}
+			out[i].Nodes++
+			if held {
+				out[i].InProgress++
+			}
+			if held || !n.available() {
+				out[i].Unavailable++
+			}
+		}
+	}
+	for i, l := range limits {
+		out[i].MaxParallel, out[i].MaxUnavailable = -1, -1
+		var err error
+		if l.MaxParallelOperations != nil {
+			if out[i].MaxParallel, err = scaled(*l.MaxParallelOperations, out[i].Nodes, true); err != nil {
+				return nil, fmt.Errorf("pool %s: maxParallelOperations: %w", l.Name, err)
+			}
+		}
+		if l.MaxUnavailable != nil {
+			if out[i].MaxUnavailable, err = scaled(*l.MaxUnavailable, out[i].Nodes, false); err != nil {
+				return nil, fmt.Errorf("pool %s: maxUnavailable: %w", l.Name, err)
+			}
+		}
+	}
+	return out, nil
+}
+
+// poolUse tracks the pools' remaining slots and budgets during one plan.
+type poolUse struct {
+	pools []PoolPlan
+	index map[string]int
+	// started and newlyUnavailable count this plan's decisions per pool.
+	started, newlyUnavailable []int
+}
+
+func newPoolUse(pools []PoolPlan) *poolUse {
+	u := &poolUse{pools: pools, index: make(map[string]int, len(pools)),
+		started: make([]int, len(pools)), newlyUnavailable: make([]int, len(pools))}
+	for i, p := range pools {
+		u.index[p.Name] = i
+	}
+	return u
+}
+
+// blocks says why a pool of n has no room for one more node ("" if all do).
+func (u *poolUse) blocks(n PlanNode) string {
+	for _, name := range n.Pools {
+		i, ok := u.index[name]
+		if !ok {
+			continue
+		}
+		p := u.pools[i]
+		switch {
+		case p.MaxParallel == 0:
+			return fmt.Sprintf("pool %s: maxParallelOperations is 0: no new maintenance is scheduled in it", p.Name)
+		case p.MaxParallel > 0 && p.InProgress+u.started[i] >= p.MaxParallel:
+			return fmt.Sprintf("pool %s: maxParallelOperations reached: %d/%d nodes in maintenance", p.Name, p.InProgress+u.started[i], p.MaxParallel)
+		case n.available() && p.MaxUnavailable >= 0 && p.Unavailable+u.newlyUnavailable[i] >= p.MaxUnavailable:
+			return fmt.Sprintf("pool %s: maxUnavailable budget exhausted: %d/%d nodes unavailable", p.Name, p.Unavailable+u.newlyUnavailable[i], p.MaxUnavailable)
+		}
+	}
+	return ""
+}
+
+// take records that n starts maintenance.
+func (u *poolUse) take(n PlanNode) {
+	for _, name := range n.Pools {
+		if i, ok := u.index[name]; ok {
+			u.started[i]++
+			if n.available() {
+				u.newlyUnavailable[i]++
+			}
+		}
+	}
 }

@@ -351,7 +351,7 @@ func TestMakePlan(t *testing.T) {
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
-			p, err := MakePlan(Snapshot{Nodes: tc.nodes, Objects: tc.objects}, tc.limits)
+			p, err := MakePlan(Snapshot{Nodes: tc.nodes, Objects: tc.objects}, tc.limits, t0)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -393,7 +393,7 @@ func TestResolveLimitsRejectsBadValues(t *testing.T) {
 	}
 	for name, l := range tests {
 		t.Run(name, func(t *testing.T) {
-			if _, err := MakePlan(Snapshot{Nodes: nodes(10)}, l); err == nil {
+			if _, err := MakePlan(Snapshot{Nodes: nodes(10)}, l, t0); err == nil {
 				t.Errorf("MakePlan accepted %+v", l)
 			}
 		})
@@ -478,7 +478,7 @@ func FuzzMakePlan(f *testing.F) {
 				l.MaxUnavailable = pct(fmt.Sprintf("%d%%", int(maxUnavail)%101))
 			}
 		}
-		p, err := MakePlan(s, l)
+		p, err := MakePlan(s, l, t0)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -489,7 +489,7 @@ func FuzzMakePlan(f *testing.F) {
 		slices.Reverse(shuffled.Objects)
 		shuffled.Nodes = slices.Clone(s.Nodes)
 		sort.Slice(shuffled.Nodes, func(i, j int) bool { return shuffled.Nodes[i].Name > shuffled.Nodes[j].Name })
-		p2, err := MakePlan(shuffled, l)
+		p2, err := MakePlan(shuffled, l, t0)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -544,7 +544,7 @@ func BenchmarkMakePlan(b *testing.B) {
 			b.ReportAllocs()
 			b.ResetTimer()
 			for range b.N {
-				if _, err := MakePlan(s, l); err != nil {
+				if _, err := MakePlan(s, l, t0); err != nil {
 					b.Fatal(err)
 				}
 			}

@@ -33,6 +33,13 @@ type Scheduler struct {
 	Recorder  events.EventRecorder
 	// Reasons writes the wait reasons of Pending objects, apart from the pass.
 	Reasons *WaitReasons
+	// Alarm wakes the scheduler when the maintenance calendar may change
+	// (a window opens or closes, an exclusion starts or ends); nil: none.
+	Alarm *Alarm
+
+	// lastValid is the last config that could be read: it keeps applying
+	// while the current one cannot (nil after a restart until one can).
+	lastValid *Config
 
 	// own: objects this scheduler moved to Scheduled that the cache may
 	// still show as they were before that write.
@@ -56,18 +63,37 @@ func (s *Scheduler) Reconcile(ctx context.Context, _ reconcile.Request) (reconci
 	if err := s.Client.List(ctx, &nodes); err != nil {
 		return reconcile.Result{}, fmt.Errorf("listing nodes: %w", err)
 	}
-	limits, err := s.limits(ctx)
+	cfgObj, err := s.config(ctx)
 	if err != nil {
 		return reconcile.Result{}, err
 	}
+	var spec *maintenancev1.MaintenanceOperatorConfigSpec
+	if cfgObj != nil {
+		spec = &cfgObj.Spec
+	}
+	cfg, cfgErr := CompileConfig(spec)
+	if cfgErr == nil {
+		if cfgObj != nil {
+			cfg.Generation = cfgObj.Generation
+		}
+		s.lastValid = &cfg
+	}
 	began := s.Clock.Now()
-	snap := snapshot(&nodes, &list)
-	plan, err := MakePlan(snap, limits)
+	var plan Plan
+	var snap Snapshot
+	if s.lastValid != nil {
+		snap = snapshot(&nodes, &list, s.lastValid)
+		plan, err = MakePlan(snap, s.lastValid.Limits, began)
+	} else {
+		snap = snapshot(&nodes, &list, &Config{})
+		err = cfgErr
+	}
 	planDuration.Observe(s.Clock.Since(began).Seconds())
 	recordPhases(&list)
 	if err != nil {
-		// The schema rejects malformed limits; this is a config written
-		// before the schema or by a bypassing client. Schedule nothing.
+		// No config that can be read has applied since the start (or the
+		// limits do not resolve, which the schema prevents): schedule
+		// nothing, and say why on every Pending object.
 		log.Error(err, "invalid MaintenanceOperatorConfig; scheduling nothing")
 		plan = Plan{Waiting: map[string]string{}}
 		for _, o := range snap.Objects {
@@ -76,6 +102,7 @@ func (s *Scheduler) Reconcile(ctx context.Context, _ reconcile.Request) (reconci
 			}
 		}
 	}
+	s.Alarm.Set(plan.Window.NextChange)
 	byKey := make(map[string]*maintenancev1.NodeMaintenance, len(list.Items))
 	for i := range list.Items {
 		nm := &list.Items[i]
@@ -100,21 +127,27 @@ func (s *Scheduler) Reconcile(ctx context.Context, _ reconcile.Request) (reconci
 		log.Info("scheduled NodeMaintenance", "count", len(plan.Schedule), "availableSlots", plan.AvailableSlots,
 			"canBecomeUnavailable", plan.CanBecomeUnavailable, "waiting", len(plan.Waiting))
 	}
+	// The config's own status comes last: it never delays a decision.
+	if cfgObj != nil {
+		if err := s.writeConfigStatus(ctx, cfgObj, cfgErr, plan.Window, began); err != nil {
+			return reconcile.Result{}, err
+		}
+	}
 	return reconcile.Result{}, nil
 }
 
-// limits reads the "default" MaintenanceOperatorConfig in the operator's
-// namespace; without one, the documented defaults apply.
-func (s *Scheduler) limits(ctx context.Context) (Limits, error) {
+// config reads the "default" MaintenanceOperatorConfig in the operator's
+// namespace; nil without one (the documented defaults apply).
+func (s *Scheduler) config(ctx context.Context) (*maintenancev1.MaintenanceOperatorConfig, error) {
 	var cfg maintenancev1.MaintenanceOperatorConfig
 	err := s.Client.Get(ctx, types.NamespacedName{Namespace: s.Namespace, Name: maintenancev1.DefaultConfigName}, &cfg)
 	if apierrors.IsNotFound(err) {
-		return Limits{}, nil
+		return nil, nil
 	}
 	if err != nil {
-		return Limits{}, fmt.Errorf("reading MaintenanceOperatorConfig: %w", err)
+		return nil, fmt.Errorf("reading MaintenanceOperatorConfig: %w", err)
 	}
-	return Limits{MaxParallelOperations: cfg.Spec.MaxParallelOperations, MaxUnavailable: cfg.Spec.MaxUnavailable}, nil
+	return &cfg, nil
 }
 
 // cacheBehind reports whether the cache still shows an object this
@@ -162,11 +195,12 @@ func (s *Scheduler) schedule(ctx context.Context, nm *maintenancev1.NodeMaintena
 // snapshot converts cached objects into the planner's input. Objects the
 // lifecycle controller has not yet taken over (no finalizer) are left out
 // until it has, so that cleanup is guaranteed for everything scheduled.
-func snapshot(nodes *corev1.NodeList, list *maintenancev1.NodeMaintenanceList) Snapshot {
+func snapshot(nodes *corev1.NodeList, list *maintenancev1.NodeMaintenanceList, cfg *Config) Snapshot {
 	s := Snapshot{Nodes: make([]PlanNode, 0, len(nodes.Items)), Objects: make([]PlanObject, 0, len(list.Items))}
 	for i := range nodes.Items {
 		n := &nodes.Items[i]
-		s.Nodes = append(s.Nodes, PlanNode{Name: n.Name, Unschedulable: n.Spec.Unschedulable, Ready: nodeReady(n)})
+		s.Nodes = append(s.Nodes, PlanNode{Name: n.Name, Unschedulable: n.Spec.Unschedulable, Ready: nodeReady(n),
+			Pools: cfg.PoolsOf(n.Labels)})
 	}
 	for i := range list.Items {
 		nm := &list.Items[i]
@@ -177,6 +211,7 @@ func snapshot(nodes *corev1.NodeList, list *maintenancev1.NodeMaintenanceList) S
 		s.Objects = append(s.Objects, PlanObject{
 			Namespace: nm.Namespace, Name: nm.Name, NodeName: nm.Spec.NodeName, RequestorID: nm.Spec.RequestorID,
 			Created: nm.CreationTimestamp.Time, InProgress: inProgress, Deleting: nm.DeletionTimestamp != nil,
+			Urgent: nm.Annotations[maintenancev1.AnnotationUrgent] == "true",
 		})
 	}
 	return s

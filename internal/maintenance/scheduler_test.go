@@ -57,7 +57,7 @@ func TestSchedulerNeverSchedulesTwiceFromAStaleCache(t *testing.T) {
 		ObjectMeta: metav1.ObjectMeta{Namespace: "ops", Name: "default"},
 		Spec:       maintenancev1.MaintenanceOperatorConfigSpec{MaxParallelOperations: &mpo},
 	})
-	api := fake.NewClientBuilder().WithScheme(scheme).WithObjects(objs...).WithStatusSubresource(&maintenancev1.NodeMaintenance{}).Build()
+	api := fake.NewClientBuilder().WithScheme(scheme).WithObjects(objs...).WithStatusSubresource(&maintenancev1.NodeMaintenance{}, &maintenancev1.MaintenanceOperatorConfig{}).Build()
 	cache := &laggingCache{Client: api}
 	s := &Scheduler{Client: cache, Namespace: "ops", Clock: clocktesting.NewFakeClock(t0), Recorder: events.NewFakeRecorder(100),
 		Reasons: &WaitReasons{Client: cache, Clock: clocktesting.NewFakeClock(t0)}}
@@ -136,7 +136,7 @@ func TestSchedulerWritesNothingWhenNothingChanged(t *testing.T) {
 	}
 	waiting := busy.DeepCopy()
 	waiting.Name = "b"
-	api := fake.NewClientBuilder().WithScheme(scheme).WithObjects(node, busy, waiting).WithStatusSubresource(&maintenancev1.NodeMaintenance{}).Build()
+	api := fake.NewClientBuilder().WithScheme(scheme).WithObjects(node, busy, waiting).WithStatusSubresource(&maintenancev1.NodeMaintenance{}, &maintenancev1.MaintenanceOperatorConfig{}).Build()
 	counting := &countingClient{Client: api}
 	s := &Scheduler{Client: counting, Namespace: "ops", Clock: clocktesting.NewFakeClock(t0), Recorder: events.NewFakeRecorder(100),
 		Reasons: &WaitReasons{Client: counting, Clock: clocktesting.NewFakeClock(t0)}}

@@ -6,6 +6,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/util/workqueue"
 	"k8s.io/utils/clock"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -29,6 +30,7 @@ const (
 // +kubebuilder:rbac:groups=maintenance.nvidia.com,resources=nodemaintenances/status,verbs=get;update;patch
 // +kubebuilder:rbac:groups=maintenance.nvidia.com,resources=nodemaintenances/finalizers,verbs=update
 // +kubebuilder:rbac:groups=maintenance.nvidia.com,resources=maintenanceoperatorconfigs,verbs=get;list;watch
+// +kubebuilder:rbac:groups=maintenance.nvidia.com,resources=maintenanceoperatorconfigs/status,verbs=get;update;patch
 // +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch;patch
 // +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch
 // +kubebuilder:rbac:groups="",resources=pods/eviction,verbs=create
@@ -64,9 +66,14 @@ func Setup(mgr manager.Manager, opts Options) error {
 	if err := mgr.Add(reasons); err != nil {
 		return fmt.Errorf("adding the wait-reason writer: %w", err)
 	}
+	timers, ok := opts.Clock.(clock.WithDelayedExecution)
+	if !ok {
+		timers = clock.RealClock{}
+	}
+	alarm := NewAlarm(timers)
 	sched := &Scheduler{
 		Client: mgr.GetClient(), Namespace: opts.Namespace, Clock: opts.Clock,
-		Recorder: mgr.GetEventRecorder("gpufleet-maintenance-scheduler"), Reasons: reasons,
+		Recorder: mgr.GetEventRecorder("gpufleet-maintenance-scheduler"), Reasons: reasons, Alarm: alarm,
 	}
 	isDefaultConfig := predicate.NewPredicateFuncs(func(o client.Object) bool {
 		return o.GetNamespace() == opts.Namespace && o.GetName() == maintenancev1.DefaultConfigName
@@ -78,7 +85,12 @@ func Setup(mgr manager.Manager, opts Options) error {
 		Named("nodemaintenance-scheduler").
 		Watches(&maintenancev1.NodeMaintenance{}, toScheduler, builder.WithPredicates(schedulingRelevantNM)).
 		Watches(&corev1.Node{}, toScheduler, builder.WithPredicates(availabilityChanged)).
-		Watches(&maintenancev1.MaintenanceOperatorConfig{}, toScheduler, builder.WithPredicates(isDefaultConfig)).
+		Watches(&maintenancev1.MaintenanceOperatorConfig{}, toScheduler, builder.WithPredicates(isDefaultConfig, specChanged)).
+		WatchesRawSource(alarm.Source(handler.TypedFuncs[struct{}, reconcile.Request]{
+			GenericFunc: func(_ context.Context, _ event.TypedGenericEvent[struct{}], q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+				q.Add(schedulerKey)
+			},
+		})).
 		WithOptions(controller.Options{MaxConcurrentReconciles: 1}).
 		Complete(sched)
 	if err != nil {
@@ -119,7 +131,7 @@ func Setup(mgr manager.Manager, opts Options) error {
 			func(ctx context.Context, _ client.Object) []reconcile.Request {
 				return readyObjects(ctx, mgr)
 			}),
-			builder.WithPredicates(isDefaultConfig)).
+			builder.WithPredicates(isDefaultConfig, specChanged)).
 		WithOptions(controller.Options{MaxConcurrentReconciles: 16}).
 		Complete(rec)
 	if err != nil {
@@ -151,6 +163,14 @@ var schedulingRelevantNM = predicate.Funcs{
 		o, n := e.ObjectOld.(*maintenancev1.NodeMaintenance), e.ObjectNew.(*maintenancev1.NodeMaintenance)
 		return o.Phase() != n.Phase() || (o.DeletionTimestamp == nil) != (n.DeletionTimestamp == nil) ||
 			o.HasFinalizer() != n.HasFinalizer()
+	},
+}
+
+// specChanged passes config creations, deletions and spec changes, not the
+// scheduler's own status writes.
+var specChanged = predicate.Funcs{
+	UpdateFunc: func(e event.UpdateEvent) bool {
+		return e.ObjectOld.GetGeneration() != e.ObjectNew.GetGeneration()
 	},
 }
 

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
 	maintenancev1 "github.com/gpufleet/gpufleet/api/maintenance/v1alpha1"
@@ -48,15 +49,30 @@ func TestSchemaRejectsBadObjects(t *testing.T) {
 		"empty eviction regex":     {nm("  requestorID: a.b\n  nodeName: gpu-000\n  drainSpec:\n    podEvictionFilters:\n    - byResourceNameRegex: \"\"\n"), "byResourceNameRegex"},
 		"eviction filter without regex": {nm("  requestorID: a.b\n  nodeName: gpu-000\n  drainSpec:\n    podEvictionFilters:\n    - {}\n"),
 			"a pod eviction filter needs byResourceNameRegex"},
-		"cordon not a bool":            {nm("  requestorID: a.b\n  nodeName: gpu-000\n  cordon: sometimes\n"), "spec.cordon: Invalid value"},
-		"maxParallelOperations abc":    {cfg("  maxParallelOperations: abc\n"), "maxParallelOperations must be a non-negative integer or a percentage"},
-		"maxParallelOperations 150%":   {cfg("  maxParallelOperations: 150%\n"), "maxParallelOperations must be a non-negative integer or a percentage"},
-		"maxParallelOperations -1":     {cfg("  maxParallelOperations: -1\n"), "maxParallelOperations must be a non-negative integer or a percentage"},
-		"maxUnavailable -2":            {cfg("  maxUnavailable: -2\n"), "maxUnavailable must be a non-negative integer or a percentage"},
-		"maxUnavailable 10.5%":         {cfg("  maxUnavailable: 10.5%\n"), "maxUnavailable must be a non-negative integer or a percentage"},
-		"maxUnavailable percent only":  {cfg("  maxUnavailable: \"%\"\n"), "maxUnavailable must be a non-negative integer or a percentage"},
-		"logLevel unknown":             {cfg("  logLevel: verbose\n"), "Unsupported value: \"verbose\""},
-		"negative maintenance timeout": {cfg("  maxNodeMaintenanceTimeSeconds: -1\n"), "maxNodeMaintenanceTimeSeconds: Invalid value: -1"},
+		"cordon not a bool":                 {nm("  requestorID: a.b\n  nodeName: gpu-000\n  cordon: sometimes\n"), "spec.cordon: Invalid value"},
+		"maxParallelOperations abc":         {cfg("  maxParallelOperations: abc\n"), "maxParallelOperations must be a non-negative integer or a percentage"},
+		"maxParallelOperations 150%":        {cfg("  maxParallelOperations: 150%\n"), "maxParallelOperations must be a non-negative integer or a percentage"},
+		"maxParallelOperations -1":          {cfg("  maxParallelOperations: -1\n"), "maxParallelOperations must be a non-negative integer or a percentage"},
+		"maxUnavailable -2":                 {cfg("  maxUnavailable: -2\n"), "maxUnavailable must be a non-negative integer or a percentage"},
+		"maxUnavailable 10.5%":              {cfg("  maxUnavailable: 10.5%\n"), "maxUnavailable must be a non-negative integer or a percentage"},
+		"maxUnavailable percent only":       {cfg("  maxUnavailable: \"%\"\n"), "maxUnavailable must be a non-negative integer or a percentage"},
+		"logLevel unknown":                  {cfg("  logLevel: verbose\n"), "Unsupported value: \"verbose\""},
+		"negative maintenance timeout":      {cfg("  maxNodeMaintenanceTimeSeconds: -1\n"), "maxNodeMaintenanceTimeSeconds: Invalid value: -1"},
+		"window with six cron fields":       {cfg("  maintenanceWindows:\n  - {name: w, schedule: \"0 0 1 * * 1\", duration: 4h}\n"), "schedule must be five cron fields"},
+		"window schedule with a time zone":  {cfg("  maintenanceWindows:\n  - {name: w, schedule: \"CRON_TZ=UTC 0 1 * * *\", duration: 4h}\n"), "set the time zone in timeZone"},
+		"window with zero duration":         {cfg("  maintenanceWindows:\n  - {name: w, schedule: \"0 1 * * *\", duration: 0s}\n"), "duration must be positive"},
+		"window with negative duration":     {cfg("  maintenanceWindows:\n  - {name: w, schedule: \"0 1 * * *\", duration: -1h}\n"), "spec.maintenanceWindows[0].duration: Invalid value"},
+		"window longer than a week":         {cfg("  maintenanceWindows:\n  - {name: w, schedule: \"0 1 * * *\", duration: 200h}\n"), "duration must be at most 168h"},
+		"window with a bad duration":        {cfg("  maintenanceWindows:\n  - {name: w, schedule: \"0 1 * * *\", duration: soon}\n"), "spec.maintenanceWindows[0].duration: Invalid value"},
+		"window without duration":           {cfg("  maintenanceWindows:\n  - {name: w, schedule: \"0 1 * * *\"}\n"), "duration: Required value"},
+		"window time zone with spaces":      {cfg("  maintenanceWindows:\n  - {name: w, schedule: \"0 1 * * *\", duration: 1h, timeZone: \"Europe / Berlin\"}\n"), "timeZone: Invalid value"},
+		"two windows with one name":         {cfg("  maintenanceWindows:\n  - {name: w, schedule: \"0 1 * * *\", duration: 1h}\n  - {name: w, schedule: \"0 2 * * *\", duration: 1h}\n"), "Duplicate value"},
+		"exclusion ending before it starts": {cfg("  maintenanceExclusions:\n  - {name: x, start: \"2026-12-20T00:00:00Z\", end: \"2026-12-19T00:00:00Z\"}\n"), "an exclusion must end after it starts"},
+		"exclusion with a bad time":         {cfg("  maintenanceExclusions:\n  - {name: x, start: \"next week\", end: \"2026-12-19T00:00:00Z\"}\n"), "spec.maintenanceExclusions[0].start"},
+		"pool without limits":               {cfg("  pools:\n  - {name: p, nodeSelector: {}}\n"), "a pool needs maxParallelOperations or maxUnavailable"},
+		"pool limit 150%":                   {cfg("  pools:\n  - {name: p, nodeSelector: {}, maxUnavailable: 150%}\n"), "maxUnavailable must be a non-negative integer or a percentage"},
+		"pool without selector":             {cfg("  pools:\n  - {name: p, maxParallelOperations: 1}\n"), "nodeSelector: Required value"},
+		"unknown urgency scope":             {cfg("  urgentMaintenance: Everything\n"), "Unsupported value: \"Everything\""},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
@@ -84,6 +100,29 @@ func TestSchemaAcceptsGoodValues(t *testing.T) {
 		if err := applyYAML(t, doc); err != nil {
 			t.Errorf("selector %q rejected: %v", sel, err)
 		}
+	}
+	full := `apiVersion: maintenance.nvidia.com/v1alpha1
+kind: MaintenanceOperatorConfig
+metadata:
+  generateName: good-
+  namespace: default
+spec:
+  maxParallelOperations: 10%
+  maintenanceWindows:
+  - {name: weekday-nights, schedule: "0 1 * * 1-5", duration: 4h, timeZone: Europe/Berlin}
+  - {name: sundays, schedule: "@weekly", duration: 90m}
+  maintenanceExclusions:
+  - {name: eoq-freeze, start: "2026-12-20T00:00:00+01:00", end: "2027-01-04T00:00:00+01:00"}
+  pools:
+  - {name: h200, nodeSelector: {matchLabels: {gpufleet.dev/pool: h200}}, maxParallelOperations: 1, maxUnavailable: 25%}
+  urgentMaintenance: AllNodes
+`
+	if err := applyYAML(t, full); err != nil {
+		t.Errorf("a config with windows, exclusions and pools rejected: %v", err)
+	}
+	var cfgs maintenancev1.MaintenanceOperatorConfigList
+	if err := k8s.List(t.Context(), &cfgs, client.InNamespace("default")); err != nil {
+		t.Fatalf("listing configs (typed decoding of durations and times): %v", err)
 	}
 	t.Cleanup(func() { cleanupNMs(t) })
 }

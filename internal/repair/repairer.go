@@ -287,6 +287,10 @@ func (r *Repairer) maintenanceRequest(ctx context.Context, l *ladder) (requestor
 	return requestor.Request{
 		RequestorID: Requestor, Namespace: r.Namespace, Name: "repair-" + l.nr.Name, NodeName: l.node.Name, Owner: l.nr,
 		Cordon: ptr.To(true),
+		// A repair is urgent: on a node that is already unavailable (not
+		// Ready, or cordoned) it takes nothing more from the cluster and
+		// does not wait for a maintenance window. Limits still apply.
+		Urgent: true,
 		Drain:  &maintenancev1.DrainSpec{Force: d.Force, DeleteEmptyDir: d.DeleteEmptyDir, TimeoutSeconds: &timeout},
 	}, nil
 }
@@ -494,7 +498,7 @@ func (r *Repairer) gpuDrainRequest(ctx context.Context, l *ladder) (requestor.Re
 	}
 	return requestor.Request{
 		RequestorID: Requestor, Namespace: r.Namespace, Name: "repair-" + l.nr.Name + "-gpu", NodeName: node, Owner: l.nr,
-		Cordon: ptr.To(false), Drain: spec,
+		Cordon: ptr.To(false), Drain: spec, Urgent: true,
 	}, what, nil
 }
 

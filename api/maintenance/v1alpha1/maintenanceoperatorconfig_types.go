@@ -46,6 +46,152 @@ type MaintenanceOperatorConfigSpec struct {
 	// +kubebuilder:default=3600
 	// +kubebuilder:validation:Minimum=0
 	MaxNodeMaintenanceTimeSeconds *int32 `json:"maxNodeMaintenanceTimeSeconds,omitempty"`
+
+	// MaintenanceWindows (gpufleet) restrict when new maintenance starts:
+	// a Pending NodeMaintenance is scheduled only while one of the windows
+	// is open (and no exclusion applies). Maintenance in progress when a
+	// window closes finishes. Unset: maintenance may start at any time.
+	// +optional
+	// +listType=map
+	// +listMapKey=name
+	// +kubebuilder:validation:MaxItems=32
+	MaintenanceWindows []MaintenanceWindow `json:"maintenanceWindows,omitempty"`
+
+	// MaintenanceExclusions (gpufleet) are periods in which no new
+	// maintenance starts, even inside a window (e.g. an end-of-quarter
+	// freeze). Urgent requests are not held back by them (see
+	// urgentMaintenance).
+	// +optional
+	// +listType=map
+	// +listMapKey=name
+	// +kubebuilder:validation:MaxItems=64
+	MaintenanceExclusions []MaintenanceExclusion `json:"maintenanceExclusions,omitempty"`
+
+	// Pools (gpufleet) give groups of nodes their own limits, applied on top
+	// of the cluster-wide ones: a node may start maintenance only when the
+	// cluster-wide limits and those of every pool it belongs to allow it.
+	// A node in no pool has only the cluster-wide limits.
+	// +optional
+	// +listType=map
+	// +listMapKey=name
+	// +kubebuilder:validation:MaxItems=64
+	Pools []MaintenancePool `json:"pools,omitempty"`
+
+	// UrgentMaintenance (gpufleet) says which urgent NodeMaintenance objects
+	// (annotation maintenance.gpufleet.dev/urgent: "true") may start outside
+	// the maintenance windows and during exclusions. UnavailableNodes (the
+	// default): only those of nodes that are already unavailable (not Ready
+	// or cordoned), which takes nothing more from the cluster. AllNodes:
+	// every urgent object. Limits and pool budgets always apply.
+	// +optional
+	// +kubebuilder:default=UnavailableNodes
+	UrgentMaintenance UrgentMaintenanceScope `json:"urgentMaintenance,omitempty"`
+}
+
+// UrgentMaintenanceScope says which urgent requests pass a closed window.
+// +kubebuilder:validation:Enum=UnavailableNodes;AllNodes
+type UrgentMaintenanceScope string
+
+// Urgent maintenance scopes.
+const (
+	UrgentUnavailableNodes UrgentMaintenanceScope = "UnavailableNodes"
+	UrgentAllNodes         UrgentMaintenanceScope = "AllNodes"
+)
+
+// MaintenanceWindow is a recurring period in which maintenance may start.
+// +kubebuilder:validation:XValidation:rule="!has(self.duration) || duration(self.duration) > duration('0s')",message="duration must be positive"
+// +kubebuilder:validation:XValidation:rule="!has(self.duration) || duration(self.duration) <= duration('168h')",message="duration must be at most 168h (a week)"
+type MaintenanceWindow struct {
+	// Name identifies the window in messages.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=63
+	Name string `json:"name"`
+	// Schedule is when the window opens, in cron syntax with five fields
+	// (minute hour day-of-month month day-of-week), e.g. "0 1 * * 1-5" for
+	// weekdays at 01:00, or a descriptor such as @daily. It is read in
+	// timeZone: on a day when that wall-clock time does not exist (the
+	// clocks go forward) the window opens when the clocks change; on a day
+	// when it happens twice, at the first.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=128
+	// +kubebuilder:validation:XValidation:rule="self.matches('^@(yearly|annually|monthly|weekly|daily|midnight|hourly)$') || self.matches('^[0-9*,/?A-Za-z-]+( +[0-9*,/?A-Za-z-]+){4}$')",message="schedule must be five cron fields (minute hour day-of-month month day-of-week, e.g. \"0 1 * * 1-5\") or a descriptor such as @daily; set the time zone in timeZone, not in the schedule"
+	Schedule string `json:"schedule"`
+	// Duration is how long the window stays open once opened (elapsed
+	// time, e.g. "4h" or "90m"); more than 0, at most 168h.
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:Pattern=`^([0-9]+(\.[0-9]+)?(s|m|h))+$`
+	Duration metav1.Duration `json:"duration"`
+	// TimeZone is the IANA time zone of the schedule, e.g. "Europe/Berlin".
+	// Default UTC.
+	// +optional
+	// +kubebuilder:validation:MaxLength=64
+	// +kubebuilder:validation:Pattern=`^[A-Za-z][A-Za-z0-9_+./-]*$`
+	TimeZone string `json:"timeZone,omitempty"`
+}
+
+// MaintenanceExclusion is an absolute period in which no new maintenance
+// starts.
+// +kubebuilder:validation:XValidation:rule="self.end > self.start",message="an exclusion must end after it starts"
+type MaintenanceExclusion struct {
+	// Name identifies the exclusion in messages.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=63
+	Name string `json:"name"`
+	// Start of the exclusion (RFC 3339, e.g. "2026-12-20T00:00:00+01:00").
+	Start metav1.Time `json:"start"`
+	// End of the exclusion (exclusive).
+	End metav1.Time `json:"end"`
+}
+
+// MaintenancePool is a group of nodes with its own limits.
+// +kubebuilder:validation:XValidation:rule="has(self.maxParallelOperations) || has(self.maxUnavailable)",message="a pool needs maxParallelOperations or maxUnavailable"
+type MaintenancePool struct {
+	// Name identifies the pool in wait reasons.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=63
+	Name string `json:"name"`
+	// NodeSelector chooses the pool's nodes (an empty selector: every node).
+	NodeSelector metav1.LabelSelector `json:"nodeSelector"`
+	// MaxParallelOperations is how many of the pool's nodes may be in
+	// maintenance at once: an integer or a percentage of the pool's nodes
+	// (rounded up). Unset: only the cluster-wide limit.
+	// +optional
+	// +kubebuilder:validation:XIntOrString
+	// +kubebuilder:validation:MaxLength=4
+	// +kubebuilder:validation:XValidation:rule="type(self) == int ? self >= 0 : self.matches('^(100|[1-9]?[0-9])%$')",message="maxParallelOperations must be a non-negative integer or a percentage between 0% and 100%"
+	MaxParallelOperations *intstr.IntOrString `json:"maxParallelOperations,omitempty"`
+	// MaxUnavailable is how many of the pool's nodes may be unavailable: an
+	// integer or a percentage of the pool's nodes (rounded down). Unset: no
+	// pool limit.
+	// +optional
+	// +kubebuilder:validation:XIntOrString
+	// +kubebuilder:validation:MaxLength=4
+	// +kubebuilder:validation:XValidation:rule="type(self) == int ? self >= 0 : self.matches('^(100|[1-9]?[0-9])%$')",message="maxUnavailable must be a non-negative integer or a percentage between 0% and 100%"
+	MaxUnavailable *intstr.IntOrString `json:"maxUnavailable,omitempty"`
+}
+
+// Condition types of a MaintenanceOperatorConfig (gpufleet).
+const (
+	// ConfigConditionInvalid is True when the config passed the schema but
+	// cannot be applied (a cron expression, time zone or selector that does
+	// not parse); the previous valid config keeps applying, and without one
+	// nothing is scheduled.
+	ConfigConditionInvalid = "InvalidConfig"
+	// ConfigConditionWindowOpen is True while new maintenance may start
+	// under the windows and exclusions; its message says when that changes.
+	ConfigConditionWindowOpen = "MaintenanceWindowOpen"
+)
+
+// MaintenanceOperatorConfigStatus is written by gpufleet's scheduler.
+type MaintenanceOperatorConfigStatus struct {
+	// ObservedGeneration is the generation the conditions describe.
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+	// Conditions: InvalidConfig and MaintenanceWindowOpen.
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
 }
 
 // MaintenanceOperatorConfig configures the maintenance scheduler. Only the
@@ -55,12 +201,17 @@ type MaintenanceOperatorConfigSpec struct {
 // +kubebuilder:resource:shortName=moc
 // +kubebuilder:printcolumn:name="MaxParallel",type="string",JSONPath=`.spec.maxParallelOperations`
 // +kubebuilder:printcolumn:name="MaxUnavailable",type="string",JSONPath=`.spec.maxUnavailable`
+// +kubebuilder:printcolumn:name="Window",type="string",JSONPath=`.status.conditions[?(@.type=="MaintenanceWindowOpen")].status`
+// +kubebuilder:printcolumn:name="Invalid",type="string",JSONPath=`.status.conditions[?(@.type=="InvalidConfig")].status`
 // +kubebuilder:printcolumn:name="Age",type="date",JSONPath=`.metadata.creationTimestamp`
+// +kubebuilder:subresource:status
 type MaintenanceOperatorConfig struct {
 	metav1.TypeMeta   `json:",inline"`
 	metav1.ObjectMeta `json:"metadata,omitempty"`
 
 	Spec MaintenanceOperatorConfigSpec `json:"spec,omitempty"`
+	// +optional
+	Status MaintenanceOperatorConfigStatus `json:"status,omitempty"`
 }
 
 // MaintenanceOperatorConfigList is a list of MaintenanceOperatorConfig.

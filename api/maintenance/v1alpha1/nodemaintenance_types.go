@@ -34,6 +34,12 @@ const (
 	PhaseRequestorFailed      Phase = "RequestorFailed"
 )
 
+// AnnotationUrgent (gpufleet), set to "true" on a NodeMaintenance, marks it
+// urgent: it may start outside the maintenance windows of the
+// MaintenanceOperatorConfig when its node is already unavailable (or
+// whenever the config's urgentMaintenance is AllNodes). Limits still apply.
+const AnnotationUrgent = "maintenance.gpufleet.dev/urgent"
+
 // Finalizer guarantees cleanup (uncordon) before a NodeMaintenance goes away.
 const Finalizer = "maintenance.nvidia.com/finalizer"
 

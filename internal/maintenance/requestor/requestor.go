@@ -53,6 +53,10 @@ type Request struct {
 	AdditionalRequestors []string
 	// Labels to put on the object (e.g. which component asked).
 	Labels map[string]string
+	// Urgent marks the request urgent (annotation
+	// maintenance.gpufleet.dev/urgent): it may start outside the maintenance
+	// windows when its node is already unavailable; limits still apply.
+	Urgent bool
 }
 
 // Object builds the NodeMaintenance of r. The scheme must know the owner's type.
@@ -67,6 +71,9 @@ func (r Request) Object(scheme *runtime.Scheme) (*maintenancev1.NodeMaintenance,
 			DrainSpec: r.Drain.DeepCopy(), WaitForPodCompletion: r.WaitForPodCompletion.DeepCopy(),
 			AdditionalRequestors: slices.Clone(r.AdditionalRequestors),
 		},
+	}
+	if r.Urgent {
+		nm.Annotations = map[string]string{maintenancev1.AnnotationUrgent: "true"}
 	}
 	if r.Owner != nil {
 		if err := controllerutil.SetControllerReference(r.Owner, nm, scheme); err != nil {

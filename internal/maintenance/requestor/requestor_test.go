@@ -138,6 +138,7 @@ func TestRequestObjectBuildsTheObject(t *testing.T) {
 		WaitForPodCompletion: &maintenancev1.WaitForPodCompletionSpec{PodSelector: "job=x", TimeoutSeconds: ptr.To[int32](30)},
 		AdditionalRequestors: []string{"other.requestor"},
 		Labels:               map[string]string{"app.kubernetes.io/component": "repair"},
+		Urgent:               true,
 	}
 	nm, err := r.Object(testScheme(t))
 	if err != nil {
@@ -146,7 +147,8 @@ func TestRequestObjectBuildsTheObject(t *testing.T) {
 	want := &maintenancev1.NodeMaintenance{
 		ObjectMeta: metav1.ObjectMeta{
 			Namespace: ns, Name: "repair-gpu-003-xid79",
-			Labels: map[string]string{"app.kubernetes.io/component": "repair"},
+			Labels:      map[string]string{"app.kubernetes.io/component": "repair"},
+			Annotations: map[string]string{maintenancev1.AnnotationUrgent: "true"},
 			OwnerReferences: []metav1.OwnerReference{{
 				APIVersion: repairv1.GroupVersion.String(), Kind: "NodeRepair", Name: owner.Name, UID: owner.UID,
 				Controller: ptr.To(true), BlockOwnerDeletion: ptr.To(false),
