@@ -46,7 +46,9 @@ type UpgradeNode struct {
 	Name string
 	// DriverPod is the node's driver pod ("" = none); Current reports
 	// whether it runs the desired image, Ready whether it is Ready.
-	DriverPod         string
+	DriverPod string
+	// DriverPodCreated is when the driver pod was created.
+	DriverPodCreated  time.Time
 	Current, Ready    bool
 	ValidatorReady    bool
 	Failed            bool // labelled failed by an earlier attempt
@@ -87,7 +89,20 @@ func PlanUpgrades(nodes []UpgradeNode, limit int, timeout time.Duration, now tim
 		case n.MaintenanceIsOurs && !nm.IsReady():
 			// waiting for the maintenance scheduler and the drain
 		case n.MaintenanceIsOurs && !n.Current:
-			if nm.Annotations[annotationRestartedAt] == "" && n.DriverPod != "" {
+			restarted, err := time.Parse(time.RFC3339, nm.Annotations[annotationRestartedAt])
+			switch {
+			case err != nil && n.DriverPod != "":
+				acts = append(acts, UpgradeAction{ActRestartDriver, n.Name})
+			case err != nil:
+				// no driver pod yet: the DaemonSet creates it
+			case now.Sub(restarted) >= timeout:
+				// Still not the new driver (e.g. the DaemonSet keeps the
+				// old image): the wait is bounded like any other.
+				acts = append(acts, UpgradeAction{ActFail, n.Name})
+			case n.DriverPod != "" && n.DriverPodCreated.Add(time.Second).Before(restarted):
+				// The restart was recorded but the old pod is still there
+				// (the operator stopped between the two writes): delete it
+				// again. A pod created since the restart is left alone.
 				acts = append(acts, UpgradeAction{ActRestartDriver, n.Name})
 			}
 		case n.MaintenanceIsOurs && n.Ready && n.ValidatorReady:
@@ -162,7 +177,7 @@ func upgradeNodes(spec *nvidiav1.ClusterPolicySpec, nodes *corev1.NodeList, desi
 		if !ok || len(p.Spec.Containers) == 0 {
 			continue
 		}
-		n.DriverPod = p.Name
+		n.DriverPod, n.DriverPodCreated = p.Name, p.CreationTimestamp.Time
 		n.Current = p.Spec.Containers[0].Image == want
 		n.Ready = podutils.IsPodReady(p)
 	}
@@ -221,15 +236,19 @@ func (r *Reconciler) act(ctx context.Context, policy *nvidiav1.ClusterPolicy, a 
 		r.Recorder.Eventf(policy, node, corev1.EventTypeNormal, ReasonUpgradeStarted, actionUpgrade, "Driver upgrade of node %s requested", a.Node)
 		return r.setUpgradeLabel(ctx, a.Node, upgradeStateUpgrading)
 	case ActRestartDriver:
-		nm := n.Maintenance.DeepCopy()
-		patch := client.MergeFrom(n.Maintenance)
-		if nm.Annotations == nil {
-			nm.Annotations = map[string]string{}
-		}
-		nm.Annotations[annotationRestartedAt] = now.UTC().Format(time.RFC3339)
-		// Record first: a crash after the delete must not restart it twice.
-		if err := r.Client.Patch(ctx, nm, patch); err != nil {
-			return fmt.Errorf("recording the driver restart on %s: %w", a.Node, err)
+		// Record first: a crash after the delete must not restart the new
+		// pod; a crash before it is seen from the old pod's age (the
+		// planner deletes it again, keeping the first restart's time).
+		if n.Maintenance.Annotations[annotationRestartedAt] == "" {
+			nm := n.Maintenance.DeepCopy()
+			patch := client.MergeFrom(n.Maintenance)
+			if nm.Annotations == nil {
+				nm.Annotations = map[string]string{}
+			}
+			nm.Annotations[annotationRestartedAt] = now.UTC().Format(time.RFC3339)
+			if err := r.Client.Patch(ctx, nm, patch); err != nil {
+				return fmt.Errorf("recording the driver restart on %s: %w", a.Node, err)
+			}
 		}
 		pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: r.Namespace, Name: n.DriverPod}}
 		if err := r.Client.Delete(ctx, pod); client.IgnoreNotFound(err) != nil {

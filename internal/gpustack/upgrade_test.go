@@ -37,6 +37,10 @@ func TestPlanUpgrades(t *testing.T) {
 		n.Current = true
 		return n
 	}
+	createdAt := func(n UpgradeNode, at time.Time) UpgradeNode {
+		n.DriverPodCreated = at
+		return n
+	}
 	withNM := func(n UpgradeNode, m *maintenancev1.NodeMaintenance) UpgradeNode {
 		n.Maintenance, n.MaintenanceIsOurs = m, true
 		return n
@@ -56,8 +60,21 @@ func TestPlanUpgrades(t *testing.T) {
 			want: nil,
 		},
 		"maintenance Ready: restart the old driver pod once": {
-			nodes: []UpgradeNode{withNM(old("a"), nm(true, "")), withNM(old("b"), nm(true, t0.Format(time.RFC3339)))}, limit: 2,
+			nodes: []UpgradeNode{withNM(old("a"), nm(true, "")), withNM(createdAt(old("b"), t0.Add(-time.Minute)), nm(true, t0.Add(-2*time.Minute).Format(time.RFC3339)))}, limit: 2,
 			want: []UpgradeAction{{ActRestartDriver, "a"}},
+		},
+		"restart recorded but the old pod is still there (stopped between the writes): delete it again": {
+			nodes: []UpgradeNode{withNM(createdAt(old("a"), t0.Add(-time.Hour)), nm(true, t0.Add(-time.Minute).Format(time.RFC3339)))}, limit: 1,
+			want: []UpgradeAction{{ActRestartDriver, "a"}},
+		},
+		"restarted, still the old image past the timeout: fail (the wait is bounded)": {
+			nodes: []UpgradeNode{withNM(createdAt(old("a"), t0.Add(-10*time.Minute)), nm(true, t0.Add(-11*time.Minute).Format(time.RFC3339)))}, limit: 1,
+			timeout: 10 * time.Minute,
+			want:    []UpgradeAction{{ActFail, "a"}},
+		},
+		"restarted, no driver pod yet: wait": {
+			nodes: []UpgradeNode{withNM(UpgradeNode{Name: "a"}, nm(true, t0.Add(-time.Minute).Format(time.RFC3339)))}, limit: 1,
+			want: nil,
 		},
 		"new driver and validator Ready: release the node": {
 			nodes: []UpgradeNode{withNM(cur("a"), nm(true, t0.Format(time.RFC3339)))}, limit: 1,
