@@ -55,6 +55,9 @@ type NodeSpec struct {
 	Taints []corev1.Taint
 	// Unschedulable creates the node cordoned.
 	Unschedulable bool
+	// Capacity overrides entries of the generated capacity (and
+	// allocatable), e.g. pods: 0 for a node the scheduler cannot use.
+	Capacity corev1.ResourceList
 }
 
 // GPUNodes returns n GPU node specs named gpu-000…, spread round-robin over
@@ -117,6 +120,9 @@ func (s NodeSpec) Node() *corev1.Node {
 	}
 	for k, v := range s.Labels {
 		labels[k] = v
+	}
+	for k, v := range s.Capacity {
+		capacity[k] = v
 	}
 	return &corev1.Node{
 		ObjectMeta: metav1.ObjectMeta{

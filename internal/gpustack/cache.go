@@ -15,14 +15,20 @@ import (
 // of to the objects it manages (labelled managed-by gpufleet; pods only in
 // the operator's namespace, stripped to what the controller reads): a
 // cluster's other pods, DaemonSets, Services, ServiceAccounts and RBAC
-// objects are never held in the operator's memory.
+// objects are never held in the operator's memory. The namespaced kinds are
+// watched in the operator's namespace only, where the stack lives: the
+// operator's namespaced Role is all it needs for them (no cluster-wide
+// list of DaemonSets, Services or ServiceAccounts).
 func CacheObjects(namespace string) map[client.Object]cache.ByObject {
 	managed := labels.SelectorFromSet(labels.Set{LabelManagedBy: managedBy})
+	inNamespace := map[string]cache.Config{namespace: {}}
 	out := map[client.Object]cache.ByObject{
-		&corev1.Pod{}: {Namespaces: map[string]cache.Config{namespace: {}}, Label: managed, Transform: stripPod},
+		&corev1.Pod{}: {Namespaces: inNamespace, Label: managed, Transform: stripPod},
 	}
-	for _, o := range []client.Object{&appsv1.DaemonSet{}, &corev1.Service{}, &corev1.ServiceAccount{},
-		&rbacv1.ClusterRole{}, &rbacv1.ClusterRoleBinding{}} {
+	for _, o := range []client.Object{&appsv1.DaemonSet{}, &corev1.Service{}, &corev1.ServiceAccount{}} {
+		out[o] = cache.ByObject{Namespaces: inNamespace, Label: managed}
+	}
+	for _, o := range []client.Object{&rbacv1.ClusterRole{}, &rbacv1.ClusterRoleBinding{}} {
 		out[o] = cache.ByObject{Label: managed}
 	}
 	return out
@@ -30,7 +36,8 @@ func CacheObjects(namespace string) map[client.Object]cache.ByObject {
 
 // stripPod is the cache transform of the stack's pods: it keeps only what
 // the controller reads (node, component label, containers' images, phase,
-// the Ready condition, creation and deletion), so a thousand GPU nodes'
+// the Ready condition, creation and deletion, and for a pod not yet
+// scheduled its node affinity and the scheduler's reason), so a thousand GPU nodes'
 // stack pods cost a fraction of their full size. The freshly decoded pod is
 // trimmed in place: no second copy is allocated.
 var stripPod toolscache.TransformFunc = func(obj any) (any, error) {
@@ -46,13 +53,22 @@ var stripPod toolscache.TransformFunc = func(obj any) (any, error) {
 	for i, c := range p.Spec.Containers {
 		containers[i] = corev1.Container{Name: c.Name, Image: c.Image}
 	}
-	p.Spec = corev1.PodSpec{NodeName: p.Spec.NodeName, Containers: containers}
-	var ready []corev1.PodCondition
+	spec := corev1.PodSpec{NodeName: p.Spec.NodeName, Containers: containers}
+	if p.Spec.NodeName == "" {
+		// Not scheduled: keep the node the DaemonSet made it for.
+		spec.Affinity = p.Spec.Affinity
+	}
+	p.Spec = spec
+	var conditions []corev1.PodCondition
 	for _, c := range p.Status.Conditions {
-		if c.Type == corev1.PodReady {
-			ready = []corev1.PodCondition{{Type: c.Type, Status: c.Status, LastTransitionTime: c.LastTransitionTime}}
+		switch {
+		case c.Type == corev1.PodReady:
+			conditions = append(conditions, corev1.PodCondition{Type: c.Type, Status: c.Status, LastTransitionTime: c.LastTransitionTime})
+		case c.Type == corev1.PodScheduled && c.Status == corev1.ConditionFalse:
+			// Why the scheduler cannot place it (for Degraded).
+			conditions = append(conditions, corev1.PodCondition{Type: c.Type, Status: c.Status, Reason: c.Reason, Message: c.Message})
 		}
 	}
-	p.Status = corev1.PodStatus{Phase: p.Status.Phase, Conditions: ready}
+	p.Status = corev1.PodStatus{Phase: p.Status.Phase, Conditions: conditions}
 	return p, nil
 }

@@ -27,7 +27,22 @@ type Component struct {
 	OffByDefault bool
 	// Privileged components run privileged with host access.
 	Privileged bool
+	// OnlyOn, when set, limits the component to the GPU nodes whose labels
+	// it accepts (e.g. mig-manager on MIG-capable nodes); elsewhere it is
+	// neither deployed nor waited for.
+	OnlyOn func(nodeLabels map[string]string) bool
 }
+
+// RunsOn reports whether the component belongs on a GPU node with these labels.
+func (c Component) RunsOn(nodeLabels map[string]string) bool {
+	return c.OnlyOn == nil || c.OnlyOn(nodeLabels)
+}
+
+// LabelMIGCapable is set by GPU feature discovery on nodes whose GPUs
+// support MIG; mig-manager runs only there, as in NVIDIA's GPU Operator.
+const LabelMIGCapable = "nvidia.com/mig.capable"
+
+func migCapable(nodeLabels map[string]string) bool { return nodeLabels[LabelMIGCapable] == "true" }
 
 // Component keys.
 const (
@@ -51,7 +66,7 @@ var Components = []Component{
 	{Key: DCGM, Stage: 4, OffByDefault: true, Spec: func(s *nvidiav1.ClusterPolicySpec) *nvidiav1.ComponentSpec { return &s.DCGM.ComponentSpec }},
 	{Key: DCGMExporter, Stage: 4, Spec: func(s *nvidiav1.ClusterPolicySpec) *nvidiav1.ComponentSpec { return &s.DCGMExporter.ComponentSpec }},
 	{Key: GFD, Stage: 5, Spec: func(s *nvidiav1.ClusterPolicySpec) *nvidiav1.ComponentSpec { return &s.GFD.ComponentSpec }},
-	{Key: MIGManager, Stage: 6, OffByDefault: true, Privileged: true, Spec: func(s *nvidiav1.ClusterPolicySpec) *nvidiav1.ComponentSpec { return &s.MIGManager.ComponentSpec }},
+	{Key: MIGManager, Stage: 6, OffByDefault: true, Privileged: true, OnlyOn: migCapable, Spec: func(s *nvidiav1.ClusterPolicySpec) *nvidiav1.ComponentSpec { return &s.MIGManager.ComponentSpec }},
 	{Key: NodeStatusExporter, Stage: 6, OffByDefault: true, Spec: func(s *nvidiav1.ClusterPolicySpec) *nvidiav1.ComponentSpec { return &s.NodeStatusExporter }},
 }
 

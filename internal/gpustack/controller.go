@@ -287,6 +287,9 @@ func (r *Reconciler) prune(ctx context.Context, objs []client.Object) error {
 type podState struct {
 	ready bool
 	since time.Time // creation time, for the Degraded threshold
+	// unschedulable is the scheduler's reason when the pod cannot be placed
+	// on its node ("" otherwise).
+	unschedulable string
 }
 
 // componentPods lists the stack's pods and indexes them by node and component.
@@ -299,17 +302,23 @@ func (r *Reconciler) componentPods(ctx context.Context) (map[string]map[string]p
 	for i := range pods.Items {
 		p := &pods.Items[i]
 		comp := p.Labels[LabelComponent]
-		if p.Spec.NodeName == "" || comp == "" || p.DeletionTimestamp != nil {
+		node := p.Spec.NodeName
+		st := podState{ready: podutils.IsPodReady(p), since: p.CreationTimestamp.Time}
+		if node == "" {
+			// Not scheduled yet: a DaemonSet pod names its node in its
+			// affinity; the scheduler says why it cannot place it.
+			node, st.unschedulable = daemonPodTarget(p), unschedulableReason(p)
+		}
+		if node == "" || comp == "" || p.DeletionTimestamp != nil {
 			continue
 		}
-		if out[p.Spec.NodeName] == nil {
-			out[p.Spec.NodeName] = map[string]podState{}
+		if out[node] == nil {
+			out[node] = map[string]podState{}
 		}
-		st := podState{ready: podutils.IsPodReady(p), since: p.CreationTimestamp.Time}
-		if prev, ok := out[p.Spec.NodeName][comp]; ok && prev.ready {
+		if prev, ok := out[node][comp]; ok && prev.ready {
 			st = prev // any Ready pod of the component counts
 		}
-		out[p.Spec.NodeName][comp] = st
+		out[node][comp] = st
 	}
 	return out, pods.Items, nil
 }
@@ -367,7 +376,7 @@ func (r *Reconciler) computeStatus(policy *nvidiav1.ClusterPolicy, status *nvidi
 		var waiting []string
 		for i := range nodes.Items {
 			n := &nodes.Items[i]
-			if !HasNvidiaGPU(n.Labels) {
+			if !HasNvidiaGPU(n.Labels) || !c.RunsOn(n.Labels) {
 				continue
 			}
 			if v, ok := n.Labels[c.DeployLabel]; ok && v != valueTrue {
@@ -380,6 +389,9 @@ func (r *Reconciler) computeStatus(policy *nvidiav1.ClusterPolicy, status *nvidi
 				cs.NodesReady++
 			case !hasPod && n.Labels[c.DeployLabel] != valueTrue:
 				waiting = append(waiting, n.Name+" (waiting for earlier components)")
+			case hasPod && now.Sub(st.since) >= r.DegradedAfter && st.unschedulable != "":
+				waiting = append(waiting, n.Name+" (pod cannot be scheduled)")
+				degraded = append(degraded, c.Key+" on "+n.Name+" (cannot be scheduled: "+st.unschedulable+")")
 			case hasPod && now.Sub(st.since) >= r.DegradedAfter:
 				waiting = append(waiting, n.Name+" (pod not Ready)")
 				degraded = append(degraded, c.Key+" on "+n.Name)
@@ -505,4 +517,35 @@ func summarize(items []string, n int) string {
 		return strings.Join(items, ", ")
 	}
 	return fmt.Sprintf("%s and %d more", strings.Join(items[:n], ", "), len(items)-n)
+}
+
+// daemonPodTarget is the node a DaemonSet pod is made for: the DaemonSet
+// controller pins it with a required node affinity on metadata.name.
+func daemonPodTarget(p *corev1.Pod) string {
+	a := p.Spec.Affinity
+	if a == nil || a.NodeAffinity == nil || a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution == nil {
+		return ""
+	}
+	for _, term := range a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms {
+		for _, f := range term.MatchFields {
+			if f.Key == metav1.ObjectNameField && f.Operator == corev1.NodeSelectorOpIn && len(f.Values) == 1 {
+				return f.Values[0]
+			}
+		}
+	}
+	return ""
+}
+
+// unschedulableReason is the scheduler's message for a pod it could not
+// place ("" if it has not given up on it).
+func unschedulableReason(p *corev1.Pod) string {
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodScheduled && c.Status == corev1.ConditionFalse && c.Reason == corev1.PodReasonUnschedulable {
+			if c.Message == "" {
+				return c.Reason
+			}
+			return c.Message
+		}
+	}
+	return ""
 }

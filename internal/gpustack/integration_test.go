@@ -8,8 +8,10 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
@@ -451,6 +453,69 @@ func TestSeedPolicyDeploysTheStack(t *testing.T) {
 		evs, _ := cluster.Client.EventsV1().Events("").List(ctx, metav1.ListOptions{FieldSelector: "reason=" + gpustack.ReasonUpgradeFailed})
 		if len(evs.Items) == 0 {
 			t.Errorf("no %s Warning event for the node whose new driver never became Ready", gpustack.ReasonUpgradeFailed)
+		}
+	})
+
+	t.Run("an operand pod that cannot be scheduled marks its node Degraded with the scheduler's reason", func(t *testing.T) {
+		// A GPU node with room for no pod: the DaemonSets create its pods,
+		// the scheduler cannot place them.
+		full := devcluster.NodeSpec{Name: "full-gpu-009", Pool: "a", GPUs: 8, Capacity: corev1.ResourceList{corev1.ResourcePods: resource.MustParse("0")}}
+		if err := cluster.AddNodes(t.Context(), full); err != nil {
+			t.Fatal(err)
+		}
+		defer func() {
+			if err := cluster.Client.CoreV1().Nodes().Delete(context.Background(), full.Name, metav1.DeleteOptions{}); err != nil {
+				t.Error(err)
+			}
+		}()
+		var deg *metav1.Condition
+		err := wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
+			deg = meta.FindStatusCondition(getPolicy(t, "cluster-policy").Status.Conditions, nvidiav1.ConditionDegraded)
+			return deg != nil && deg.Status == metav1.ConditionTrue && strings.Contains(deg.Message, "driver on full-gpu-009 (cannot be scheduled: "), nil
+		})
+		if err != nil {
+			t.Fatalf("Degraded does not name the unschedulable driver pod: %+v", deg)
+		}
+		if !strings.Contains(deg.Message, "Too many pods") {
+			t.Errorf("Degraded message %q does not carry the scheduler's reason", deg.Message)
+		}
+		if d := component(getPolicy(t, "cluster-policy"), gpustack.Driver); !strings.Contains(d.Message, "full-gpu-009 (pod cannot be scheduled)") {
+			t.Errorf("driver component message %q does not name the node", d.Message)
+		}
+	})
+
+	t.Run("mig-manager runs only on MIG-capable nodes", func(t *testing.T) {
+		setLabel := func(v any) {
+			patch := fmt.Sprintf(`{"metadata":{"labels":{%q:%s}}}`, gpustack.LabelMIGCapable, v)
+			if _, err := cluster.Client.CoreV1().Nodes().Patch(context.Background(), "gpu-001", types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		setLabel(`"true"`)
+		updatePolicy(t, func(p *nvidiav1.ClusterPolicy) { p.Spec.MIGManager.Enabled = ptr.To(true) })
+		defer func() {
+			updatePolicy(t, func(p *nvidiav1.ClusterPolicy) { p.Spec.MIGManager.Enabled = nil })
+			setLabel("null")
+		}()
+		var mig nvidiav1.ComponentStatus
+		err := wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
+			mig = component(getPolicy(t, "cluster-policy"), gpustack.MIGManager)
+			return mig.Enabled && mig.NodesDesired == 1 && mig.NodesReady == 1, nil
+		})
+		if err != nil {
+			t.Fatalf("mig-manager status %+v, want desired and Ready on the one MIG-capable node", mig)
+		}
+		pods, err := cluster.Client.CoreV1().Pods(ns).List(t.Context(), metav1.ListOptions{LabelSelector: gpustack.LabelComponent + "=" + gpustack.MIGManager})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range pods.Items {
+			if p.Spec.NodeName != "gpu-001" {
+				t.Errorf("mig-manager pod %s on %s, which is not MIG-capable", p.Name, p.Spec.NodeName)
+			}
+		}
+		if len(pods.Items) != 1 {
+			t.Errorf("%d mig-manager pods, want 1", len(pods.Items))
 		}
 	})
 

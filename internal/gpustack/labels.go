@@ -112,7 +112,7 @@ func NodeLabels(node *corev1.Node, spec *nvidiav1.ClusterPolicySpec, ready func(
 			}
 			v, has := labels[c.DeployLabel]
 			switch {
-			case !c.Enabled(spec):
+			case !c.Enabled(spec) || !c.RunsOn(labels):
 				remove(c.DeployLabel)
 			case has && v != valueTrue:
 				// Opted out by an administrator: skipped, not waited for.

@@ -59,6 +59,7 @@ func deployLabels(labels map[string]string) map[string]string {
 
 func TestNodeLabels(t *testing.T) {
 	spec := &nvidiav1.ClusterPolicySpec{}
+	migSpec := &nvidiav1.ClusterPolicySpec{MIGManager: nvidiav1.MIGManagerSpec{ComponentSpec: nvidiav1.ComponentSpec{Enabled: ptr.To(true)}}}
 	tests := map[string]struct {
 		node        *corev1.Node
 		spec        *nvidiav1.ClusterPolicySpec
@@ -102,6 +103,18 @@ func TestNodeLabels(t *testing.T) {
 			spec:       &nvidiav1.ClusterPolicySpec{Toolkit: nvidiav1.ToolkitSpec{ComponentSpec: nvidiav1.ComponentSpec{Enabled: ptr.To(false)}}},
 			ready:      readyFor(Driver),
 			wantDeploy: map[string]string{Driver: "true", DevicePlugin: "true"}, wantRuntime: "containerd", wantPresent: true,
+		},
+		"mig-manager enabled: only on a MIG-capable node": {
+			node: gpuNode(map[string]string{LabelMIGCapable: "true"}, "containerd://1.7"), spec: migSpec,
+			ready:       readyFor(Driver, ContainerToolkit, DevicePlugin, Validator, DCGMExporter, GFD),
+			wantDeploy:  map[string]string{Driver: "true", ContainerToolkit: "true", DevicePlugin: "true", Validator: "true", DCGMExporter: "true", GFD: "true", MIGManager: "true"},
+			wantRuntime: "containerd", wantPresent: true,
+		},
+		"mig-manager enabled: not on a node without MIG (and a stale label is removed)": {
+			node: gpuNode(map[string]string{LabelMIGCapable: "false", "nvidia.com/gpu.deploy.mig-manager": "true"}, "containerd://1.7"), spec: migSpec,
+			ready:       readyFor(Driver, ContainerToolkit, DevicePlugin, Validator, DCGMExporter, GFD),
+			wantDeploy:  map[string]string{Driver: "true", ContainerToolkit: "true", DevicePlugin: "true", Validator: "true", DCGMExporter: "true", GFD: "true"},
+			wantRuntime: "containerd", wantPresent: true,
 		},
 		"unknown runtime falls back to the policy default": {
 			node: gpuNode(nil, "frobnicator://1"), spec: &nvidiav1.ClusterPolicySpec{Operator: nvidiav1.OperatorSpec{DefaultRuntime: "docker"}},

@@ -27,12 +27,14 @@ import (
 
 // +kubebuilder:rbac:groups=nvidia.com,resources=clusterpolicies,verbs=get;list;watch
 // +kubebuilder:rbac:groups=nvidia.com,resources=clusterpolicies/status,verbs=get;update;patch
-// +kubebuilder:rbac:groups=apps,resources=daemonsets,verbs=get;list;watch;create;update;patch;delete
-// +kubebuilder:rbac:groups="",resources=serviceaccounts;services,verbs=get;list;watch;create;update;patch;delete
-// +kubebuilder:rbac:groups=rbac.authorization.k8s.io,resources=clusterroles;clusterrolebindings,verbs=get;list;watch;create;update;patch;delete
+// +kubebuilder:rbac:groups=apps,resources=daemonsets,verbs=get;list;watch;create;update;patch;delete,namespace=gpufleet-system
+// +kubebuilder:rbac:groups="",resources=serviceaccounts;services,verbs=get;list;watch;create;update;patch;delete,namespace=gpufleet-system
+// +kubebuilder:rbac:groups="",resources=pods,verbs=delete,namespace=gpufleet-system
+// +kubebuilder:rbac:groups=rbac.authorization.k8s.io,resources=clusterroles;clusterrolebindings,verbs=get;list;watch;create
+// +kubebuilder:rbac:groups=rbac.authorization.k8s.io,resources=clusterroles;clusterrolebindings,verbs=update;patch;delete,resourceNames=nvidia-mig-manager
 // +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch;patch
-// +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch;delete
-// +kubebuilder:rbac:groups=maintenance.nvidia.com,resources=nodemaintenances,verbs=get;list;watch;create;delete;patch
+// +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch
+// +kubebuilder:rbac:groups=maintenance.nvidia.com,resources=nodemaintenances,verbs=get;list;watch;delete;patch
 
 // Options configure the GPU stack controller.
 type Options struct {
@@ -104,6 +106,6 @@ var podReadinessChanged = predicate.Funcs{
 	UpdateFunc: func(e event.UpdateEvent) bool {
 		o, n := e.ObjectOld.(*corev1.Pod), e.ObjectNew.(*corev1.Pod)
 		return podutils.IsPodReady(o) != podutils.IsPodReady(n) || o.Spec.NodeName != n.Spec.NodeName ||
-			(o.DeletionTimestamp == nil) != (n.DeletionTimestamp == nil)
+			(o.DeletionTimestamp == nil) != (n.DeletionTimestamp == nil) || unschedulableReason(o) != unschedulableReason(n)
 	},
 }
