@@ -1,8 +1,15 @@
 package maintenance
 
 import (
+	"context"
+	"strings"
+	"sync/atomic"
+
 	"github.com/prometheus/client_golang/prometheus"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
+
+	maintenancev1 "github.com/gpufleet/gpufleet/api/maintenance/v1alpha1"
 )
 
 var (
@@ -39,5 +46,112 @@ var (
 )
 
 func init() {
-	metrics.Registry.MustRegister(objectsByPhase, schedulingDecisions, planDuration, drainDuration, evictions, watchedNodes, statusConflicts)
+	metrics.Registry.MustRegister(objects, objectsByPhase, schedulingDecisions, planDuration, drainDuration, evictions, watchedNodes, statusConflicts)
+}
+
+// Series read from the cached NodeMaintenance objects at scrape time (no
+// writes, no polling), for dashboards and alerts.
+var (
+	pendingByReasonDesc = prometheus.NewDesc("gpufleet_maintenance_pending_objects",
+		"Pending NodeMaintenance objects by why they wait (max_parallel, max_unavailable: the cluster's or a pool's limit; window: outside a maintenance window or in an exclusion; node_busy, node_missing, other; none: no reason written yet).",
+		[]string{"reason"}, nil)
+	drainStartDesc = prometheus.NewDesc("gpufleet_maintenance_drain_start_time_seconds",
+		"When the drain of a NodeMaintenance in phase Draining began (Unix time).",
+		[]string{"namespace", "name", "node"}, nil)
+	drainBlockedDesc = prometheus.NewDesc("gpufleet_maintenance_drain_blocked",
+		"1 for a NodeMaintenance whose drain is past its timeout with pods still on the node (condition DrainBlocked).",
+		[]string{"namespace", "name", "node"}, nil)
+)
+
+// objects is the registered collector of those series; ServeObjectMetrics
+// gives it its source.
+var objects = &objectCollector{}
+
+// objectSource is a reader of NodeMaintenance objects, read only once this
+// replica leads (elected closed), so that replicas never report twice.
+type objectSource struct {
+	reader  client.Reader
+	elected <-chan struct{}
+}
+
+type objectCollector struct{ src atomic.Pointer[objectSource] }
+
+// ServeObjectMetrics makes the registered collector read NodeMaintenance
+// objects from reader once elected is closed (nil: at once).
+func ServeObjectMetrics(reader client.Reader, elected <-chan struct{}) {
+	objects.src.Store(&objectSource{reader: reader, elected: elected})
+}
+
+func (c *objectCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- pendingByReasonDesc
+	ch <- drainStartDesc
+	ch <- drainBlockedDesc
+}
+
+func (c *objectCollector) Collect(ch chan<- prometheus.Metric) {
+	src := c.src.Load()
+	if src == nil {
+		return
+	}
+	if src.elected != nil {
+		select {
+		case <-src.elected:
+		default:
+			return
+		}
+	}
+	var list maintenancev1.NodeMaintenanceList
+	if err := src.reader.List(context.Background(), &list, client.UnsafeDisableDeepCopy); err != nil {
+		ch <- prometheus.NewInvalidMetric(pendingByReasonDesc, err)
+		return
+	}
+	pending := map[string]int{}
+	for i := range list.Items {
+		nm := &list.Items[i]
+		phase := nm.Phase()
+		if phase == maintenancev1.PhasePending && nm.DeletionTimestamp == nil {
+			pending[waitReasonClass(nm)]++
+		}
+		labels := []string{nm.Namespace, nm.Name, nm.Spec.NodeName}
+		if phase == maintenancev1.PhaseDraining && nm.Status.Drain != nil && nm.Status.Drain.StartTime != nil {
+			ch <- prometheus.MustNewConstMetric(drainStartDesc, prometheus.GaugeValue, float64(nm.Status.Drain.StartTime.Unix()), labels...)
+		}
+		if nm.DrainBlocked() {
+			ch <- prometheus.MustNewConstMetric(drainBlockedDesc, prometheus.GaugeValue, 1, labels...)
+		}
+	}
+	for reason, n := range pending {
+		ch <- prometheus.MustNewConstMetric(pendingByReasonDesc, prometheus.GaugeValue, float64(n), reason)
+	}
+}
+
+// waitReasonClass names the kind of a Pending object's wait reason (the
+// Ready condition's message, as the planner words it) with a small fixed
+// set, fit for a label.
+func waitReasonClass(nm *maintenancev1.NodeMaintenance) string {
+	var msg string
+	for _, c := range nm.Status.Conditions {
+		if c.Type == maintenancev1.ConditionTypeReady {
+			msg = c.Message
+		}
+	}
+	if pool, rest, ok := strings.Cut(msg, ": "); ok && strings.HasPrefix(pool, "pool ") {
+		msg = rest // a pool's limit: "pool a: maxParallelOperations reached: ..."
+	}
+	switch {
+	case msg == "":
+		return "none"
+	case strings.HasPrefix(msg, "outside maintenance window"), strings.HasPrefix(msg, "in maintenance exclusion"):
+		return "window"
+	case strings.HasPrefix(msg, "maxParallelOperations"):
+		return "max_parallel"
+	case strings.HasPrefix(msg, "maxUnavailable"):
+		return "max_unavailable"
+	case strings.HasPrefix(msg, "another request for node"), strings.HasPrefix(msg, "node ") && strings.Contains(msg, " is in maintenance for "):
+		return "node_busy"
+	case strings.HasPrefix(msg, "node ") && strings.HasSuffix(msg, " does not exist"):
+		return "node_missing"
+	default:
+		return "other"
+	}
 }

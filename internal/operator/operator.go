@@ -1,6 +1,7 @@
 // Package operator wires gpufleet's controllers into one controller-runtime
-// manager. Each capability (maintenance, gpustack, repair) can be switched on
-// or off; the decisions themselves live in the capability packages.
+// manager. Each capability (maintenance, gpustack, repair, allocation) can
+// be switched on or off; the decisions themselves live in the capability
+// packages.
 package operator
 
 import (
@@ -32,6 +33,7 @@ import (
 	maintenancev1 "github.com/gpufleet/gpufleet/api/maintenance/v1alpha1"
 	nvidiav1 "github.com/gpufleet/gpufleet/api/nvidia/v1"
 	repairv1 "github.com/gpufleet/gpufleet/api/repair/v1alpha1"
+	"github.com/gpufleet/gpufleet/internal/allocation"
 	"github.com/gpufleet/gpufleet/internal/apirequest"
 	"github.com/gpufleet/gpufleet/internal/gpustack"
 	"github.com/gpufleet/gpufleet/internal/maintenance"
@@ -105,14 +107,22 @@ var registry = []Capability{
 		Name:        "maintenance",
 		AddToScheme: maintenancev1.AddToScheme,
 		Setup: func(mgr manager.Manager, o Options) error {
-			return maintenance.Setup(mgr, maintenance.Options{Namespace: o.Namespace, PodName: o.PodName, Clock: o.Clock})
+			if err := maintenance.Setup(mgr, maintenance.Options{Namespace: o.Namespace, PodName: o.PodName, Clock: o.Clock}); err != nil {
+				return err
+			}
+			maintenance.ServeObjectMetrics(mgr.GetCache(), mgr.Elected())
+			return nil
 		},
 	},
 	{
 		Name:        "repair",
 		AddToScheme: repairv1.AddToScheme,
 		Setup: func(mgr manager.Manager, o Options) error {
-			return repair.Setup(mgr, repair.Options{Namespace: o.Namespace, Clock: o.Clock})
+			if err := repair.Setup(mgr, repair.Options{Namespace: o.Namespace, Clock: o.Clock}); err != nil {
+				return err
+			}
+			repair.ServeStateMetrics(mgr.GetCache(), mgr.Elected())
+			return nil
 		},
 	},
 	{
@@ -120,8 +130,22 @@ var registry = []Capability{
 		AddToScheme: nvidiav1.AddToScheme,
 		Cache:       func(o Options) map[client.Object]cache.ByObject { return gpustack.CacheObjects(o.Namespace) },
 		Setup: func(mgr manager.Manager, o Options) error {
-			return gpustack.Setup(mgr, gpustack.Options{Namespace: o.Namespace, Clock: o.Clock,
-				DegradedAfter: o.GPUStackDegradedAfter, UpgradeTimeout: o.DriverUpgradeTimeout})
+			if err := gpustack.Setup(mgr, gpustack.Options{Namespace: o.Namespace, Clock: o.Clock,
+				DegradedAfter: o.GPUStackDegradedAfter, UpgradeTimeout: o.DriverUpgradeTimeout}); err != nil {
+				return err
+			}
+			gpustack.ServeMetrics(mgr.GetCache(), mgr.Elected())
+			return nil
+		},
+	},
+	{
+		// GPUs held by pods, per pod and namespace, and each node's GPU
+		// capacity (gpufleet_allocation_*), from a cache of every pod
+		// stripped to its GPU request, held by the leader only.
+		Name:        "allocation",
+		AddToScheme: func(*runtime.Scheme) error { return nil },
+		Setup: func(mgr manager.Manager, _ Options) error {
+			return allocation.Setup(mgr, allocation.Options{})
 		},
 	},
 }

@@ -36,17 +36,17 @@ func TestSelectCapabilities(t *testing.T) {
 		want    []string
 		wantErr string
 	}{
-		"nil: all, in start order":   {names: nil, want: []string{"maintenance", "repair", "gpustack"}},
-		"empty: all, in start order": {names: []string{}, want: []string{"maintenance", "repair", "gpustack"}},
+		"nil: all, in start order":   {names: nil, want: []string{"maintenance", "repair", "gpustack", "allocation"}},
+		"empty: all, in start order": {names: []string{}, want: []string{"maintenance", "repair", "gpustack", "allocation"}},
 		"one":                        {names: []string{"repair"}, want: []string{"repair"}},
 		"in the order asked":         {names: []string{"gpustack", "maintenance"}, want: []string{"gpustack", "maintenance"}},
 		"space around a name":        {names: []string{" maintenance ", "\trepair"}, want: []string{"maintenance", "repair"}},
 		"unknown": {names: []string{"maintenance", "autoscaling"},
-			wantErr: `unknown capability "autoscaling" (known: gpustack, maintenance, repair)`},
+			wantErr: `unknown capability "autoscaling" (known: allocation, gpustack, maintenance, repair)`},
 		"letter case matters": {names: []string{"Repair"},
-			wantErr: `unknown capability "Repair" (known: gpustack, maintenance, repair)`},
+			wantErr: `unknown capability "Repair" (known: allocation, gpustack, maintenance, repair)`},
 		"an empty name (a trailing comma)": {names: []string{"repair", ""},
-			wantErr: `unknown capability "" (known: gpustack, maintenance, repair)`},
+			wantErr: `unknown capability "" (known: allocation, gpustack, maintenance, repair)`},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
@@ -76,7 +76,7 @@ func TestSelectCapabilities(t *testing.T) {
 }
 
 func TestCapabilityNamesSorted(t *testing.T) {
-	if diff := cmp.Diff([]string{"gpustack", "maintenance", "repair"}, CapabilityNames()); diff != "" {
+	if diff := cmp.Diff([]string{"allocation", "gpustack", "maintenance", "repair"}, CapabilityNames()); diff != "" {
 		t.Errorf("CapabilityNames (-want +got):\n%s", diff)
 	}
 }
@@ -151,7 +151,7 @@ func TestNewRefusesUnknownCapabilityFirst(t *testing.T) {
 	if mgr != nil {
 		t.Errorf("a manager was returned with an unknown capability")
 	}
-	if want := `unknown capability "autoscaling" (known: gpustack, maintenance, repair)`; err == nil || err.Error() != want {
+	if want := `unknown capability "autoscaling" (known: allocation, gpustack, maintenance, repair)`; err == nil || err.Error() != want {
 		t.Errorf("error %v, want %q (and no attempt to build a manager)", err, want)
 	}
 }

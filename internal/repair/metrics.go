@@ -1,8 +1,15 @@
 package repair
 
 import (
+	"context"
+	"sync/atomic"
+
 	"github.com/prometheus/client_golang/prometheus"
+	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
+
+	repairv1 "github.com/gpufleet/gpufleet/api/repair/v1alpha1"
 )
 
 // Outcomes of a detected fault (gpufleet_repair_faults_total).
@@ -45,5 +52,74 @@ var (
 )
 
 func init() {
-	metrics.Registry.MustRegister(faultsDetected, repairsFinished, actionsRequested, repairDuration, gpusIsolated, gpusOutOfService, gpuFaults)
+	metrics.Registry.MustRegister(states, faultsDetected, repairsFinished, actionsRequested, repairDuration, gpusIsolated, gpusOutOfService, gpuFaults)
+}
+
+// Series read from the cache at scrape time (no writes, no polling): the
+// nodes' repair state label and the policies' suspended pools.
+var (
+	nodeStateDesc = prometheus.NewDesc("gpufleet_repair_node_state",
+		"1 for a node in a repair state (label repair.gpufleet.dev/state: Repairing, RecoveryFailed), with its pool (label gpufleet.dev/pool).",
+		[]string{"node", "pool", "state"}, nil)
+	suspendedPoolDesc = prometheus.NewDesc("gpufleet_repair_suspended_pool",
+		"1 for a pool where a NodeRepairPolicy stopped repairing after a failed repair (status.suspendedPools), with the node whose repair failed.",
+		[]string{"policy", "pool", "node"}, nil)
+)
+
+// states is the registered collector of those series; ServeStateMetrics
+// gives it its source.
+var states = &stateCollector{}
+
+type stateSource struct {
+	reader  client.Reader
+	elected <-chan struct{}
+}
+
+type stateCollector struct{ src atomic.Pointer[stateSource] }
+
+// ServeStateMetrics makes the registered collector read nodes and
+// NodeRepairPolicies from reader once elected is closed (nil: at once), so
+// that replicas never report twice.
+func ServeStateMetrics(reader client.Reader, elected <-chan struct{}) {
+	states.src.Store(&stateSource{reader: reader, elected: elected})
+}
+
+func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- nodeStateDesc
+	ch <- suspendedPoolDesc
+}
+
+func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
+	src := c.src.Load()
+	if src == nil {
+		return
+	}
+	if src.elected != nil {
+		select {
+		case <-src.elected:
+		default:
+			return
+		}
+	}
+	ctx := context.Background()
+	var nodes corev1.NodeList
+	if err := src.reader.List(ctx, &nodes, client.HasLabels{LabelState}, client.UnsafeDisableDeepCopy); err != nil {
+		ch <- prometheus.NewInvalidMetric(nodeStateDesc, err)
+		return
+	}
+	for i := range nodes.Items {
+		n := &nodes.Items[i]
+		ch <- prometheus.MustNewConstMetric(nodeStateDesc, prometheus.GaugeValue, 1, n.Name, n.Labels[DefaultPoolLabel], n.Labels[LabelState])
+	}
+	var policies repairv1.NodeRepairPolicyList
+	if err := src.reader.List(ctx, &policies, client.UnsafeDisableDeepCopy); err != nil {
+		ch <- prometheus.NewInvalidMetric(suspendedPoolDesc, err)
+		return
+	}
+	for i := range policies.Items {
+		p := &policies.Items[i]
+		for _, s := range p.Status.SuspendedPools {
+			ch <- prometheus.MustNewConstMetric(suspendedPoolDesc, prometheus.GaugeValue, 1, p.Name, s.Pool, s.Node)
+		}
+	}
 }

@@ -1,0 +1,201 @@
+package allocation
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	corev1 "k8s.io/api/core/v1"
+	resourcev1 "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+)
+
+func gpuNode(name, pool string, capacity, allocatable int64) *corev1.Node {
+	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{}}}
+	if pool != "" {
+		n.Labels[DefaultPoolLabel] = pool
+	}
+	if capacity > 0 {
+		n.Status.Capacity = corev1.ResourceList{ResourceGPU: *resource.NewQuantity(capacity, resource.DecimalSI)}
+		n.Status.Allocatable = corev1.ResourceList{ResourceGPU: *resource.NewQuantity(allocatable, resource.DecimalSI)}
+	}
+	return n
+}
+
+// pod builds a pod whose containers request gpus each (0: no request).
+func pod(ns, name, node string, phase corev1.PodPhase, gpus ...int64) *corev1.Pod {
+	p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}, Spec: corev1.PodSpec{NodeName: node}, Status: corev1.PodStatus{Phase: phase}}
+	for i, g := range gpus {
+		c := corev1.Container{Name: "c" + string(rune('0'+i))}
+		if g > 0 {
+			c.Resources.Requests = corev1.ResourceList{ResourceGPU: *resource.NewQuantity(g, resource.DecimalSI)}
+			c.Resources.Limits = c.Resources.Requests
+		}
+		p.Spec.Containers = append(p.Spec.Containers, c)
+	}
+	return p
+}
+
+// claim builds a ResourceClaim in namespace ml allocated devices of each
+// named driver, reserved for pods.
+func claim(name string, drivers []string, pods ...string) *resourcev1.ResourceClaim {
+	c := &resourcev1.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Namespace: "ml", Name: name}}
+	if len(drivers) > 0 {
+		c.Status.Allocation = &resourcev1.AllocationResult{}
+		for i, d := range drivers {
+			c.Status.Allocation.Devices.Results = append(c.Status.Allocation.Devices.Results,
+				resourcev1.DeviceRequestAllocationResult{Request: "gpu", Driver: d, Pool: "gpu-1", Device: "gpu-" + string(rune('0'+i))})
+		}
+	}
+	for _, p := range pods {
+		c.Status.ReservedFor = append(c.Status.ReservedFor, resourcev1.ResourceClaimConsumerReference{Resource: "pods", Name: p, UID: types.UID("u-" + p)})
+	}
+	return c
+}
+
+const header = `
+# HELP gpufleet_allocation_namespace_gpus GPUs held by a namespace's non-terminated pods (the sum of gpufleet_allocation_pod_gpus), by source.
+# TYPE gpufleet_allocation_namespace_gpus gauge
+# HELP gpufleet_allocation_node_allocatable_gpus A node's nvidia.com/gpu allocatable (what the device plugin offers to pods; less than capacity when GPUs are unhealthy).
+# TYPE gpufleet_allocation_node_allocatable_gpus gauge
+# HELP gpufleet_allocation_node_capacity_gpus A node's nvidia.com/gpu capacity (nodes with a non-zero capacity only).
+# TYPE gpufleet_allocation_node_capacity_gpus gauge
+# HELP gpufleet_allocation_pod_gpus GPUs held by a non-terminated pod: its nvidia.com/gpu request (source device-plugin; node empty while unscheduled) or the gpu.nvidia.com devices allocated to its ResourceClaims (source dra; a shared claim counts for every pod using it).
+# TYPE gpufleet_allocation_pod_gpus gauge
+`
+
+func TestCollector(t *testing.T) {
+	scheme := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	initContainerPod := pod("ml", "init", "gpu-1", corev1.PodRunning, 1)
+	initContainerPod.Spec.InitContainers = []corev1.Container{{Name: "warmup", Resources: corev1.ResourceRequirements{
+		Requests: corev1.ResourceList{ResourceGPU: *resource.NewQuantity(4, resource.DecimalSI)}}}}
+	tests := map[string]struct {
+		objects []client.Object
+		claims  bool
+		ready   bool
+		want    string
+	}{
+		"not synced or not the leader: nothing": {
+			objects: []client.Object{gpuNode("gpu-1", "a", 8, 8), pod("ml", "train", "gpu-1", corev1.PodRunning, 2)},
+			ready:   false, want: "",
+		},
+		"device plugin: per pod and namespace, init containers as the scheduler counts them, terminated and CPU pods left out": {
+			objects: []client.Object{
+				gpuNode("gpu-1", "a", 8, 7), gpuNode("gpu-2", "b", 4, 4), gpuNode("cpu-1", "", 0, 0),
+				pod("ml", "train", "gpu-1", corev1.PodRunning, 2, 1),
+				pod("ml", "pending", "", corev1.PodPending, 1),
+				pod("ml", "done", "gpu-1", corev1.PodSucceeded, 4),
+				pod("ml", "failed", "gpu-2", corev1.PodFailed, 4),
+				pod("web", "cpu", "cpu-1", corev1.PodRunning, 0),
+				pod("infer", "serve", "gpu-2", corev1.PodRunning, 1),
+				initContainerPod,
+			},
+			ready: true,
+			want: header + `
+gpufleet_allocation_namespace_gpus{namespace="infer",source="device-plugin"} 1
+gpufleet_allocation_namespace_gpus{namespace="ml",source="device-plugin"} 8
+gpufleet_allocation_node_allocatable_gpus{node="gpu-1",pool="a"} 7
+gpufleet_allocation_node_allocatable_gpus{node="gpu-2",pool="b"} 4
+gpufleet_allocation_node_capacity_gpus{node="gpu-1",pool="a"} 8
+gpufleet_allocation_node_capacity_gpus{node="gpu-2",pool="b"} 4
+gpufleet_allocation_pod_gpus{namespace="infer",node="gpu-2",pod="serve",pool="b",source="device-plugin"} 1
+gpufleet_allocation_pod_gpus{namespace="ml",node="",pod="pending",pool="",source="device-plugin"} 1
+gpufleet_allocation_pod_gpus{namespace="ml",node="gpu-1",pod="init",pool="a",source="device-plugin"} 4
+gpufleet_allocation_pod_gpus{namespace="ml",node="gpu-1",pod="train",pool="a",source="device-plugin"} 3
+`,
+		},
+		"DRA: devices of gpu.nvidia.com in claims reserved for live pods; other drivers, unallocated claims and gone pods left out": {
+			objects: []client.Object{
+				gpuNode("gpu-1", "a", 8, 8),
+				pod("ml", "dra", "gpu-1", corev1.PodRunning, 0),
+				pod("ml", "shared", "gpu-1", corev1.PodRunning, 0),
+				pod("ml", "done", "gpu-1", corev1.PodSucceeded, 0),
+				claim("two", []string{DRADriver, DRADriver, "nic.example.com"}, "dra"),
+				claim("one", []string{DRADriver}, "dra", "shared", "done", "gone"),
+				claim("pending", nil, "dra"),
+				claim("nic", []string{"nic.example.com"}, "shared"),
+			},
+			claims: true, ready: true,
+			want: header + `
+gpufleet_allocation_namespace_gpus{namespace="ml",source="dra"} 4
+gpufleet_allocation_node_allocatable_gpus{node="gpu-1",pool="a"} 8
+gpufleet_allocation_node_capacity_gpus{node="gpu-1",pool="a"} 8
+gpufleet_allocation_pod_gpus{namespace="ml",node="gpu-1",pod="dra",pool="a",source="dra"} 3
+gpufleet_allocation_pod_gpus{namespace="ml",node="gpu-1",pod="shared",pool="a",source="dra"} 1
+`,
+		},
+		"claims not served: no DRA series": {
+			objects: []client.Object{pod("ml", "dra", "gpu-1", corev1.PodRunning, 0), claim("one", []string{DRADriver}, "dra")},
+			claims:  false, ready: true, want: "",
+		},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(tc.objects...).Build()
+			col := &Collector{}
+			col.SetSource(&Source{Pods: c, Nodes: c, Ready: func() bool { return tc.ready }, Claims: func() bool { return tc.claims }})
+			if err := testutil.CollectAndCompare(col, strings.NewReader(tc.want)); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+}
+
+func TestCollectorWithoutSourceExportsNothing(t *testing.T) {
+	if n := testutil.CollectAndCount(&Collector{}); n != 0 {
+		t.Errorf("%d series without a source", n)
+	}
+}
+
+func TestStripPodKeepsWhatTheCollectorReads(t *testing.T) {
+	p := pod("ml", "train", "gpu-1", corev1.PodRunning, 2, 1)
+	p.Labels = map[string]string{"app": "x"}
+	p.Annotations = map[string]string{"big": strings.Repeat("x", 1000)}
+	p.Spec.InitContainers = []corev1.Container{{Name: "init", Image: "busybox"}}
+	p.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}
+	got, err := stripPod(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ml", Name: "train"},
+		Spec: corev1.PodSpec{NodeName: "gpu-1", Containers: []corev1.Container{{Name: "gpus", Resources: corev1.ResourceRequirements{
+			Requests: corev1.ResourceList{ResourceGPU: *resource.NewQuantity(3, resource.DecimalSI)}}}}},
+		Status: corev1.PodStatus{Phase: corev1.PodRunning}}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("stripped pod (-want +got):\n%s", diff)
+	}
+	if GPURequest(got.(*corev1.Pod)) != 3 {
+		t.Errorf("stripped pod's GPU request %d, want 3", GPURequest(got.(*corev1.Pod)))
+	}
+	cpu, _ := stripPod(pod("web", "cpu", "cpu-1", corev1.PodRunning, 0))
+	if cs := cpu.(*corev1.Pod).Spec.Containers; cs != nil {
+		t.Errorf("a pod without GPUs keeps containers %v", cs)
+	}
+}
+
+func TestStripClaimKeepsGPUResultsAndPods(t *testing.T) {
+	c := claim("one", []string{DRADriver, "nic.example.com"}, "a")
+	c.Status.ReservedFor = append(c.Status.ReservedFor, resourcev1.ResourceClaimConsumerReference{APIGroup: "example.com", Resource: "jobs", Name: "j"})
+	c.Spec.Devices.Requests = []resourcev1.DeviceRequest{{Name: "gpu"}}
+	got, err := stripClaim(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := &resourcev1.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Namespace: "ml", Name: "one"}, Status: resourcev1.ResourceClaimStatus{
+		Allocation: &resourcev1.AllocationResult{Devices: resourcev1.DeviceAllocationResult{Results: []resourcev1.DeviceRequestAllocationResult{
+			{Driver: DRADriver, Pool: "gpu-1", Device: "gpu-0"}}}},
+		ReservedFor: []resourcev1.ResourceClaimConsumerReference{{Resource: "pods", Name: "a", UID: "u-a"}}}}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("stripped claim (-want +got):\n%s", diff)
+	}
+}
