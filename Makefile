@@ -48,6 +48,16 @@ lint: golangci-lint ## Run golangci-lint (configuration in .golangci.yml).
 lint-chart: helm ## helm lint --strict the chart.
 	$(BIN)/helm lint --strict charts/gpufleet
 
+.PHONY: promtool
+promtool:
+	hack/build-tools.sh promtool
+
+.PHONY: test-rules
+test-rules: promtool ## promtool check and unit-test the alerting rules; check the dashboards (make test runs these too, in test/monitoring).
+	$(BIN)/promtool check rules charts/gpufleet/rules/gpufleet.rules.yaml
+	$(BIN)/promtool test rules charts/gpufleet/rules/gpufleet.rules_test.yaml
+	go test -count=1 -short ./test/monitoring/
+
 .PHONY: build
 build: ## Build bin/gpufleet.
 	go build -trimpath -ldflags "$(LDFLAGS)" -o $(BIN)/gpufleet ./cmd/gpufleet
@@ -59,6 +69,11 @@ dev: tools build ## Start the local cluster with simulated GPU nodes and the ope
 .PHONY: test
 test: tools ## Run unit and integration tests (builds what it needs).
 	go test $(GOTEST_FLAGS) ./...
+
+.PHONY: test-browser
+test-browser: tools ## The fleet view (gpufleet ui) in headless Chromium against the local cluster; installs Debian's chromium when missing; screenshot in results/fleet-view.png.
+	hack/ensure-chromium.sh
+	go test $(GOTEST_FLAGS) -tags browser -v -run TestFleetViewInBrowser ./internal/fleet/ui/
 
 .PHONY: unit
 unit: ## Unit tests only (no local cluster).

@@ -40,8 +40,8 @@ build() {
 
 want=${1:-all}
 case "$want" in
-  all|controlplane|controller-gen|helm|golangci-lint) ;;
-  *) echo "usage: $0 [all|controlplane|controller-gen|helm|golangci-lint]" >&2; exit 2 ;;
+  all|controlplane|controller-gen|helm|golangci-lint|promtool) ;;
+  *) echo "usage: $0 [all|controlplane|controller-gen|helm|golangci-lint|promtool]" >&2; exit 2 ;;
 esac
 
 if [ "$want" = all ] || [ "$want" = controller-gen ]; then
@@ -54,6 +54,10 @@ if [ "$want" = all ] || [ "$want" = golangci-lint ]; then
   # main.date must be set too, or golangci-lint reports the build info's
   # "(devel)" instead of main.version; the date is the release's (module proxy).
   build golangci-lint "-s -w -X main.version=2.15.0 -X main.date=2026-10-16T10:51:54Z" golangci-lint -- github.com/golangci/golangci-lint/v2/cmd/golangci-lint
+fi
+if [ "$want" = all ] || [ "$want" = promtool ]; then
+  # checks and unit-tests the alerting rules (make test-rules)
+  build promtool "-s -w -X github.com/prometheus/common/version.Version=0.316.0" promtool -- github.com/prometheus/prometheus/cmd/promtool
 fi
 if [ "$want" = all ] || [ "$want" = controlplane ]; then
   build etcd "-s -w" etcd -- go.etcd.io/etcd/server/v3
