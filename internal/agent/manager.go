@@ -29,16 +29,12 @@ import (
 	repairv1 "github.com/gpufleet/gpufleet/api/repair/v1alpha1"
 )
 
-// The agent's permissions (its own role is config/agent/rbac.yaml and the
-// chart's agent.yaml; these markers put them in the operator's generated
-// role too, which runs the simulated agents in-process).
-// +kubebuilder:rbac:groups=repair.gpufleet.dev,resources=noderepairs,verbs=get;list;watch
-// +kubebuilder:rbac:groups=repair.gpufleet.dev,resources=noderepairs/status,verbs=get;update;patch
-// +kubebuilder:rbac:groups=repair.gpufleet.dev,resources=gpufaults,verbs=get;list;watch;create;patch
-// +kubebuilder:rbac:groups=repair.gpufleet.dev,resources=gpufaults/status,verbs=get;patch
-// +kubebuilder:rbac:groups=repair.gpufleet.dev,resources=noderepairpolicies,verbs=get;list;watch
-// +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch
-// +kubebuilder:rbac:groups="",resources=nodes/status,verbs=patch
+// The agent's permissions are its own ClusterRole, config/agent/rbac.yaml
+// (and the chart's agent.yaml): no +kubebuilder:rbac markers here, so the
+// operator's generated role does not carry what only the agent does
+// (patching node status, creating GPUFault records). The local cluster,
+// which runs the simulated agents inside the operator's process, binds that
+// role to the operator's test identity too (devcluster.OperatorConfig).
 
 // ExecRunner runs commands with os/exec.
 type ExecRunner struct{}

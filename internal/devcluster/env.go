@@ -16,7 +16,8 @@ type Env struct {
 	*Cluster
 	// Kube is an admin client that knows gpufleet's types.
 	Kube client.Client
-	// OperatorConfig authenticates as OperatorUser, bound to the generated role.
+	// OperatorConfig authenticates as OperatorUser, bound to the generated
+	// roles (the namespaced one in the Env's namespace too).
 	OperatorConfig *rest.Config
 }
 
@@ -45,7 +46,7 @@ func NewEnv(ctx context.Context, opts Options, nodes []NodeSpec, namespace strin
 	if e.Kube, err = client.New(c.Config, client.Options{Scheme: scheme}); err != nil {
 		return nil, fmt.Errorf("admin client: %w", err)
 	}
-	if e.OperatorConfig, err = c.OperatorConfig(ctx); err != nil {
+	if e.OperatorConfig, err = c.OperatorConfig(ctx, namespace); err != nil {
 		return nil, err
 	}
 	return e, nil

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -14,17 +15,20 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/gpufleet/gpufleet/config"
+	agentconfig "github.com/gpufleet/gpufleet/config/agent"
 )
 
 // OperatorUser is the identity the operator runs as in the local cluster.
 const OperatorUser = "gpufleet-operator"
 
 // OperatorConfig installs the generated RBAC (config/rbac/role.yaml: the
-// ClusterRole and the namespaced leader-election Role), binds it to
+// ClusterRole and the Role of the operator's own namespace), binds it to
 // OperatorUser and returns credentials for that user, so the operator runs
 // with exactly the permissions it declares — a missing RBAC marker fails
-// the tests instead of passing as admin.
-func (c *Cluster) OperatorConfig(ctx context.Context) (*rest.Config, error) {
+// the tests instead of passing as admin. The Role is installed in the
+// namespace it was generated for and in each of namespaces (an operator run
+// with another --namespace, as kustomize and the chart move it to theirs).
+func (c *Cluster) OperatorConfig(ctx context.Context, namespaces ...string) (*rest.Config, error) {
 	data, err := config.RBAC.ReadFile("rbac/role.yaml")
 	if err != nil {
 		return nil, err
@@ -54,24 +58,62 @@ func (c *Cluster) OperatorConfig(ctx context.Context) (*rest.Config, error) {
 				return nil, err
 			}
 		case "Role":
-			if err := EnsureNamespace(ctx, c.Client, doc.Metadata.Namespace); err != nil {
-				return nil, err
-			}
-			role := &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: doc.Metadata.Name, Namespace: doc.Metadata.Namespace}, Rules: doc.Rules}
-			if err := apply(ctx, c.Client.RbacV1().Roles(role.Namespace), role); err != nil {
-				return nil, err
-			}
-			binding := &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: role.Name, Namespace: role.Namespace}, Subjects: subjects,
-				RoleRef: rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: role.Name}}
-			if err := apply(ctx, c.Client.RbacV1().RoleBindings(role.Namespace), binding); err != nil {
-				return nil, err
+			for _, ns := range slices.Compact(slices.Sorted(slices.Values(append([]string{doc.Metadata.Namespace}, namespaces...)))) {
+				if err := EnsureNamespace(ctx, c.Client, ns); err != nil {
+					return nil, err
+				}
+				role := &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: doc.Metadata.Name, Namespace: ns}, Rules: doc.Rules}
+				if err := apply(ctx, c.Client.RbacV1().Roles(ns), role); err != nil {
+					return nil, err
+				}
+				binding := &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: role.Name, Namespace: ns}, Subjects: subjects,
+					RoleRef: rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: role.Name}}
+				if err := apply(ctx, c.Client.RbacV1().RoleBindings(ns), binding); err != nil {
+					return nil, err
+				}
 			}
 		case "":
 		default:
 			return nil, fmt.Errorf("config/rbac/role.yaml: unexpected kind %q", doc.Kind)
 		}
 	}
+	if err := c.bindInProcessAgentRole(ctx, subjects); err != nil {
+		return nil, err
+	}
 	return c.ConfigFor(OperatorUser)
+}
+
+// InProcessAgentRole is the ClusterRole, a copy of the node agent's
+// (config/agent/rbac.yaml), that OperatorUser holds besides the operator's
+// generated role: the local cluster's nodes have no pods, so the simulated
+// node agents run inside the operator's process, with its identity. The
+// shipped operator never holds the agent's rules (test/deploy runs it with
+// exactly the shipped RBAC).
+const InProcessAgentRole = "gpufleet-operator-in-process-agents"
+
+func (c *Cluster) bindInProcessAgentRole(ctx context.Context, subjects []rbacv1.Subject) error {
+	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(agentconfig.RBAC), 4096)
+	for {
+		var doc struct {
+			metav1.TypeMeta `json:",inline"`
+			Rules           []rbacv1.PolicyRule `json:"rules"`
+		}
+		if err := dec.Decode(&doc); errors.Is(err, io.EOF) {
+			return errors.New("config/agent/rbac.yaml has no ClusterRole")
+		} else if err != nil {
+			return fmt.Errorf("decoding config/agent/rbac.yaml: %w", err)
+		}
+		if doc.Kind != "ClusterRole" {
+			continue
+		}
+		role := &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: InProcessAgentRole}, Rules: doc.Rules}
+		if err := apply(ctx, c.Client.RbacV1().ClusterRoles(), role); err != nil {
+			return err
+		}
+		binding := &rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: InProcessAgentRole}, Subjects: subjects,
+			RoleRef: rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: role.Name}}
+		return apply(ctx, c.Client.RbacV1().ClusterRoleBindings(), binding)
+	}
 }
 
 // rbacClient is what apply needs of a typed RBAC client.

@@ -30,7 +30,7 @@ const (
 // +kubebuilder:rbac:groups=maintenance.nvidia.com,resources=nodemaintenances/status,verbs=get;update;patch
 // +kubebuilder:rbac:groups=maintenance.nvidia.com,resources=nodemaintenances/finalizers,verbs=update
 // +kubebuilder:rbac:groups=maintenance.nvidia.com,resources=maintenanceoperatorconfigs,verbs=get;list;watch
-// +kubebuilder:rbac:groups=maintenance.nvidia.com,resources=maintenanceoperatorconfigs/status,verbs=get;update;patch
+// +kubebuilder:rbac:groups=maintenance.nvidia.com,resources=maintenanceoperatorconfigs/status,verbs=get;update;patch,namespace=gpufleet-system
 // +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch;patch
 // +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch
 // +kubebuilder:rbac:groups="",resources=pods/eviction,verbs=create

@@ -230,6 +230,7 @@ func runOperatorAs(t *testing.T, cluster *devcluster.Cluster, sa string) client.
 	if err != nil {
 		t.Fatalf("node not uncordoned after the NodeMaintenance was deleted: %v", err)
 	}
+	checkLeastPrivilege(t, cluster, saCfg, sa)
 	return kube
 }
 
