@@ -418,6 +418,14 @@ func TestGPUDrainWaitsForTheMaintenanceLimits(t *testing.T) {
 	if err := env.Kube.Get(t.Context(), client.ObjectKeyFromObject(r), r); err != nil || r.Status.Pending != nil {
 		t.Fatalf("the reset was requested before the drain: %+v", r.Status.Pending)
 	}
+	// The repair says what it waits for, with the scheduler's reason.
+	err = wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, 10*time.Second, true, func(ctx context.Context) (bool, error) {
+		return env.Kube.Get(ctx, client.ObjectKeyFromObject(r), r) == nil &&
+			strings.Contains(r.Status.Message, "waiting for NodeMaintenance "+ns+"/"+gpuNM+" (Pending): maxParallelOperations reached"), nil
+	})
+	if err != nil {
+		t.Errorf("the NodeRepair does not say why it waits: message %q", r.Status.Message)
+	}
 	// The operator restarts while the drain waits; the human finishes: the
 	// GPU repair proceeds where it was, without asking twice.
 	stopOperator()

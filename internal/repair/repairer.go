@@ -224,8 +224,10 @@ func (r *Repairer) rebootRung(ctx context.Context, l *ladder) (reconcile.Result,
 		return reconcile.Result{}, err // gone: the cache will show it again, or the repair was deleted
 	}
 	if !nm.IsReady() && !nm.DrainBlocked() {
+		nr.Status.Message = maintenanceWait(nm)
 		return reconcile.Result{}, nil // the NodeMaintenance watch brings us back
 	}
+	nr.Status.Message = ""
 	if !nm.IsReady() {
 		l.record("Maintenance", "DrainTimedOut", "drain did not finish in time; rebooting anyway")
 	}
@@ -430,8 +432,10 @@ func (r *Repairer) gpuDrainRung(ctx context.Context, l *ladder) (bool, error) {
 		return false, err // gone: the cache will show it again, or the repair was deleted
 	}
 	if !nm.IsReady() && !nm.DrainBlocked() {
+		nr.Status.Message = maintenanceWait(nm)
 		return false, nil // the NodeMaintenance watch brings us back
 	}
+	nr.Status.Message = ""
 	if !nm.IsReady() {
 		why := ""
 		if c := meta.FindStatusCondition(nm.Status.Conditions, maintenancev1.ConditionTypeDrainBlocked); c != nil {
@@ -541,4 +545,16 @@ func requestsGPU(p *corev1.Pod) bool {
 		}
 	}
 	return false
+}
+
+// maintenanceWait says, on the repair, what its NodeMaintenance waits for:
+// a repair held back by the maintenance limits or a closed window shows why
+// on the NodeRepair itself (kubectl get nr -o wide), not only on the
+// NodeMaintenance.
+func maintenanceWait(nm *maintenancev1.NodeMaintenance) string {
+	msg := fmt.Sprintf("waiting for NodeMaintenance %s/%s (%s)", nm.Namespace, nm.Name, nm.Phase())
+	if c := meta.FindStatusCondition(nm.Status.Conditions, maintenancev1.ConditionTypeReady); c != nil && c.Message != "" {
+		msg += ": " + c.Message
+	}
+	return msg
 }

@@ -187,6 +187,15 @@ var Transitions = predicate.Funcs{
 			return true
 		}
 		return o.Phase() != n.Phase() || o.IsReady() != n.IsReady() || o.DrainBlocked() != n.DrainBlocked() ||
-			(o.DeletionTimestamp == nil) != (n.DeletionTimestamp == nil)
+			(o.DeletionTimestamp == nil) != (n.DeletionTimestamp == nil) ||
+			(n.Phase() == maintenancev1.PhasePending && waitReason(o) != waitReason(n))
 	},
+}
+
+// waitReason is why a Pending object waits (its Ready condition's message).
+func waitReason(nm *maintenancev1.NodeMaintenance) string {
+	if c := meta.FindStatusCondition(nm.Status.Conditions, maintenancev1.ConditionTypeReady); c != nil {
+		return c.Message
+	}
+	return ""
 }

@@ -484,6 +484,14 @@ func TestTransitions(t *testing.T) {
 			}(),
 			want: false,
 		},
+		"a Pending object's wait reason changes (shown on the requestor's object)": {
+			old: withPhase(nmOf("nm", "gpu-001", "a.b"), maintenancev1.PhasePending), new: func() *maintenancev1.NodeMaintenance {
+				nm := withPhase(nmOf("nm", "gpu-001", "a.b"), maintenancev1.PhasePending)
+				nm.Status.Conditions[0].Message = "outside maintenance window; next opens 2026-12-04T01:00:00+01:00"
+				return nm
+			}(),
+			want: true,
+		},
 		"no change":                           {old: base(), new: base(), want: false},
 		"phase Draining to Ready":             {old: base(), new: withPhase(nmOf("nm", "gpu-001", "a.b"), maintenancev1.PhaseReady), want: true},
 		"phase Pending to Scheduled":          {old: nmOf("nm", "gpu-001", "a.b"), new: withPhase(nmOf("nm", "gpu-001", "a.b"), maintenancev1.PhaseScheduled), want: true},
