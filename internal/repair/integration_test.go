@@ -785,3 +785,45 @@ func injectGPUFault(t *testing.T, node string, class repairv1.GPUFaultClass) {
 		t.Fatalf("the agent did not report GPUProblem=True/%s on %s within 20s", class, node)
 	}
 }
+
+// Issue 16: a repair is urgent. Its NodeMaintenance starts outside the
+// maintenance windows when its node is already unavailable (here cordoned by
+// an administrator), and waits — saying why — when the node is available.
+func TestUrgentRepairOfAnUnavailableNodePassesAClosedWindow(t *testing.T) {
+	startOperator(t)
+	now := time.Now()
+	cfg := &maintenancev1.MaintenanceOperatorConfig{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "default"},
+		Spec: maintenancev1.MaintenanceOperatorConfigSpec{MaxParallelOperations: ptr.To(intstrFrom(5)),
+			MaintenanceExclusions: []maintenancev1.MaintenanceExclusion{{Name: "freeze",
+				Start: metav1.NewTime(now.Add(-time.Hour)), End: metav1.NewTime(now.Add(time.Hour))}}}}
+	if err := env.Kube.Create(t.Context(), cfg); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = env.Kube.Delete(context.Background(), cfg) })
+	policy(t, true, roRule)
+	cordon := func(node string, v bool) {
+		patch := fmt.Sprintf(`{"spec":{"unschedulable":%t}}`, v)
+		if _, err := env.Client.CoreV1().Nodes().Patch(context.Background(), node, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cordon("a-2", true)
+	t.Cleanup(func() { cordon("a-2", false) })
+
+	fault(t, "a-2", "ReadonlyFilesystem", string(repairv1.ActionReboot))
+	repairOf(t, "a-2", repairv1.PhaseSucceeded, 60*time.Second)
+
+	fault(t, "b-0", "ReadonlyFilesystem", string(repairv1.ActionReboot))
+	r := repairOf(t, "b-0", repairv1.PhaseRepairing, 30*time.Second)
+	err := wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, 20*time.Second, true, func(ctx context.Context) (bool, error) {
+		return env.Kube.Get(ctx, client.ObjectKeyFromObject(r), r) == nil &&
+			strings.Contains(r.Status.Message, `(Pending): in maintenance exclusion "freeze"`) &&
+			strings.Contains(r.Status.Message, "urgent, but its node is available"), nil
+	})
+	if err != nil {
+		t.Fatalf("the repair of an available node does not wait for the exclusion, or does not say so: %q", r.Status.Message)
+	}
+	if n, _ := env.Client.CoreV1().Nodes().Get(t.Context(), "b-0", metav1.GetOptions{}); n.Spec.Unschedulable {
+		t.Errorf("b-0 was cordoned during the exclusion")
+	}
+}
