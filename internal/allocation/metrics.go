@@ -49,16 +49,15 @@ var (
 		[]string{"node", "pool"}, nil)
 )
 
-// Source is what the collector reads: the cluster's non-terminated pods
-// and ResourceClaims (its own cache), the nodes (the manager's cache), and
-// whether they may be read now (synced, and this replica is the leader, so
-// that two replicas never both report the same GPUs).
+// Source is what the collector reads: the pods that hold GPUs and the
+// claims allocated GPUs (from the leader's watches), the nodes (the
+// manager's cache), and whether they may be read now (listed, on the
+// leader, so that two replicas never both report the same GPUs).
 type Source struct {
-	Pods  client.Reader
-	Nodes client.Reader
-	Ready func() bool
-	// Claims reports whether ResourceClaims are served and cached.
-	Claims func() bool
+	Nodes  client.Reader
+	Pods   func() []PodGPUs
+	Claims func() []ClaimGPUs
+	Ready  func() bool
 	// PoolLabel names a node's pool (default DefaultPoolLabel).
 	PoolLabel string
 }
@@ -88,7 +87,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 // Collect implements prometheus.Collector.
 func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	src := c.src.Load()
-	if src == nil || (src.Ready != nil && !src.Ready()) {
+	if src == nil || src.Pods == nil || (src.Ready != nil && !src.Ready()) {
 		return
 	}
 	ctx := context.Background()
@@ -97,25 +96,15 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.NewInvalidMetric(nodeCapacityDesc, err)
 		return
 	}
-	var pods corev1.PodList
-	if err := src.Pods.List(ctx, &pods, client.UnsafeDisableDeepCopy); err != nil {
-		ch <- prometheus.NewInvalidMetric(podGPUsDesc, err)
-		return
-	}
-	var claims []resourcev1.ResourceClaim
-	if src.Claims != nil && src.Claims() {
-		var list resourcev1.ResourceClaimList
-		if err := src.Pods.List(ctx, &list, client.UnsafeDisableDeepCopy); err != nil {
-			ch <- prometheus.NewInvalidMetric(podGPUsDesc, err)
-			return
-		}
-		claims = list.Items
+	var claims []ClaimGPUs
+	if src.Claims != nil {
+		claims = src.Claims()
 	}
 	poolLabel := src.PoolLabel
 	if poolLabel == "" {
 		poolLabel = DefaultPoolLabel
 	}
-	for _, m := range compute(nodes.Items, pods.Items, claims, poolLabel) {
+	for _, m := range compute(nodes.Items, src.Pods(), claims, poolLabel) {
 		ch <- prometheus.MustNewConstMetric(m.desc, prometheus.GaugeValue, m.value, m.labels...)
 	}
 }
@@ -128,7 +117,7 @@ type sample struct {
 }
 
 // compute derives the series from nodes, pods and claims (pure).
-func compute(nodes []corev1.Node, pods []corev1.Pod, claims []resourcev1.ResourceClaim, poolLabel string) []sample {
+func compute(nodes []corev1.Node, pods []PodGPUs, claims []ClaimGPUs, poolLabel string) []sample {
 	var out []sample
 	pools := make(map[string]string, len(nodes))
 	for i := range nodes {
@@ -142,37 +131,24 @@ func compute(nodes []corev1.Node, pods []corev1.Pod, claims []resourcev1.Resourc
 		}
 	}
 	type podKey struct{ namespace, name string }
-	nodeOf := make(map[podKey]string)
+	nodeOf := make(map[podKey]string, len(pods))
 	perNamespace := map[[2]string]int64{}
-	for i := range pods {
-		p := &pods[i]
-		if p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
+	for _, p := range pods {
+		nodeOf[podKey{p.Namespace, p.Name}] = p.Node
+		if p.GPUs == 0 {
 			continue
 		}
-		nodeOf[podKey{p.Namespace, p.Name}] = p.Spec.NodeName
-		n := GPURequest(p)
-		if n == 0 {
-			continue
-		}
-		out = append(out, sample{podGPUsDesc, []string{p.Namespace, p.Name, p.Spec.NodeName, pools[p.Spec.NodeName], SourceDevicePlugin}, float64(n)})
-		perNamespace[[2]string{p.Namespace, SourceDevicePlugin}] += n
+		out = append(out, sample{podGPUsDesc, []string{p.Namespace, p.Name, p.Node, pools[p.Node], SourceDevicePlugin}, float64(p.GPUs)})
+		perNamespace[[2]string{p.Namespace, SourceDevicePlugin}] += p.GPUs
 	}
 	draPods := map[podKey]int64{}
-	for i := range claims {
-		c := &claims[i]
-		n := draGPUs(c)
-		if n == 0 {
-			continue
-		}
-		for _, r := range c.Status.ReservedFor {
-			if r.Resource != "pods" || r.APIGroup != "" {
-				continue
-			}
-			k := podKey{c.Namespace, r.Name}
+	for _, c := range claims {
+		for _, name := range c.Pods {
+			k := podKey{c.Namespace, name}
 			if _, ok := nodeOf[k]; !ok {
-				continue // terminated, or not in the cache yet
+				continue // terminated, or not seen yet
 			}
-			draPods[k] += n
+			draPods[k] += c.GPUs
 		}
 	}
 	for k, n := range draPods {

@@ -13,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	toolscache "k8s.io/client-go/tools/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 )
@@ -40,6 +41,12 @@ func pod(ns, name, node string, phase corev1.PodPhase, gpus ...int64) *corev1.Po
 		}
 		p.Spec.Containers = append(p.Spec.Containers, c)
 	}
+	return p
+}
+
+// withClaim gives a pod a ResourceClaim.
+func withClaim(p *corev1.Pod) *corev1.Pod {
+	p.Spec.ResourceClaims = []corev1.PodResourceClaim{{Name: "gpu"}}
 	return p
 }
 
@@ -117,11 +124,12 @@ gpufleet_allocation_pod_gpus{namespace="ml",node="gpu-1",pod="train",pool="a",so
 		"DRA: devices of gpu.nvidia.com in claims reserved for live pods; other drivers, unallocated claims and gone pods left out": {
 			objects: []client.Object{
 				gpuNode("gpu-1", "a", 8, 8),
-				pod("ml", "dra", "gpu-1", corev1.PodRunning, 0),
-				pod("ml", "shared", "gpu-1", corev1.PodRunning, 0),
-				pod("ml", "done", "gpu-1", corev1.PodSucceeded, 0),
+				withClaim(pod("ml", "dra", "gpu-1", corev1.PodRunning, 0)),
+				withClaim(pod("ml", "shared", "gpu-1", corev1.PodRunning, 0)),
+				withClaim(pod("ml", "done", "gpu-1", corev1.PodSucceeded, 0)),
+				pod("ml", "no-claims", "gpu-1", corev1.PodRunning, 0),
 				claim("two", []string{DRADriver, DRADriver, "nic.example.com"}, "dra"),
-				claim("one", []string{DRADriver}, "dra", "shared", "done", "gone"),
+				claim("one", []string{DRADriver}, "dra", "shared", "done", "gone", "no-claims"),
 				claim("pending", nil, "dra"),
 				claim("nic", []string{"nic.example.com"}, "shared"),
 			},
@@ -135,15 +143,35 @@ gpufleet_allocation_pod_gpus{namespace="ml",node="gpu-1",pod="shared",pool="a",s
 `,
 		},
 		"claims not served: no DRA series": {
-			objects: []client.Object{pod("ml", "dra", "gpu-1", corev1.PodRunning, 0), claim("one", []string{DRADriver}, "dra")},
+			objects: []client.Object{withClaim(pod("ml", "dra", "gpu-1", corev1.PodRunning, 0)), claim("one", []string{DRADriver}, "dra")},
 			claims:  false, ready: true, want: "",
 		},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
-			c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(tc.objects...).Build()
+			var nodes []client.Object
+			var listed []any
+			for _, o := range tc.objects {
+				if _, ok := o.(*corev1.Node); ok {
+					nodes = append(nodes, o)
+				} else {
+					listed = append(listed, o)
+				}
+			}
+			c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(nodes...).Build()
+			pods, claims := newStore(keepPod), newStore(keepClaim)
+			if err := pods.Replace(listed, "1"); err != nil {
+				t.Fatal(err)
+			}
+			if err := claims.Replace(listed, "1"); err != nil {
+				t.Fatal(err)
+			}
+			src := &Source{Nodes: c, Pods: pods.snapshot, Ready: func() bool { return tc.ready }}
+			if tc.claims {
+				src.Claims = claims.snapshot
+			}
 			col := &Collector{}
-			col.SetSource(&Source{Pods: c, Nodes: c, Ready: func() bool { return tc.ready }, Claims: func() bool { return tc.claims }})
+			col.SetSource(src)
 			if err := testutil.CollectAndCompare(col, strings.NewReader(tc.want)); err != nil {
 				t.Error(err)
 			}
@@ -157,45 +185,44 @@ func TestCollectorWithoutSourceExportsNothing(t *testing.T) {
 	}
 }
 
-func TestStripPodKeepsWhatTheCollectorReads(t *testing.T) {
-	p := pod("ml", "train", "gpu-1", corev1.PodRunning, 2, 1)
-	p.Labels = map[string]string{"app": "x"}
-	p.Annotations = map[string]string{"big": strings.Repeat("x", 1000)}
-	p.Spec.InitContainers = []corev1.Container{{Name: "init", Image: "busybox"}}
-	p.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}
-	got, err := stripPod(p)
-	if err != nil {
+// TestStoreKeepsOnlyGPUPods: a pod is kept while it holds GPUs or uses
+// claims, and dropped when it terminates or is deleted (a tombstone too).
+func TestStoreKeepsOnlyGPUPods(t *testing.T) {
+	s := newStore(keepPod)
+	train := pod("ml", "train", "gpu-1", corev1.PodRunning, 2, 1)
+	if err := s.Replace([]any{train, pod("web", "cpu", "cpu-1", corev1.PodRunning, 0)}, "1"); err != nil {
 		t.Fatal(err)
 	}
-	want := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ml", Name: "train"},
-		Spec: corev1.PodSpec{NodeName: "gpu-1", Containers: []corev1.Container{{Name: "gpus", Resources: corev1.ResourceRequirements{
-			Requests: corev1.ResourceList{ResourceGPU: *resource.NewQuantity(3, resource.DecimalSI)}}}}},
-		Status: corev1.PodStatus{Phase: corev1.PodRunning}}
-	if diff := cmp.Diff(want, got); diff != "" {
-		t.Errorf("stripped pod (-want +got):\n%s", diff)
+	if !s.synced.Load() {
+		t.Errorf("not synced after the list")
 	}
-	if GPURequest(got.(*corev1.Pod)) != 3 {
-		t.Errorf("stripped pod's GPU request %d, want 3", GPURequest(got.(*corev1.Pod)))
+	want := []PodGPUs{{Namespace: "ml", Name: "train", Node: "gpu-1", GPUs: 3}}
+	if diff := cmp.Diff(want, s.snapshot()); diff != "" {
+		t.Errorf("after the list (-want +got):\n%s", diff)
 	}
-	cpu, _ := stripPod(pod("web", "cpu", "cpu-1", corev1.PodRunning, 0))
-	if cs := cpu.(*corev1.Pod).Spec.Containers; cs != nil {
-		t.Errorf("a pod without GPUs keeps containers %v", cs)
+	dra := pod("ml", "dra", "", corev1.PodPending, 0)
+	dra.Spec.ResourceClaims = []corev1.PodResourceClaim{{Name: "gpu"}}
+	_ = s.Add(dra)
+	done := pod("ml", "train", "gpu-1", corev1.PodSucceeded, 2, 1)
+	_ = s.Update(done)
+	want = []PodGPUs{{Namespace: "ml", Name: "dra"}}
+	if diff := cmp.Diff(want, s.snapshot()); diff != "" {
+		t.Errorf("after a pod with a claim and a terminated pod (-want +got):\n%s", diff)
+	}
+	_ = s.Delete(toolscache.DeletedFinalStateUnknown{Key: "ml/dra", Obj: dra})
+	if got := s.snapshot(); len(got) != 0 {
+		t.Errorf("after a tombstone: %v", got)
 	}
 }
 
-func TestStripClaimKeepsGPUResultsAndPods(t *testing.T) {
-	c := claim("one", []string{DRADriver, "nic.example.com"}, "a")
+func TestKeepClaimKeepsGPUResultsAndPods(t *testing.T) {
+	c := claim("one", []string{DRADriver, "nic.example.com", DRADriver}, "a")
 	c.Status.ReservedFor = append(c.Status.ReservedFor, resourcev1.ResourceClaimConsumerReference{APIGroup: "example.com", Resource: "jobs", Name: "j"})
-	c.Spec.Devices.Requests = []resourcev1.DeviceRequest{{Name: "gpu"}}
-	got, err := stripClaim(c)
-	if err != nil {
-		t.Fatal(err)
+	got, ok := keepClaim(c)
+	if diff := cmp.Diff(ClaimGPUs{Namespace: "ml", GPUs: 2, Pods: []string{"a"}}, got); !ok || diff != "" {
+		t.Errorf("kept %t (-want +got):\n%s", ok, diff)
 	}
-	want := &resourcev1.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Namespace: "ml", Name: "one"}, Status: resourcev1.ResourceClaimStatus{
-		Allocation: &resourcev1.AllocationResult{Devices: resourcev1.DeviceAllocationResult{Results: []resourcev1.DeviceRequestAllocationResult{
-			{Driver: DRADriver, Pool: "gpu-1", Device: "gpu-0"}}}},
-		ReservedFor: []resourcev1.ResourceClaimConsumerReference{{Resource: "pods", Name: "a", UID: "u-a"}}}}
-	if diff := cmp.Diff(want, got); diff != "" {
-		t.Errorf("stripped claim (-want +got):\n%s", diff)
+	if _, ok := keepClaim(claim("nic", []string{"nic.example.com"}, "a")); ok {
+		t.Errorf("a claim without GPUs is kept")
 	}
 }
