@@ -31,7 +31,8 @@ func isPlugin(argv0 string) bool {
 // newPluginCommand is the root of `kubectl gpufleet`: the fleet commands.
 func newPluginCommand() *cobra.Command {
 	root := &cobra.Command{
-		Use:           "kubectl gpufleet",
+		Use:           "gpufleet",
+		Annotations:   map[string]string{cobra.CommandDisplayNameAnnotation: "kubectl gpufleet"},
 		Short:         "See the GPU fleet: every node's pool, GPUs, GPU stack, maintenance and repair",
 		SilenceUsage:  true,
 		SilenceErrors: true,

@@ -43,27 +43,52 @@ function describe(r) {
   return parts.join(" — ");
 }
 
-function upsert(r) {
-  const old = rows.get(r.node);
-  rows.set(r.node, r);
-  let t = tiles.get(r.node);
-  const pool = poolOf(r.pool);
-  if (!t) {
-    t = el("button", "tile");
-    t.type = "button";
-    t.dataset.node = r.node;
-    t.addEventListener("click", () => explain(r.node));
-    tiles.set(r.node, t);
-  }
-  if (!old || old.pool !== r.pool || !t.parentNode) {
-    // insert sorted by node name
-    const after = [...pool.tiles.children].find((c) => c.dataset.node > r.node);
-    pool.tiles.insertBefore(t, after || null);
-  }
+function newTile(r) {
+  const t = el("button", "tile");
+  t.type = "button";
+  t.dataset.node = r.node;
+  t.addEventListener("click", () => explain(r.node));
+  tiles.set(r.node, t);
+  return t;
+}
+
+function paint(t, r) {
   t.className = "tile " + stateClass(r.state) + (selected === r.node ? " selected" : "");
   t.dataset.state = r.state;
   t.title = describe(r);
   t.setAttribute("aria-label", describe(r));
+}
+
+// upsert shows one changed row, keeping the tiles of a pool sorted by name.
+function upsert(r) {
+  const old = rows.get(r.node);
+  rows.set(r.node, r);
+  const t = tiles.get(r.node) || newTile(r);
+  if (!old || old.pool !== r.pool || !t.parentNode) {
+    const pool = poolOf(r.pool);
+    const after = [...pool.tiles.children].find((c) => c.dataset.node > r.node);
+    pool.tiles.insertBefore(t, after || null);
+  }
+  paint(t, r);
+}
+
+// load shows a whole snapshot at once: rows arrive sorted by node name, so
+// each pool's tiles are appended in order in one DOM operation.
+function load(list) {
+  for (const p of pools.values()) p.section.remove();
+  pools.clear();
+  rows.clear();
+  const frags = new Map();
+  for (const r of list) {
+    rows.set(r.node, r);
+    const t = tiles.get(r.node) || newTile(r);
+    paint(t, r);
+    const key = r.pool || "(no pool)";
+    if (!frags.has(key)) frags.set(key, document.createDocumentFragment());
+    frags.get(key).appendChild(t);
+  }
+  for (const name of [...tiles.keys()]) if (!rows.has(name)) tiles.delete(name);
+  for (const [key, frag] of frags) poolOf(key === "(no pool)" ? "" : key).tiles.appendChild(frag);
 }
 
 function remove(name) {
@@ -105,9 +130,7 @@ function connect() {
   es.addEventListener("error", () => { conn.textContent = "reconnecting"; conn.className = "connection down"; });
   es.addEventListener("snapshot", (ev) => {
     const f = JSON.parse(ev.data);
-    const names = new Set();
-    for (const r of f.nodes || []) { upsert(r); names.add(r.node); }
-    for (const name of [...rows.keys()]) if (!names.has(name)) remove(name);
+    load(f.nodes || []);
     render(f.summary, f.notes);
     document.body.dataset.loaded = "true";
   });

@@ -1,0 +1,57 @@
+package main
+
+import (
+	"strings"
+	"testing"
+)
+
+func TestIsPlugin(t *testing.T) {
+	tests := map[string]bool{
+		"kubectl-gpufleet":                true,
+		"/usr/local/bin/kubectl-gpufleet": true,
+		`C:\bin\kubectl-gpufleet.exe`:     false, // a Windows path is not split on Linux
+		"kubectl-gpufleet.exe":            true,
+		"gpufleet":                        false,
+		"/usr/local/bin/gpufleet":         false,
+		"kubectl-gpufleet-other":          false,
+	}
+	for argv0, want := range tests {
+		if got := isPlugin(argv0); got != want {
+			t.Errorf("isPlugin(%q) = %t, want %t", argv0, got, want)
+		}
+	}
+}
+
+func TestPluginCommands(t *testing.T) {
+	root := newPluginCommand()
+	var names []string
+	for _, c := range root.Commands() {
+		names = append(names, c.Name())
+	}
+	if got := strings.Join(names, ","); got != "explain,status,ui,version" {
+		t.Errorf("plugin commands %s, want explain,status,ui,version (no operator, agent, dev or sim)", got)
+	}
+}
+
+func TestFleetCommandsRefuseBadInput(t *testing.T) {
+	tests := map[string]struct {
+		args    []string
+		wantErr string
+	}{
+		"a bad selector":           {[]string{"status", "-l", "a=(b"}, "-l"},
+		"an unknown sort order":    {[]string{"status", "--sort-by", "age"}, `--sort-by "age"`},
+		"an unknown output format": {[]string{"status", "-o", "xml"}, `-o "xml"`},
+		"explain without a node":   {[]string{"explain"}, "accepts 1 arg"},
+		"explain as a table":       {[]string{"explain", "n", "-o", "wide"}, `-o "wide"`},
+		"status with arguments":    {[]string{"status", "gpu-000"}, "unknown command"},
+		"no cluster":               {[]string{"status", "--kubeconfig", "/nonexistent/kubeconfig"}, "kubeconfig"},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			_, err := run(t, tc.args...)
+			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+				t.Errorf("%v: error %v, want one containing %q", tc.args, err, tc.wantErr)
+			}
+		})
+	}
+}
