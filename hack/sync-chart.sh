@@ -1,11 +1,18 @@
 #!/usr/bin/env bash
-# Copies the generated CRDs and RBAC into the Helm chart (make generate):
-# the chart installs the CRDs from crds/ and takes the operator's rules from
-# files/role.yaml, so it ships exactly what the code declares. make verify
-# fails when the copies are stale.
+# Copies the generated CRDs and RBAC into the Helm charts (make generate):
+# charts/gpufleet installs the CRDs from crds/ (Helm creates them on the
+# first install and never upgrades them) and takes the operator's rules from
+# files/role.yaml; charts/gpufleet-crds renders the same CRDs from its
+# files/crds/ as templates, so that `helm upgrade` of that chart upgrades
+# them. Both ship exactly what the code declares; make verify fails when the
+# copies are stale.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 chart="$root/charts/gpufleet"
-rm -f "$chart"/crds/*.yaml
-cp "$root"/config/crd/bases/*.yaml "$chart/crds/"
+crds_chart="$root/charts/gpufleet-crds"
+for dir in "$chart/crds" "$crds_chart/files/crds"; do
+	mkdir -p "$dir"
+	rm -f "$dir"/*.yaml
+	cp "$root"/config/crd/bases/*.yaml "$dir/"
+done
 cp "$root/config/rbac/role.yaml" "$chart/files/role.yaml"

@@ -45,6 +45,12 @@ func chartDir(t *testing.T) string {
 	return filepath.Join(root, "charts", "gpufleet")
 }
 
+// crdChartDir is charts/gpufleet-crds: the CRDs as templates, for upgrades.
+func crdChartDir(t *testing.T) string {
+	t.Helper()
+	return filepath.Join(filepath.Dir(chartDir(t)), "gpufleet-crds")
+}
+
 // helmRun runs bin/helm with its state in a temporary directory and returns
 // its standard output.
 func helmRun(t *testing.T, args ...string) []byte {
@@ -238,9 +244,43 @@ func TestChartValues(t *testing.T) {
 	if find(renderChart(t, "gpufleet"), "MaintenanceOperatorConfig", "default") != nil {
 		t.Error("MaintenanceOperatorConfig rendered without maintenanceOperatorConfig.create")
 	}
+
 }
 
-// TestChartLints runs `helm lint --strict`.
+// TestCRDChart: charts/gpufleet-crds renders exactly the generated CRDs,
+// with its labels and, unless keep=false, helm.sh/resource-policy: keep.
+func TestCRDChart(t *testing.T) {
+	var want []*unstructured.Unstructured
+	for _, o := range render(t) {
+		if o.GetKind() == "CustomResourceDefinition" {
+			want = append(want, o)
+		}
+	}
+	got := decodeAll(t, helmRun(t, "template", "gpufleet-crds", crdChartDir(t)))
+	if g, w := names(got), names(want); !equality.Semantic.DeepEqual(g, w) {
+		t.Fatalf("gpufleet-crds renders %v, config/crd/bases has %v", g, w)
+	}
+	for _, k := range want {
+		c := find(got, k.GetKind(), k.GetName()).DeepCopy()
+		if c.GetAnnotations()["helm.sh/resource-policy"] != "keep" || c.GetLabels()["app.kubernetes.io/managed-by"] != "Helm" {
+			t.Errorf("CRD %s: labels %v, annotations %v; want the chart's labels and helm.sh/resource-policy: keep", k.GetName(), c.GetLabels(), c.GetAnnotations())
+		}
+		c.SetLabels(nil)
+		a := c.GetAnnotations()
+		delete(a, "helm.sh/resource-policy")
+		c.SetAnnotations(a)
+		if !equality.Semantic.DeepEqual(c.Object, k.Object) {
+			t.Errorf("CRD %s in charts/gpufleet-crds differs from config/crd/bases: run make generate", k.GetName())
+		}
+	}
+	for _, o := range decodeAll(t, helmRun(t, "template", "gpufleet-crds", crdChartDir(t), "--set", "keep=false")) {
+		if _, ok := o.GetAnnotations()["helm.sh/resource-policy"]; ok {
+			t.Errorf("keep=false: %s %s has helm.sh/resource-policy", o.GetKind(), o.GetName())
+		}
+	}
+}
+
+// TestChartLints runs `helm lint --strict` on both charts.
 func TestChartLints(t *testing.T) {
-	helmRun(t, "lint", "--strict", chartDir(t))
+	helmRun(t, "lint", "--strict", chartDir(t), crdChartDir(t))
 }
