@@ -36,7 +36,7 @@ VERSION=$version IMAGE_TAG=$semver OUT=$out hack/image.sh
 helm_home=$(mktemp -d)
 trap 'rm -rf "$helm_home"' EXIT
 HELM_CACHE_HOME=$helm_home/cache HELM_CONFIG_HOME=$helm_home/config HELM_DATA_HOME=$helm_home/data \
-  "$helm" package charts/gpufleet --version "$semver" --app-version "$semver" --destination "$out" >&2
+  "$helm" package charts/gpufleet charts/gpufleet-crds --version "$semver" --app-version "$semver" --destination "$out" >&2
 
 go run ./hack/installyaml -tag "$semver" > "$out/install.yaml"
 

@@ -17,6 +17,11 @@ grep -q '^version: ' "$chart" && grep -q '^appVersion: ' "$chart" && grep -q '^ 
   echo "set-version: $chart or $kust lost the lines it edits (version:, appVersion:, newTag:)" >&2
   exit 1
 }
-sed -i -E "s/^version: .*/version: $semver/; s/^appVersion: .*/appVersion: \"$semver\"/" "$chart"
+crds_chart=$root/charts/gpufleet-crds/Chart.yaml
+grep -q '^version: ' "$crds_chart" && grep -q '^appVersion: ' "$crds_chart" || {
+  echo "set-version: $crds_chart lost the lines it edits (version:, appVersion:)" >&2
+  exit 1
+}
+sed -i -E "s/^version: .*/version: $semver/; s/^appVersion: .*/appVersion: \"$semver\"/" "$chart" "$crds_chart"
 sed -i -E "s/^  newTag: .*/  newTag: $semver/" "$kust"
-echo "charts/gpufleet/Chart.yaml and config/default/kustomization.yaml: $semver" >&2
+echo "charts/gpufleet/Chart.yaml, charts/gpufleet-crds/Chart.yaml and config/default/kustomization.yaml: $semver" >&2

@@ -35,7 +35,7 @@ func TestReleaseArtifacts(t *testing.T) {
 		files[e.Name()] = true
 	}
 	chart := "gpufleet-" + testTag + ".tgz"
-	want := []string{"SHA256SUMS", "gpufleet-" + testTag + ".oci.tar", chart, "install.yaml"}
+	want := []string{"SHA256SUMS", "gpufleet-" + testTag + ".oci.tar", chart, "gpufleet-crds-" + testTag + ".tgz", "install.yaml"}
 	if got := slices.Sorted(mapKeys(files)); !slices.Equal(got, want) {
 		t.Errorf("release files %v, want %v", got, want)
 	}
