@@ -47,6 +47,14 @@ var (
 
 func init() {
 	metrics.Registry.MustRegister(objects, objectsByPhase, schedulingDecisions, planDuration, drainDuration, evictions, watchedNodes, statusConflicts)
+	// Every writer and result from the start, at 0: a dashboard or alert
+	// on a rare event sees a series before the first one.
+	for _, w := range []string{"scheduler", "wait-reasons", "lifecycle"} {
+		statusConflicts.WithLabelValues(w)
+	}
+	for _, r := range []string{"evicted", "refused", "error"} {
+		evictions.WithLabelValues(r)
+	}
 }
 
 // Series read from the cached NodeMaintenance objects at scrape time (no

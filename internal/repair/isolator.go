@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"strconv"
 
 	corev1 "k8s.io/api/core/v1"
 	resourcev1 "k8s.io/api/resource/v1"
@@ -130,21 +129,14 @@ func (r *Isolator) count(ctx context.Context) error {
 	if err := r.Client.List(ctx, &gpus); err != nil {
 		return fmt.Errorf("listing GPUFaults: %w", err)
 	}
-	out, seen := map[repairv1.GPUFaultClass]int{}, map[[2]string]int64{}
+	out := map[repairv1.GPUFaultClass]int{}
 	for _, g := range gpus.Items {
 		if !g.InService() {
 			out[g.Status.Class]++
 		}
-		for _, f := range g.Status.Faults {
-			seen[[2]string{strconv.Itoa(int(f.Code)), string(f.Class)}] += f.Count
-		}
 	}
 	for _, c := range []repairv1.GPUFaultClass{repairv1.GPUClassResetGPU, repairv1.GPUClassReboot, repairv1.GPUClassReplace} {
 		gpusOutOfService.WithLabelValues(string(c)).Set(float64(out[c]))
-	}
-	gpuFaults.Reset()
-	for k, n := range seen {
-		gpuFaults.WithLabelValues(k[0], k[1]).Set(float64(n))
 	}
 	return nil
 }

@@ -2,6 +2,7 @@ package repair
 
 import (
 	"context"
+	"strconv"
 	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -40,10 +41,6 @@ var (
 		Name: "gpufleet_repair_gpus_out_of_service",
 		Help: "GPUs whose node agent reports a fault that takes them out of service, by class (ResetGPU, Reboot, Replace).",
 	}, []string{"class"})
-	gpuFaults = prometheus.NewGaugeVec(prometheus.GaugeOpts{
-		Name: "gpufleet_repair_gpu_fault_occurrences",
-		Help: "GPU faults seen by the node agents (sum of the GPUFault records' counts), by XID code (0: a health counter) and class.",
-	}, []string{"code", "class"})
 	repairDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "gpufleet_repair_duration_seconds",
 		Help:    "Time from a repair's start to its end, by result.",
@@ -52,12 +49,17 @@ var (
 )
 
 func init() {
-	metrics.Registry.MustRegister(states, faultsDetected, repairsFinished, actionsRequested, repairDuration, gpusIsolated, gpusOutOfService, gpuFaults)
+	metrics.Registry.MustRegister(states, faultsDetected, repairsFinished, actionsRequested, repairDuration, gpusIsolated, gpusOutOfService)
 }
 
 // Series read from the cache at scrape time (no writes, no polling): the
-// nodes' repair state label and the policies' suspended pools.
+// nodes' repair state label, the policies' suspended pools and the GPU
+// faults the agents recorded (read at scrape time: a record's counts
+// change without any change the isolator reconciles on).
 var (
+	gpuFaultsDesc = prometheus.NewDesc("gpufleet_repair_gpu_fault_occurrences",
+		"GPU faults seen by the node agents (sum of the GPUFault records' counts), by XID code (0: a health counter) and class.",
+		[]string{"code", "class"}, nil)
 	nodeStateDesc = prometheus.NewDesc("gpufleet_repair_node_state",
 		"1 for a node in a repair state (label repair.gpufleet.dev/state: Repairing, RecoveryFailed), with its pool (label gpufleet.dev/pool).",
 		[]string{"node", "pool", "state"}, nil)
@@ -87,6 +89,7 @@ func ServeStateMetrics(reader client.Reader, elected <-chan struct{}) {
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- nodeStateDesc
 	ch <- suspendedPoolDesc
+	ch <- gpuFaultsDesc
 }
 
 func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
@@ -121,5 +124,19 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		for _, s := range p.Status.SuspendedPools {
 			ch <- prometheus.MustNewConstMetric(suspendedPoolDesc, prometheus.GaugeValue, 1, p.Name, s.Pool, s.Node)
 		}
+	}
+	var gpus repairv1.GPUFaultList
+	if err := src.reader.List(ctx, &gpus, client.UnsafeDisableDeepCopy); err != nil {
+		ch <- prometheus.NewInvalidMetric(gpuFaultsDesc, err)
+		return
+	}
+	seen := map[[2]string]int64{}
+	for _, g := range gpus.Items {
+		for _, f := range g.Status.Faults {
+			seen[[2]string{strconv.Itoa(int(f.Code)), string(f.Class)}] += f.Count
+		}
+	}
+	for k, n := range seen {
+		ch <- prometheus.MustNewConstMetric(gpuFaultsDesc, prometheus.GaugeValue, float64(n), k[0], k[1])
 	}
 }

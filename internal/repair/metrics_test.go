@@ -32,10 +32,21 @@ func TestStateCollector(t *testing.T) {
 	}
 	policy := &repairv1.NodeRepairPolicy{ObjectMeta: metav1.ObjectMeta{Name: "default"},
 		Status: repairv1.NodeRepairPolicyStatus{SuspendedPools: []repairv1.SuspendedPool{{Pool: "b", Node: "b-1", Reason: "RecoveryFailed"}}}}
+	gpu := func(name string, faults ...repairv1.GPUFaultEntry) *repairv1.GPUFault {
+		return &repairv1.GPUFault{ObjectMeta: metav1.ObjectMeta{Name: name}, Status: repairv1.GPUFaultStatus{Faults: faults}}
+	}
 	objects := []client.Object{node("a-0", "a", ""), node("a-1", "a", string(repairv1.PhaseRepairing)),
-		node("b-1", "b", string(repairv1.PhaseRecoveryFailed)), policy, &repairv1.NodeRepairPolicy{ObjectMeta: metav1.ObjectMeta{Name: "other"}}}
+		node("b-1", "b", string(repairv1.PhaseRecoveryFailed)), policy, &repairv1.NodeRepairPolicy{ObjectMeta: metav1.ObjectMeta{Name: "other"}},
+		gpu("a-0-gpu-1", repairv1.GPUFaultEntry{Code: 13, Count: 2}, repairv1.GPUFaultEntry{Code: 48, Class: repairv1.GPUClassResetGPU, Count: 1}),
+		gpu("a-1-gpu-0", repairv1.GPUFaultEntry{Code: 13, Count: 3}, repairv1.GPUFaultEntry{Code: 0, Class: repairv1.GPUClassReplace, Count: 1}),
+		gpu("b-1-gpu-0")}
 	c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(objects...).Build()
 	want := `
+# HELP gpufleet_repair_gpu_fault_occurrences GPU faults seen by the node agents (sum of the GPUFault records' counts), by XID code (0: a health counter) and class.
+# TYPE gpufleet_repair_gpu_fault_occurrences gauge
+gpufleet_repair_gpu_fault_occurrences{class="",code="13"} 5
+gpufleet_repair_gpu_fault_occurrences{class="Replace",code="0"} 1
+gpufleet_repair_gpu_fault_occurrences{class="ResetGPU",code="48"} 1
 # HELP gpufleet_repair_node_state 1 for a node in a repair state (label repair.gpufleet.dev/state: Repairing, RecoveryFailed), with its pool (label gpufleet.dev/pool).
 # TYPE gpufleet_repair_node_state gauge
 gpufleet_repair_node_state{node="a-1",pool="a",state="Repairing"} 1
