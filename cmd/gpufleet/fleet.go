@@ -6,10 +6,12 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
+	"go.uber.org/zap/zapcore"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/cli-runtime/pkg/genericclioptions"
 	"k8s.io/client-go/rest"
@@ -51,7 +53,13 @@ func fleetClient(flags *genericclioptions.ConfigFlags) (client.Client, *rest.Con
 	if cfg.QPS == 0 {
 		cfg.QPS, cfg.Burst = 50, 100 // one request per kind, in parallel
 	}
-	c, err := client.New(cfg, client.Options{Scheme: fleet.Scheme()})
+	// kubectl's discovery cache (~/.kube/cache): no discovery requests
+	// on every run.
+	mapper, err := flags.ToRESTMapper()
+	if err != nil {
+		return nil, nil, fmt.Errorf("discovering the cluster's APIs: %w", err)
+	}
+	c, err := client.New(cfg, client.Options{Scheme: fleet.Scheme(), Mapper: mapper})
 	if err != nil {
 		return nil, nil, fmt.Errorf("connecting to the cluster: %w", err)
 	}
@@ -188,6 +196,10 @@ credentials. It listens on loopback unless --address says otherwise, and
 has no write actions.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			setupLogging(false, zapcore.ErrorLevel)
+			if os.Getenv("GOGC") == "" {
+				debug.SetGCPercent(50) // the heap is mostly the watch caches
+			}
 			_, cfg, err := fleetClient(flags)
 			if err != nil {
 				return err

@@ -19,6 +19,7 @@ import (
 
 	maintenancev1 "github.com/gpufleet/gpufleet/api/maintenance/v1alpha1"
 	repairv1 "github.com/gpufleet/gpufleet/api/repair/v1alpha1"
+	"github.com/gpufleet/gpufleet/internal/gpustack"
 )
 
 // Scheme knows every kind the view reads.
@@ -56,23 +57,20 @@ func Load(ctx context.Context, c client.Reader, opts LoadOptions) (*Snapshot, er
 		faults       repairv1.GPUFaultList
 	)
 	nodeOpts := []client.ListOption{}
-	podOpts := []client.ListOption{}
+	// Finished pods hold no GPUs.
+	podFields := fields.AndSelectors(fields.OneTermNotEqualSelector("status.phase", string(corev1.PodSucceeded)),
+		fields.OneTermNotEqualSelector("status.phase", string(corev1.PodFailed)))
 	switch {
 	case opts.Node != "":
 		nodeOpts = append(nodeOpts, client.MatchingFieldsSelector{Selector: fields.OneTermEqualSelector("metadata.name", opts.Node)})
-		podOpts = append(podOpts, client.MatchingFieldsSelector{Selector: fields.OneTermEqualSelector("spec.nodeName", opts.Node)})
+		podFields = fields.AndSelectors(podFields, fields.OneTermEqualSelector("spec.nodeName", opts.Node))
 	case opts.NodeSelector != nil:
 		nodeOpts = append(nodeOpts, client.MatchingLabelsSelector{Selector: opts.NodeSelector})
 	}
-	lists := []struct {
-		kind Kind
-		list client.ObjectList
-		opts []client.ListOption
-	}{
+	lists := []listing{
 		{KindNode, &nodes, nodeOpts},
-		{KindPod, &pods, podOpts},
+		{KindPod, &pods, []client.ListOption{client.MatchingFieldsSelector{Selector: podFields}}},
 		{KindResourceClaim, &claims, nil},
-		{KindResourceSlice, &slices, nil},
 		{KindNodeMaintenance, &maintenances, nil},
 		{KindNodeRepair, &repairs, nil},
 		{KindGPUFault, &faults, nil},
@@ -83,6 +81,14 @@ func Load(ctx context.Context, c client.Reader, opts LoadOptions) (*Snapshot, er
 		wg.Go(func() { errs[i] = c.List(ctx, l.list, l.opts...) })
 	}
 	wg.Wait()
+	if errs[0] == nil && needSlices(nodes.Items) {
+		// Only GPUs published through DRA alone need their ResourceSlices
+		// counted (the largest objects of all: skipped when the device
+		// plugin's nvidia.com/gpu capacity is there).
+		l := listing{KindResourceSlice, &slices, []client.ListOption{client.MatchingFields{"spec.driver": DRADriver}}}
+		lists = append(lists, l)
+		errs = append(errs, c.List(ctx, l.list, l.opts...))
+	}
 	for i, l := range lists {
 		err := errs[i]
 		if err == nil {
@@ -102,6 +108,25 @@ func Load(ctx context.Context, c client.Reader, opts LoadOptions) (*Snapshot, er
 	s.Repairs = ptrs(repairs.Items)
 	s.Faults = ptrs(faults.Items)
 	return s, nil
+}
+
+// needSlices reports whether a GPU node lacks the nvidia.com/gpu capacity
+// of NVIDIA's device plugin: its GPUs are then counted from ResourceSlices.
+func needSlices(nodes []corev1.Node) bool {
+	for i := range nodes {
+		n := &nodes[i]
+		if _, ok := n.Status.Capacity[ResourceGPU]; !ok && (n.Labels[gpustack.LabelGPUPresent] == "true" || gpustack.HasNvidiaGPU(n.Labels)) {
+			return true
+		}
+	}
+	return false
+}
+
+// listing is one List request of Load.
+type listing struct {
+	kind Kind
+	list client.ObjectList
+	opts []client.ListOption
 }
 
 // Unreadable says why a kind cannot be read when err means it is not

@@ -23,6 +23,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	resourcev1 "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/client-go/rest"
 	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/utils/clock"
@@ -90,6 +91,9 @@ func New(cfg *rest.Config, opts Options) (*Server, error) {
 	}
 	c, err := cache.New(cfg, cache.Options{
 		Scheme: scheme, DefaultTransform: trim,
+		ByObject: map[client.Object]cache.ByObject{
+			&resourcev1.ResourceSlice{}: {Field: fields.OneTermEqualSelector("spec.driver", fleet.DRADriver)},
+		},
 		// The view lists from the cache without copying; Build only reads.
 		DefaultUnsafeDisableDeepCopy: ptrTo(true),
 	})

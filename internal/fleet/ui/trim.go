@@ -2,14 +2,16 @@ package ui
 
 import (
 	corev1 "k8s.io/api/core/v1"
+	resourcev1 "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 )
 
 // trim drops from watched objects what the view never reads, before they
-// enter the cache: managed fields everywhere, a node's image list and
-// annotations, and of a pod everything but its node, labels, container
-// requests, phase and conditions. It keeps the process small with
-// thousands of nodes and pods.
+// enter the cache: managed fields everywhere; of a node its annotations and
+// all of its status but conditions, capacity and allocatable; of a
+// ResourceSlice all but its driver, node, pool and device names; of a pod
+// all but its node, labels, container requests, phase and conditions. It
+// keeps the process small with thousands of nodes and pods.
 func trim(obj any) (any, error) {
 	if m, err := meta.Accessor(obj); err == nil {
 		m.SetManagedFields(nil)
@@ -17,9 +19,15 @@ func trim(obj any) (any, error) {
 	switch o := obj.(type) {
 	case *corev1.Node:
 		o.Annotations = nil
-		o.Status.Images = nil
-		o.Status.VolumesAttached = nil
-		o.Status.VolumesInUse = nil
+		o.OwnerReferences = nil
+		o.Status = corev1.NodeStatus{Capacity: o.Status.Capacity, Allocatable: o.Status.Allocatable, Conditions: o.Status.Conditions}
+	case *resourcev1.ResourceSlice:
+		// Only the number of devices counts.
+		devices := make([]resourcev1.Device, len(o.Spec.Devices))
+		for i := range o.Spec.Devices {
+			devices[i].Name = o.Spec.Devices[i].Name
+		}
+		o.Spec = resourcev1.ResourceSliceSpec{Driver: o.Spec.Driver, NodeName: o.Spec.NodeName, Pool: o.Spec.Pool, Devices: devices}
 	case *corev1.Pod:
 		o.Annotations = nil
 		o.OwnerReferences = nil
