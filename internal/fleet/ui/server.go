@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"html/template"
 	"io/fs"
+	"maps"
 	"net"
 	"net/http"
 	"strings"
@@ -197,7 +198,7 @@ func (s *Server) loop(ctx context.Context) {
 
 // snapshot lists every readable kind from the cache.
 func (s *Server) snapshot(ctx context.Context) (*fleet.Snapshot, error) {
-	snap := &fleet.Snapshot{PoolLabel: s.opts.PoolLabel, Unavailable: s.unavailable}
+	snap := &fleet.Snapshot{PoolLabel: s.opts.PoolLabel, Unavailable: maps.Clone(s.unavailable)}
 	for _, k := range s.kinds {
 		if err := s.cache.List(ctx, k.list); err != nil {
 			return nil, fmt.Errorf("listing %s from the cache: %w", k.kind, err)
