@@ -188,7 +188,7 @@ async function explain(node) {
   const body = document.getElementById("story-entries");
   body.replaceChildren(...(st.entries || []).map((e) => {
     const tr = el("tr", e.warning ? "warning" : "");
-    tr.append(el("td", "", e.time), el("td", "", e.object), el("td", "", e.what));
+    tr.append(el("td", "time", String(e.time).replace("T", " ").replace("Z", "")), el("td", "", e.object), el("td", "", e.what));
     return tr;
   }));
 }
