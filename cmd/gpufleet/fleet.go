@@ -10,11 +10,13 @@ import (
 	"strings"
 	"time"
 
+	"github.com/go-logr/logr"
 	"github.com/spf13/cobra"
 	"go.uber.org/zap/zapcore"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/cli-runtime/pkg/genericclioptions"
 	"k8s.io/client-go/rest"
+	"k8s.io/klog/v2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/gpufleet/gpufleet/internal/fleet"
@@ -44,7 +46,10 @@ func newPluginCommand() *cobra.Command {
 }
 
 // fleetClient is a client with the user's kubeconfig (cli-runtime flags).
+// client-go's own error logs (a failed discovery, once per API group) are
+// silenced: the command returns the error.
 func fleetClient(flags *genericclioptions.ConfigFlags) (client.Client, *rest.Config, error) {
+	klog.SetLogger(logr.Discard())
 	cfg, err := flags.ToRESTConfig()
 	if err != nil {
 		return nil, nil, fmt.Errorf("loading the kubeconfig: %w", err)
@@ -196,13 +201,13 @@ credentials. It listens on loopback unless --address says otherwise, and
 has no write actions.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			setupLogging(false, zapcore.ErrorLevel)
-			if os.Getenv("GOGC") == "" {
-				debug.SetGCPercent(50) // the heap is mostly the watch caches
-			}
 			_, cfg, err := fleetClient(flags)
 			if err != nil {
 				return err
+			}
+			setupLogging(false, zapcore.ErrorLevel) // a long-running view logs its watches' errors
+			if os.Getenv("GOGC") == "" {
+				debug.SetGCPercent(50) // the heap is mostly the watch caches
 			}
 			ctx, cancel := signalContext()
 			defer cancel()
