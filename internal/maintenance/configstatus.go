@@ -55,13 +55,19 @@ func (s *Scheduler) writeConfigStatus(ctx context.Context, cfg *maintenancev1.Ma
 	if err := s.Client.Status().Patch(ctx, after, client.MergeFromWithOptions(cfg, client.MergeFromWithOptimisticLock{})); err != nil {
 		return fmt.Errorf("writing the status of MaintenanceOperatorConfig %s: %w", client.ObjectKeyFromObject(cfg), err)
 	}
-	switch isInvalid := cfgErr != nil; {
-	case isInvalid && !wasInvalid:
+	s.configEvent(cfg, cfgErr, wasInvalid)
+	return nil
+}
+
+// configEvent reports a change of the config's validity (after its status
+// write succeeded).
+func (s *Scheduler) configEvent(cfg *maintenancev1.MaintenanceOperatorConfig, cfgErr error, wasInvalid bool) {
+	switch {
+	case cfgErr != nil && !wasInvalid:
 		s.Recorder.Eventf(cfg, nil, corev1.EventTypeWarning, ReasonInvalidConfig, actionValidate, "%s", invalidConfigMessage(cfgErr, s.lastValid))
-	case !isInvalid && wasInvalid:
+	case cfgErr == nil && wasInvalid:
 		s.Recorder.Eventf(cfg, nil, corev1.EventTypeNormal, ReasonConfigValid, actionValidate, "The configuration (generation %d) applies", cfg.Generation)
 	}
-	return nil
 }
 
 func invalidConfigMessage(err error, lastValid *Config) string {

@@ -34,8 +34,8 @@ func TestCalendarAt(t *testing.T) {
 	ny := mustLoc(t, "America/New_York")
 	kolkata := mustLoc(t, "Asia/Kolkata")
 	weekdays := mustWindow(t, "0 1 * * 1-5", 4*time.Hour, "Europe/Berlin")
-	at := func(loc *time.Location, y int, m time.Month, d, h, min int) time.Time {
-		return time.Date(y, m, d, h, min, 0, 0, loc)
+	at := func(loc *time.Location, y int, m time.Month, d, h, mi int) time.Time {
+		return time.Date(y, m, d, h, mi, 0, 0, loc)
 	}
 	freeze := Exclusion{Name: "eoq-freeze", Start: at(berlin, 2026, 12, 3, 0, 0), End: at(berlin, 2026, 12, 8, 0, 0)}
 
