@@ -45,11 +45,28 @@ func newPluginCommand() *cobra.Command {
 	return root
 }
 
+// quietClientLogs silences client-go's own error logs (a failed discovery,
+// once per API group) for the one-shot commands status and explain: they
+// return the error. klog's logger is process-wide, so main calls this
+// before anything runs.
+func quietClientLogs(args []string) {
+	if c := commandOf(args); c == "status" || c == "explain" {
+		klog.SetLogger(logr.Discard())
+	}
+}
+
+// commandOf is the subcommand args name: the first word that is not a flag.
+func commandOf(args []string) string {
+	for _, a := range args {
+		if !strings.HasPrefix(a, "-") {
+			return a
+		}
+	}
+	return ""
+}
+
 // fleetClient is a client with the user's kubeconfig (cli-runtime flags).
-// client-go's own error logs (a failed discovery, once per API group) are
-// silenced: the command returns the error.
 func fleetClient(flags *genericclioptions.ConfigFlags) (client.Client, *rest.Config, error) {
-	klog.SetLogger(logr.Discard())
 	cfg, err := flags.ToRESTConfig()
 	if err != nil {
 		return nil, nil, fmt.Errorf("loading the kubeconfig: %w", err)

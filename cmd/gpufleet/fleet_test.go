@@ -55,3 +55,20 @@ func TestFleetCommandsRefuseBadInput(t *testing.T) {
 		})
 	}
 }
+
+func TestCommandOf(t *testing.T) {
+	tests := map[string]struct {
+		args []string
+		want string
+	}{
+		"status":              {[]string{"status", "-o", "wide"}, "status"},
+		"after a flag":        {[]string{"--help", "explain", "gpu-000"}, "explain"},
+		"a node named status": {[]string{"explain", "status"}, "explain"},
+		"no command":          {nil, ""},
+	}
+	for name, tc := range tests {
+		if got := commandOf(tc.args); got != tc.want {
+			t.Errorf("%s: commandOf(%q) = %q, want %q", name, tc.args, got, tc.want)
+		}
+	}
+}

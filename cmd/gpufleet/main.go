@@ -28,6 +28,7 @@ import (
 )
 
 func main() {
+	quietClientLogs(os.Args[1:])
 	if pluginMain() {
 		return
 	}
