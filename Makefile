@@ -75,11 +75,6 @@ test-browser: tools ## The fleet view (gpufleet ui) in headless Chromium against
 	hack/ensure-chromium.sh
 	go test $(GOTEST_FLAGS) -tags browser -v -run TestFleetViewInBrowser ./internal/fleet/ui/
 
-.PHONY: test-browser
-test-browser: tools ## The fleet view (gpufleet ui) in headless Chromium against the local cluster; installs Debian's chromium when missing; screenshot in results/fleet-view.png.
-	hack/ensure-chromium.sh
-	go test $(GOTEST_FLAGS) -tags browser -v -run TestFleetViewInBrowser ./internal/fleet/ui/
-
 .PHONY: unit
 unit: ## Unit tests only (no local cluster).
 	go test -count=1 -short ./...
