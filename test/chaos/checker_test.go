@@ -57,6 +57,15 @@ type checker struct {
 	created   map[string]time.Time
 	scheduled map[string]time.Time
 	releases  []time.Time
+	// podTimes: per node, when workload pods were seen evicted
+	// (deletionTimestamp set) and gone.
+	podTimes map[string][]podSeen
+	nodeOf   map[string]string // object -> node, kept after deletion
+}
+
+type podSeen struct {
+	gone bool // else evicted
+	at   time.Time
 }
 
 type phaseSeen struct {
@@ -87,6 +96,61 @@ func (c *checker) phaseDurations() map[string][]time.Duration {
 		for i := 0; i+1 < len(seen); i++ {
 			out[seen[i].phase] = append(out[seen[i].phase], seen[i+1].at.Sub(seen[i].at))
 		}
+	}
+	for _, d := range out {
+		slices.Sort(d)
+	}
+	return out
+}
+
+// recordPod notes a pod of node seen evicted or gone; the caller holds mu.
+func (c *checker) recordPod(node string, gone bool) {
+	if c.podTimes == nil {
+		c.podTimes = map[string][]podSeen{}
+	}
+	c.podTimes[node] = append(c.podTimes[node], podSeen{gone: gone, at: time.Now()})
+}
+
+// drainSteps splits each object's Draining phase (from Draining seen to
+// Ready seen) by what its node's pods did meanwhile: "to first eviction",
+// "evictions" (first to last pod seen evicted), "pods terminating" (last
+// eviction to last pod gone) and "to Ready" (last pod gone to Ready seen).
+func (c *checker) drainSteps() map[string][]time.Duration {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := map[string][]time.Duration{}
+	for key, seen := range c.phases {
+		var from, to time.Time
+		for i, p := range seen {
+			if p.phase == "Draining" && i+1 < len(seen) && seen[i+1].phase == "Ready" {
+				from, to = p.at, seen[i+1].at
+			}
+		}
+		if from.IsZero() {
+			continue
+		}
+		node := c.nodeOf[key]
+		var firstEvict, lastEvict, lastGone time.Time
+		for _, e := range c.podTimes[node] {
+			if e.at.Before(from) || e.at.After(to) {
+				continue
+			}
+			switch {
+			case e.gone:
+				lastGone = e.at
+			case firstEvict.IsZero():
+				firstEvict, lastEvict = e.at, e.at
+			default:
+				lastEvict = e.at
+			}
+		}
+		if firstEvict.IsZero() || lastGone.IsZero() {
+			continue
+		}
+		out["to first eviction"] = append(out["to first eviction"], firstEvict.Sub(from))
+		out["evictions"] = append(out["evictions"], lastEvict.Sub(firstEvict))
+		out["pods terminating"] = append(out["pods terminating"], lastGone.Sub(lastEvict))
+		out["to Ready"] = append(out["to Ready"], to.Sub(lastGone))
 	}
 	for _, d := range out {
 		slices.Sort(d)
@@ -148,6 +212,16 @@ func (c *checker) run(ctx context.Context) {
 				c.onPodDeleted(np)
 			}
 		},
+		DeleteFunc: func(o any) {
+			if tomb, ok := o.(cache.DeletedFinalStateUnknown); ok {
+				o = tomb.Obj
+			}
+			if p, ok := o.(*corev1.Pod); ok && p.Namespace == workloadNamespace {
+				c.mu.Lock()
+				defer c.mu.Unlock()
+				c.recordPod(p.Spec.NodeName, true)
+			}
+		},
 	})
 	dInf.Start(ctx.Done())
 	inf.Start(ctx.Done())
@@ -183,6 +257,10 @@ func (c *checker) recordNM(o any, deleted bool) (key string, firstReady bool) {
 	} else {
 		node, _, _ := unstructured.NestedString(u.Object, "spec", "nodeName")
 		st := nmState{node: node}
+		if c.nodeOf == nil {
+			c.nodeOf = map[string]string{}
+		}
+		c.nodeOf[key] = node
 		conds, _, _ := unstructured.NestedSlice(u.Object, "status", "conditions")
 		for _, raw := range conds {
 			m, _ := raw.(map[string]any)
@@ -256,6 +334,7 @@ func (c *checker) onPodDeleted(p *corev1.Pod) {
 	if p.DeletionGracePeriodSeconds != nil {
 		grace = *p.DeletionGracePeriodSeconds
 	}
+	c.recordPod(p.Spec.NodeName, false)
 	c.suspects = append(c.suspects, suspect{pod: p.Namespace + "/" + p.Name, node: p.Spec.NodeName,
 		evictedAt: p.DeletionTimestamp.Add(-time.Duration(grace) * time.Second)})
 }
