@@ -3,6 +3,7 @@ package chaos
 import (
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -61,6 +63,8 @@ type checker struct {
 	// (deletionTimestamp set) and gone.
 	podTimes map[string][]podSeen
 	nodeOf   map[string]string // object -> node, kept after deletion
+	// statusRewrites: status changes that kept the phase, by phase.
+	statusRewrites map[string]int
 }
 
 type podSeen struct {
@@ -101,6 +105,48 @@ func (c *checker) phaseDurations() map[string][]time.Duration {
 		slices.Sort(d)
 	}
 	return out
+}
+
+// countStatusRewrite counts a status change that kept the phase (the
+// Ready condition's reason).
+func (c *checker) countStatusRewrite(old, o any) {
+	ou, ok1 := old.(*unstructured.Unstructured)
+	nu, ok2 := o.(*unstructured.Unstructured)
+	if !ok1 || !ok2 {
+		return
+	}
+	oldStatus, _, _ := unstructured.NestedMap(ou.Object, "status")
+	newStatus, _, _ := unstructured.NestedMap(nu.Object, "status")
+	if equality.Semantic.DeepEqual(oldStatus, newStatus) {
+		return
+	}
+	op, np := readyReason(ou), readyReason(nu)
+	if op != np || np == "" {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.statusRewrites == nil {
+		c.statusRewrites = map[string]int{}
+	}
+	c.statusRewrites[np]++
+}
+
+func (c *checker) rewrites() map[string]int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return maps.Clone(c.statusRewrites)
+}
+
+func readyReason(u *unstructured.Unstructured) string {
+	conds, _, _ := unstructured.NestedSlice(u.Object, "status", "conditions")
+	for _, raw := range conds {
+		if m, _ := raw.(map[string]any); m["type"] == "Ready" {
+			r, _ := m["reason"].(string)
+			return r
+		}
+	}
+	return ""
 }
 
 // recordPod notes a pod of node seen evicted or gone; the caller holds mu.
@@ -189,8 +235,11 @@ func (c *checker) run(ctx context.Context) {
 	dInf := dynamicinformer.NewDynamicSharedInformerFactory(dyn, 0)
 	nmInf := dInf.ForResource(nmGVR).Informer()
 	_, _ = nmInf.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(o any) { c.onNM(o, false) },
-		UpdateFunc: func(_, o any) { c.onNM(o, false) },
+		AddFunc: func(o any) { c.onNM(o, false) },
+		UpdateFunc: func(old, o any) {
+			c.countStatusRewrite(old, o)
+			c.onNM(o, false)
+		},
 		DeleteFunc: func(o any) { c.onNM(o, true) },
 	})
 	inf := informers.NewSharedInformerFactory(c.cluster.Client, 0)

@@ -80,6 +80,11 @@ type scaleReportData struct {
 	// PodSpread: fewest and most workload pods on a schedulable node
 	// before the baseline and before the rollout.
 	PodSpread map[string][2]int `json:"podSpread"`
+	// StatusRewrites: status changes that kept the phase, by phase.
+	StatusRewrites map[string]int `json:"statusRewritesByPhase"`
+	// EvictionMs: mean time of an eviction request (pods with and without
+	// a PodDisruptionBudget) and of the wait for the budget's turn.
+	EvictionMs map[string]float64 `json:"evictionMs"`
 	// DrainStepMs splits the Draining phase by what the node's pods did.
 	DrainStepMs map[string]map[string]float64 `json:"drainStepsMs"`
 	CPUSeconds  float64                       `json:"operatorCPUSeconds"`
@@ -198,8 +203,13 @@ func BenchmarkScaleRollout(b *testing.B) {
 	}
 	afterRollout := mustRequests(b, addr)
 	conflicts := map[string]int{}
+	evictionMs := map[string]float64{}
 	if fams, err := scrape(addr); err == nil {
 		conflicts = countsByLabel(fams, "gpufleet_maintenance_status_conflicts_total", "writer")
+		evictionMs = histogramMeansMs(fams, "gpufleet_maintenance_eviction_duration_seconds", "budget")
+		if w := histogramMeansMs(fams, "gpufleet_maintenance_eviction_turn_wait_seconds", ""); len(w) > 0 {
+			evictionMs["turn wait"] = w[""]
+		}
 	}
 	cpu := cpuSecondsOf(op.pid())
 	time.Sleep(*scaleIdle)
@@ -225,6 +235,7 @@ func BenchmarkScaleRollout(b *testing.B) {
 		IdlePerMinute: float64(sum(idle)) / scaleIdle.Minutes(), StatusConflicts: conflicts,
 		CPUSeconds: cpu, PeakRSSMB: float64(hwm) / 1024, RSSMB: float64(rss) / 1024,
 		Baseline: baseline, PodSpread: spread, DrainStepMs: map[string]map[string]float64{},
+		EvictionMs: evictionMs, StatusRewrites: chk.rewrites(),
 	}
 	rep.RequestsPerObject = float64(sum(rep.RolloutRequests)) / float64(nodes)
 	if baseline != nil {
@@ -407,6 +418,9 @@ func (r scaleReportData) markdown() string {
 	fmt.Fprintf(&s, "| changes of a Pending object's wait reason | %d |\n", r.WaitRewrites)
 	fmt.Fprintf(&s, "| operator API requests: start-up / rollout / per maintenance | %d / %d / %.1f |\n", sum(r.StartupRequests), sum(r.RolloutRequests), r.RequestsPerObject)
 	fmt.Fprintf(&s, "| NodeMaintenance write conflicts (409) by writer | %s |\n", formatCounts(r.StatusConflicts))
+	fmt.Fprintf(&s, "| status changes that kept the phase, by phase | %s |\n", formatCounts(r.StatusRewrites))
+	fmt.Fprintf(&s, "| mean eviction request: pod behind a budget / not / wait for the budget's turn | %.0f / %.0f / %.0f ms |\n",
+		r.EvictionMs["true"], r.EvictionMs["false"], r.EvictionMs["turn wait"])
 	fmt.Fprintf(&s, "| operator requests per minute after the rollout (%v window) | %.1f (%d writes, %d lists) |\n", p["idleWindow"], r.IdlePerMinute, r.IdleWrites, r.IdleLists)
 	fmt.Fprintf(&s, "| operator CPU during start-up and rollout | %.1f s |\n", r.CPUSeconds)
 	fmt.Fprintf(&s, "| operator peak RSS / RSS at the end | %.0f / %.0f MB |\n\n", r.PeakRSSMB, r.RSSMB)
