@@ -50,6 +50,9 @@ type Reconciler struct {
 	// budgetTurns: evictions under one PodDisruptionBudget go one at a
 	// time, the oldest drain first.
 	budgetTurns budgetTurns
+	// evicted: pods evicted by this process that the watch may not show
+	// terminating yet.
+	evicted evictedPods
 }
 
 // Reconcile advances one NodeMaintenance by one step.

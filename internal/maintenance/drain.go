@@ -17,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/kubectl/pkg/drain"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -82,7 +83,9 @@ func (r *Reconciler) drain(ctx context.Context, nm *maintenancev1.NodeMaintenanc
 
 	var evict []corev1.Pod
 	for i := range pods {
-		if pods[i].DeletionTimestamp == nil { // else being terminated: its deletion event brings us back
+		// Being terminated, or evicted by us and not yet seen so by the
+		// watch: its update or deletion event brings us back.
+		if pods[i].DeletionTimestamp == nil && !r.evicted.recently(pods[i].UID) {
 			evict = append(evict, pods[i])
 		}
 	}
@@ -224,6 +227,7 @@ func (r *Reconciler) evictAll(ctx context.Context, helper *drain.Helper, pods []
 			switch {
 			case err == nil:
 				evictions.WithLabelValues("evicted").Inc()
+				r.evicted.add(p.UID)
 				return
 			case apierrors.IsNotFound(err):
 				return
@@ -278,6 +282,41 @@ func pdbSelects(pdb *policyv1.PodDisruptionBudget, p *corev1.Pod) bool {
 	}
 	sel, err := metav1.LabelSelectorAsSelector(pdb.Spec.Selector)
 	return err == nil && sel.Matches(labels.Set(p.Labels))
+}
+
+// evictedPods remembers the pods this process evicted, for as long as the
+// pod watch may not show them terminating yet: a drain step in between
+// would evict them again. Not progress: after a restart the watch shows
+// them terminating or gone. The zero value is ready to use.
+type evictedPods struct {
+	mu sync.Mutex
+	at map[types.UID]time.Time
+}
+
+// evictionSeenWithin: how long an evicted pod is not evicted again while
+// the watch still shows it untouched.
+const evictionSeenWithin = 5 * time.Second
+
+func (e *evictedPods) add(uid types.UID) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.at == nil {
+		e.at = map[types.UID]time.Time{}
+	}
+	now := time.Now() // wall time: this is about the watch's lag
+	for u, t := range e.at {
+		if now.Sub(t) > evictionSeenWithin {
+			delete(e.at, u)
+		}
+	}
+	e.at[uid] = now
+}
+
+func (e *evictedPods) recently(uid types.UID) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	t, ok := e.at[uid]
+	return ok && time.Since(t) <= evictionSeenWithin
 }
 
 // budgetTurns lets evictions under one PodDisruptionBudget go one at a
