@@ -184,8 +184,9 @@ func (r *Reconciler) planDrain(ctx context.Context, nm *maintenancev1.NodeMainte
 	st.DrainProgress = progress(st.EvictionPods, int32(len(pods)))
 }
 
+// podNames: sorted namespace/name, nil for none (as the status reads back).
 func podNames(pods []corev1.Pod) []string {
-	names := make([]string, 0, len(pods))
+	var names []string
 	for i := range pods {
 		names = append(names, pods[i].Namespace+"/"+pods[i].Name)
 	}

@@ -64,7 +64,8 @@ type checker struct {
 	podTimes map[string][]podSeen
 	nodeOf   map[string]string // object -> node, kept after deletion
 	// statusRewrites: status changes that kept the phase, by phase.
-	statusRewrites map[string]int
+	statusRewrites  map[string]int
+	rewriteExamples []string
 }
 
 type podSeen struct {
@@ -130,6 +131,9 @@ func (c *checker) countStatusRewrite(old, o any) {
 		c.statusRewrites = map[string]int{}
 	}
 	c.statusRewrites[np]++
+	if len(c.rewriteExamples) < 3 {
+		c.rewriteExamples = append(c.rewriteExamples, fmt.Sprintf("%s/%s in %s:\n  before %v\n  after  %v", nu.GetNamespace(), nu.GetName(), np, oldStatus, newStatus))
+	}
 }
 
 func (c *checker) rewrites() map[string]int {

@@ -260,6 +260,11 @@ func BenchmarkScaleRollout(b *testing.B) {
 			rep.IdleLists += v
 		}
 	}
+	chk.mu.Lock()
+	for _, ex := range chk.rewriteExamples {
+		b.Logf("status changed within a phase: %s", ex)
+	}
+	chk.mu.Unlock()
 	md := rep.markdown()
 	b.Log("\n" + md)
 	writeScaleReport(b, rep, md)
