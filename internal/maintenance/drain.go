@@ -36,7 +36,7 @@ const (
 	maxDrainBackoff  = 30 * time.Second
 	// progressAfter: a drain that lasts longer writes its progress at
 	// every step from then on (a shorter one, when it ends or is held up).
-	progressAfter    = 10 * time.Second
+	progressAfter    = 30 * time.Second
 	maxNamesInStatus = 50
 	// maxParallelEvictions bounds the eviction requests of one drain step
 	// in flight at once.
