@@ -47,6 +47,12 @@ type Reconciler struct {
 	// own: our status writes and finalizer removals the cache may not
 	// show yet.
 	own ownWrites
+	// budgetTurns: evictions under one PodDisruptionBudget go one at a
+	// time, the oldest drain first.
+	budgetTurns budgetTurns
+	// evicted: pods evicted by this process that the watch may not show
+	// terminating yet.
+	evicted evictedPods
 }
 
 // Reconcile advances one NodeMaintenance by one step.
@@ -113,8 +119,10 @@ func (r *Reconciler) watchPods(nm *maintenancev1.NodeMaintenance) {
 	needs := false
 	if nm.DeletionTimestamp == nil {
 		switch nm.Phase() {
-		case maintenancev1.PhaseCordon:
-			needs = nm.Spec.WaitForPodCompletion != nil || nm.Spec.DrainSpec != nil
+		case maintenancev1.PhaseScheduled, maintenancev1.PhaseCordon:
+			// Scheduled with the node's state recorded: the cordon is next.
+			needs = (nm.Phase() == maintenancev1.PhaseCordon || nm.Status.NodeUnschedulableBefore != nil) &&
+				(nm.Spec.WaitForPodCompletion != nil || nm.Spec.DrainSpec != nil)
 		case maintenancev1.PhaseWaitForPodCompletion, maintenancev1.PhaseDraining:
 			needs = true
 		}
@@ -148,8 +156,14 @@ func (r *Reconciler) step(ctx context.Context, nm *maintenancev1.NodeMaintenance
 	}
 	switch phase {
 	case maintenancev1.PhaseScheduled:
-		// Record the node's state before touching it: a crash after the
-		// cordon must not make us believe the admin had cordoned it.
+		if nm.Status.NodeUnschedulableBefore != nil {
+			// The scheduler recorded the node's state with its decision:
+			// cordon now.
+			return r.cordon(ctx, nm, node, ev)
+		}
+		// Scheduled without that record (by an older version): record the
+		// node's state before touching it, since a crash after the cordon
+		// must not make us believe the admin had cordoned it.
 		before := node.Spec.Unschedulable
 		nm.Status.NodeUnschedulableBefore = &before
 		setPhase(nm, maintenancev1.PhaseCordon, "cordoning node", now)
@@ -172,13 +186,23 @@ func (r *Reconciler) step(ctx context.Context, nm *maintenancev1.NodeMaintenance
 }
 
 func (r *Reconciler) cordon(ctx context.Context, nm *maintenancev1.NodeMaintenance, node *corev1.Node, ev *pendingevents.Recorder) (reconcile.Result, error) {
+	if phaseAfterCordon(nm) != maintenancev1.PhaseReady {
+		// The node's pods are watched from now on (watchPods): once the
+		// watch has synced, the next phase is entered knowing them, and
+		// its first step has nothing new to write.
+		if _, synced := r.Pods.Pods(node.Name); !synced {
+			return reconcile.Result{RequeueAfter: unsyncedRetry}, nil // the watch's sync brings us back
+		}
+	}
 	if nm.CordonRequested() && !node.Spec.Unschedulable {
 		if err := r.setUnschedulable(ctx, node, true); err != nil {
 			return reconcile.Result{}, err
 		}
-		r.Recorder.Eventf(nm, node, corev1.EventTypeNormal, ReasonCordoned, actionCordon, "Cordoned node %s", node.Name)
 	}
 	r.enter(nm, node, phaseAfterCordon(nm), ev)
+	if nm.Phase() == maintenancev1.PhaseDraining {
+		r.planDrain(ctx, nm, node)
+	}
 	return reconcile.Result{}, nil
 }
 
@@ -194,11 +218,30 @@ func (r *Reconciler) enter(nm *maintenancev1.NodeMaintenance, node *corev1.Node,
 	case maintenancev1.PhaseDraining:
 		nm.Status.Drain = &maintenancev1.DrainStatus{StartTime: &t}
 		setPhase(nm, phase, "draining node", now)
-		ev.Eventf(nm, node, corev1.EventTypeNormal, ReasonDraining, actionDrain, "Draining node %s", node.Name)
 	case maintenancev1.PhaseReady:
 		setPhase(nm, phase, "node is ready for maintenance", now)
-		ev.Eventf(nm, node, corev1.EventTypeNormal, ReasonReady, actionRelease, "Node %s is ready for maintenance", node.Name)
+		ev.Eventf(nm, node, corev1.EventTypeNormal, ReasonReady, actionRelease, "Node %s is ready for maintenance%s", node.Name, preparedBy(nm, now))
 	}
+}
+
+// preparedBy summarises, for the Ready event, what the maintenance did to
+// the node: the one Normal event of a maintenance (scheduling, the cordon
+// and the drain's start are in the status; the node shows its cordon).
+func preparedBy(nm *maintenancev1.NodeMaintenance, now time.Time) string {
+	var did []string
+	if nm.CordonRequested() && nm.Status.NodeUnschedulableBefore != nil && !*nm.Status.NodeUnschedulableBefore {
+		did = append(did, "cordoned")
+	}
+	if d := nm.Status.Drain; d != nil && d.StartTime != nil {
+		did = append(did, fmt.Sprintf("drained (%d pod(s) to evict) in %s", d.EvictionPods, now.Sub(d.StartTime.Time).Round(100*time.Millisecond)))
+	}
+	if nm.Status.ScheduledTime != nil {
+		did = append(did, fmt.Sprintf("%s after it was scheduled", now.Sub(nm.Status.ScheduledTime.Time).Round(100*time.Millisecond)))
+	}
+	if len(did) == 0 {
+		return ""
+	}
+	return ": " + strings.Join(did, ", ")
 }
 
 // waitForPods waits until the selected pods on the node have completed.
@@ -369,11 +412,9 @@ func (r *Reconciler) release(ctx context.Context, nm *maintenancev1.NodeMaintena
 			"Node %s stays cordoned: %s still holds it", node.Name, holder)
 		return nil
 	}
-	if err := r.setUnschedulable(ctx, node, false); err != nil {
-		return err
-	}
-	r.Recorder.Eventf(nm, node, corev1.EventTypeNormal, ReasonUncordoned, actionRelease, "Uncordoned node %s", node.Name)
-	return nil
+	// The node's state shows the uncordon; no event (it would be one more
+	// request per maintenance, telling what the node says).
+	return r.setUnschedulable(ctx, node, false)
 }
 
 // otherHolder names another in-progress, not-deleted object on the same node.

@@ -4,8 +4,11 @@ import (
 	"context"
 	"fmt"
 	"regexp"
+	"slices"
 	"sort"
+	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -13,8 +16,11 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/kubectl/pkg/drain"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	maintenancev1 "github.com/gpufleet/gpufleet/api/maintenance/v1alpha1"
@@ -28,7 +34,13 @@ const (
 	// kubelet that would remove them is unreachable).
 	terminatingGrace = 10 * time.Second
 	maxDrainBackoff  = 30 * time.Second
+	// progressAfter: a drain that lasts longer writes its progress at
+	// every step from then on (a shorter one, when it ends or is held up).
+	progressAfter    = 30 * time.Second
 	maxNamesInStatus = 50
+	// maxParallelEvictions bounds the eviction requests of one drain step
+	// in flight at once.
+	maxParallelEvictions = 16
 	// unsyncedRetry: a node's pod watch announces its sync; this is the
 	// safety net should that never come (e.g. the watch keeps failing).
 	unsyncedRetry = 5 * time.Second
@@ -37,7 +49,6 @@ const (
 // drain performs one drain step: evict what can be evicted now, record
 // progress, and come back on pod events or after a backoff.
 func (r *Reconciler) drain(ctx context.Context, nm *maintenancev1.NodeMaintenance, node *corev1.Node, ev *pendingevents.Recorder) (reconcile.Result, error) {
-	log := ctrl.LoggerFrom(ctx)
 	spec := nm.Spec.DrainSpec
 	now := r.Clock.Now()
 	if nm.Status.Drain == nil || nm.Status.Drain.StartTime == nil {
@@ -45,30 +56,16 @@ func (r *Reconciler) drain(ctx context.Context, nm *maintenancev1.NodeMaintenanc
 		nm.Status.Drain = &maintenancev1.DrainStatus{StartTime: &t}
 	}
 	st := nm.Status.Drain
-	filters, err := evictionFilters(spec.PodEvictionFilters)
+	all, synced := r.Pods.Pods(node.Name)
+	if !synced {
+		return reconcile.Result{RequeueAfter: unsyncedRetry}, nil // the watch's sync brings us back
+	}
+	helper, err := r.drainHelper(ctx, spec, node, all)
 	if err != nil {
 		r.invalidSpec(nm, err.Error(), ev)
 		return reconcile.Result{}, nil
 	}
 	clearCondition(nm, maintenancev1.ConditionTypeInvalidSpec)
-
-	all, synced := r.Pods.Pods(node.Name)
-	if !synced {
-		return reconcile.Result{RequeueAfter: unsyncedRetry}, nil // the watch's sync brings us back
-	}
-	helper := &drain.Helper{
-		Ctx:                 ctx,
-		Client:              podsFrom{Interface: r.Kube, pods: all},
-		Force:               spec.Force,
-		IgnoreAllDaemonSets: true,
-		DeleteEmptyDirData:  spec.DeleteEmptyDir,
-		PodSelector:         string(spec.PodSelector),
-		GracePeriodSeconds:  -1, // the pod's own terminationGracePeriodSeconds
-		AdditionalFilters:   []drain.PodFilter{r.skipOwnPod, filters},
-	}
-	if !nodeReady(node) {
-		helper.SkipWaitForDeleteTimeoutSeconds = int(terminatingGrace / time.Second)
-	}
 	list, errs := helper.GetPodsForDeletion(node.Name)
 	if len(errs) > 0 {
 		// Pods the drain may not remove (bare pods without force, local
@@ -84,40 +81,33 @@ func (r *Reconciler) drain(ctx context.Context, nm *maintenancev1.NodeMaintenanc
 		st.EvictionPods = int32(len(pods))
 	}
 
-	var remaining []string
-	refused := 0
+	var evict []corev1.Pod
 	for i := range pods {
-		p := &pods[i]
-		remaining = append(remaining, p.Namespace+"/"+p.Name)
-		if p.DeletionTimestamp != nil {
-			continue // being terminated; its deletion event brings us back
-		}
-		switch err := helper.EvictPod(*p, policyv1.SchemeGroupVersion); {
-		case err == nil:
-			evictions.WithLabelValues("evicted").Inc()
-		case apierrors.IsNotFound(err):
-		case apierrors.IsTooManyRequests(err):
-			refused++
-			evictions.WithLabelValues("refused").Inc()
-			log.V(1).Info("eviction refused", "pod", p.Namespace+"/"+p.Name, "reason", err.Error())
-		default:
-			refused++
-			evictions.WithLabelValues("error").Inc()
-			log.Info("eviction failed", "pod", p.Namespace+"/"+p.Name, "error", err.Error())
+		// Being terminated, or evicted by us and not yet seen so by the
+		// watch: its update or deletion event brings us back.
+		if pods[i].DeletionTimestamp == nil && !r.evicted.recently(pods[i].UID) {
+			evict = append(evict, pods[i])
 		}
 	}
-	sort.Strings(remaining)
-	st.WaitForEviction = truncate(remaining, maxNamesInStatus)
-	st.DrainProgress = progress(st.EvictionPods, int32(len(remaining)))
+	refused := r.evictAll(ctx, helper, evict, st.StartTime.Time)
+	remaining := podNames(pods)
+	elapsed := now.Sub(st.StartTime.Time)
+	if st.WaitForEviction == nil || len(remaining) == 0 || refused > 0 || elapsed >= progressAfter {
+		// Progress is written when the drain ends or is held up, and
+		// while it lasts longer than progressAfter; a drain that goes
+		// through is not written pod by pod (that was most of its
+		// requests).
+		st.WaitForEviction = truncate(remaining, maxNamesInStatus)
+		st.DrainProgress = progress(st.EvictionPods, int32(len(remaining)))
+	}
 	if len(remaining) == 0 {
-		drainDuration.Observe(now.Sub(st.StartTime.Time).Seconds())
+		drainDuration.Observe(elapsed.Seconds())
 		clearCondition(nm, maintenancev1.ConditionTypeDrainBlocked)
 		st.DrainProgress = 100
 		r.enter(nm, node, maintenancev1.PhaseReady, ev)
 		return reconcile.Result{}, nil
 	}
 
-	elapsed := now.Sub(st.StartTime.Time)
 	timeout := seconds(spec.TimeoutSeconds, 300)
 	if timeout > 0 && elapsed >= timeout {
 		r.blocked(nm, node, ReasonDrainBlocked, fmt.Sprintf("drain of node %s not done after %s; blocking pods: %s",
@@ -127,12 +117,16 @@ func (r *Reconciler) drain(ctx context.Context, nm *maintenancev1.NodeMaintenanc
 		return reconcile.Result{RequeueAfter: backoff(elapsed)}, nil
 	}
 	// Only terminating pods left: their deletion events bring us back. We
-	// also look again when the timeout is due and, on an unreachable node,
-	// when the first of them will be considered gone; never later than
-	// maxDrainBackoff while the drain is active.
+	// also look again when the timeout is due, when progress is to be
+	// written and, on an unreachable node, when the first of them will be
+	// considered gone; never later than maxDrainBackoff while the drain is
+	// active.
 	next := maxDrainBackoff
 	if timeout > 0 && elapsed < timeout {
 		next = min(next, timeout-elapsed)
+	}
+	if elapsed < progressAfter {
+		next = min(next, progressAfter-elapsed)
 	}
 	if !nodeReady(node) {
 		for i := range pods {
@@ -142,6 +136,249 @@ func (r *Reconciler) drain(ctx context.Context, nm *maintenancev1.NodeMaintenanc
 		}
 	}
 	return reconcile.Result{RequeueAfter: next}, nil
+}
+
+// drainHelper configures kubectl's drain library for spec, listing the
+// node's pods from all (the watched pods); an error is an invalid spec.
+func (r *Reconciler) drainHelper(ctx context.Context, spec *maintenancev1.DrainSpec, node *corev1.Node, all []corev1.Pod) (*drain.Helper, error) {
+	filters, err := evictionFilters(spec.PodEvictionFilters)
+	if err != nil {
+		return nil, err
+	}
+	helper := &drain.Helper{
+		Ctx:                 ctx,
+		Client:              podsFrom{Interface: r.Kube, pods: all},
+		Force:               spec.Force,
+		IgnoreAllDaemonSets: true,
+		DeleteEmptyDirData:  spec.DeleteEmptyDir,
+		PodSelector:         string(spec.PodSelector),
+		GracePeriodSeconds:  -1, // the pod's own terminationGracePeriodSeconds
+		AdditionalFilters:   []drain.PodFilter{r.skipOwnPod, filters},
+	}
+	if !nodeReady(node) {
+		helper.SkipWaitForDeleteTimeoutSeconds = int(terminatingGrace / time.Second)
+	}
+	return helper, nil
+}
+
+// planDrain records, as the drain is entered, the pods it is to evict when
+// the node's pods are known already (else its first step does): the first
+// step then has nothing new to write.
+func (r *Reconciler) planDrain(ctx context.Context, nm *maintenancev1.NodeMaintenance, node *corev1.Node) {
+	all, synced := r.Pods.Pods(node.Name)
+	if !synced || nm.Status.Drain == nil {
+		return
+	}
+	helper, err := r.drainHelper(ctx, nm.Spec.DrainSpec, node, all)
+	if err != nil {
+		return // the drain step reports it
+	}
+	list, errs := helper.GetPodsForDeletion(node.Name)
+	if len(errs) > 0 {
+		return
+	}
+	pods := list.Pods()
+	st := nm.Status.Drain
+	st.TotalPods, st.EvictionPods = int32(len(all)), int32(len(pods))
+	st.WaitForEviction = truncate(podNames(pods), maxNamesInStatus)
+	st.DrainProgress = progress(st.EvictionPods, int32(len(pods)))
+}
+
+// podNames: sorted namespace/name, nil for none (as the status reads back).
+func podNames(pods []corev1.Pod) []string {
+	var names []string
+	for i := range pods {
+		names = append(names, pods[i].Namespace+"/"+pods[i].Name)
+	}
+	sort.Strings(names)
+	return names
+}
+
+// evictAll asks for the eviction of every pod at once, as kubectl drain
+// does (one request each, at most maxParallelEvictions in flight), and
+// returns how many were refused or failed. Evictions of pods behind the
+// same PodDisruptionBudget, from every drain of this process, go one at a
+// time, the oldest drain first: the API server updates the budget with
+// each of them and, on a conflict between two, retries only after 500 ms —
+// one after the other, they take a round trip each. Eviction is idempotent: a pod already
+// evicted is terminating or gone by the next step.
+func (r *Reconciler) evictAll(ctx context.Context, helper *drain.Helper, pods []corev1.Pod, drainStart time.Time) int {
+	log := ctrl.LoggerFrom(ctx)
+	budgets := r.budgetsOf(ctx, pods)
+	var (
+		mu      sync.Mutex
+		refused int
+		wg      sync.WaitGroup
+	)
+	slots := make(chan struct{}, maxParallelEvictions)
+	for i, p := range pods {
+		slots <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-slots }()
+			// Wall time: these measure the API server, not the lifecycle.
+			if b := budgets[i]; b != "" {
+				waitBegan := time.Now()
+				done := r.budgetTurns.take(b, drainStart, p.Spec.NodeName)
+				defer done()
+				evictionTurnWait.Observe(time.Since(waitBegan).Seconds())
+			}
+			began := time.Now()
+			err := helper.EvictPod(p, policyv1.SchemeGroupVersion)
+			evictionDuration.WithLabelValues(strconv.FormatBool(budgets[i] != "")).Observe(time.Since(began).Seconds())
+			switch {
+			case err == nil:
+				evictions.WithLabelValues("evicted").Inc()
+				r.evicted.add(p.UID)
+				return
+			case apierrors.IsNotFound(err):
+				return
+			case apierrors.IsTooManyRequests(err):
+				evictions.WithLabelValues("refused").Inc()
+				log.V(1).Info("eviction refused", "pod", p.Namespace+"/"+p.Name, "reason", err.Error())
+			default:
+				evictions.WithLabelValues("error").Inc()
+				log.Info("eviction failed", "pod", p.Namespace+"/"+p.Name, "error", err.Error())
+			}
+			mu.Lock()
+			refused++
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	return refused
+}
+
+// budgetsOf names, for each pod, the PodDisruptionBudget that covers it
+// ("" for none), from the cache. A budget the cache cannot list only costs
+// speed: its pods are then evicted in parallel.
+func (r *Reconciler) budgetsOf(ctx context.Context, pods []corev1.Pod) []string {
+	out := make([]string, len(pods))
+	byNamespace := map[string][]policyv1.PodDisruptionBudget{}
+	for i := range pods {
+		p := &pods[i]
+		pdbs, ok := byNamespace[p.Namespace]
+		if !ok {
+			var list policyv1.PodDisruptionBudgetList
+			if err := r.Client.List(ctx, &list, client.InNamespace(p.Namespace)); err != nil {
+				ctrl.LoggerFrom(ctx).V(1).Info("listing PodDisruptionBudgets failed; evicting their pods in parallel", "namespace", p.Namespace, "error", err.Error())
+			}
+			pdbs = list.Items
+			byNamespace[p.Namespace] = pdbs
+		}
+		for j := range pdbs {
+			if pdbSelects(&pdbs[j], p) {
+				out[i] = p.Namespace + "/" + pdbs[j].Name
+				break
+			}
+		}
+	}
+	return out
+}
+
+// pdbSelects: a budget without a selector selects nothing; an empty one,
+// every pod of its namespace (policy/v1).
+func pdbSelects(pdb *policyv1.PodDisruptionBudget, p *corev1.Pod) bool {
+	if pdb.Spec.Selector == nil {
+		return false
+	}
+	sel, err := metav1.LabelSelectorAsSelector(pdb.Spec.Selector)
+	return err == nil && sel.Matches(labels.Set(p.Labels))
+}
+
+// evictedPods remembers the pods this process evicted, for as long as the
+// pod watch may not show them terminating yet: a drain step in between
+// would evict them again. Not progress: after a restart the watch shows
+// them terminating or gone. The zero value is ready to use.
+type evictedPods struct {
+	mu sync.Mutex
+	at map[types.UID]time.Time
+}
+
+// evictionSeenWithin: how long an evicted pod is not evicted again while
+// the watch still shows it untouched.
+const evictionSeenWithin = 5 * time.Second
+
+func (e *evictedPods) add(uid types.UID) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.at == nil {
+		e.at = map[types.UID]time.Time{}
+	}
+	now := time.Now() // wall time: this is about the watch's lag
+	for u, t := range e.at {
+		if now.Sub(t) > evictionSeenWithin {
+			delete(e.at, u)
+		}
+	}
+	e.at[uid] = now
+}
+
+func (e *evictedPods) recently(uid types.UID) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	t, ok := e.at[uid]
+	return ok && time.Since(t) <= evictionSeenWithin
+}
+
+// budgetTurns lets evictions under one PodDisruptionBudget go one at a
+// time, the oldest drain first: drains then finish one after the other and
+// free their slots early, instead of all together at the end. The zero
+// value is ready to use; keys are few and never forgotten.
+type budgetTurns struct {
+	mu     sync.Mutex
+	queues map[string]*budgetQueue
+}
+
+type budgetQueue struct {
+	busy    bool
+	waiting []turn
+}
+
+type turn struct {
+	drainStart time.Time
+	node       string
+	ready      chan struct{}
+}
+
+// take waits for the budget's turn of a drain that started at drainStart
+// on node, and returns the function that passes the turn on.
+func (b *budgetTurns) take(budget string, drainStart time.Time, node string) (done func()) {
+	b.mu.Lock()
+	if b.queues == nil {
+		b.queues = map[string]*budgetQueue{}
+	}
+	q := b.queues[budget]
+	if q == nil {
+		q = &budgetQueue{}
+		b.queues[budget] = q
+	}
+	done = func() {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		if len(q.waiting) == 0 {
+			q.busy = false
+			return
+		}
+		next := q.waiting[0]
+		q.waiting = q.waiting[1:]
+		close(next.ready)
+	}
+	if !q.busy {
+		q.busy = true
+		b.mu.Unlock()
+		return done
+	}
+	t := turn{drainStart: drainStart, node: node, ready: make(chan struct{})}
+	at, _ := slices.BinarySearchFunc(q.waiting, t, func(a, b turn) int {
+		if c := a.drainStart.Compare(b.drainStart); c != 0 {
+			return c
+		}
+		return strings.Compare(a.node, b.node)
+	})
+	q.waiting = slices.Insert(q.waiting, at, t)
+	b.mu.Unlock()
+	<-t.ready
+	return done
 }
 
 // blocked sets the DrainBlocked condition, with a Warning event when its

@@ -377,11 +377,11 @@ func TestDirectCordonRecordsNodeStateFirst(t *testing.T) {
 		t.Errorf("nodeUnschedulableBefore after the cordon (-want +got):\n%s", diff)
 	}
 	evs := d.events()
-	if diff := cmp.Diff([]string{"Normal Cordoned", "Normal Ready"}, reasons(evs)); diff != "" {
+	if diff := cmp.Diff([]string{"Normal Ready"}, reasons(evs)); diff != "" {
 		t.Errorf("events (-want +got):\n%s\nall: %v", diff, evs)
 	}
-	if len(evs) > 0 && !strings.Contains(evs[0], node) {
-		t.Errorf("Cordoned event %q does not name node %s", evs[0], node)
+	if len(evs) > 0 && (!strings.Contains(evs[0], node) || !strings.Contains(evs[0], "cordoned")) {
+		t.Errorf("Ready event %q does not name node %s and its cordon", evs[0], node)
 	}
 
 	// Steady state: no write, no event, and a bounded wait for the GC.
@@ -426,15 +426,7 @@ func TestDirectEventsOnlyAfterStatusWrite(t *testing.T) {
 	key := d.admit(t, "conflict", node, withDrain(maintenancev1.DrainSpec{PodSelector: "app=direct-nobody"}))
 	d.reconcile(t, key)
 	wantPhase(t, d.get(t, key), maintenancev1.PhaseCordon)
-	cordoned := 0
-	countCordoned := func(evs []string) {
-		for _, r := range reasons(evs) {
-			if r == "Normal Cordoned" {
-				cordoned++
-			}
-		}
-	}
-
+	d.waitPodsSynced(t, node) // the cordon step waits for it
 	stale := &staleOnce{Client: d.c, key: key}
 	d.r.Client = stale
 	conflictsBefore := lifecycleConflicts(t)
@@ -453,7 +445,6 @@ func TestDirectEventsOnlyAfterStatusWrite(t *testing.T) {
 	}
 	wantPhase(t, d.get(t, key), maintenancev1.PhaseCordon) // the write did not happen
 	evs := d.events()
-	countCordoned(evs)
 	for _, r := range reasons(evs) {
 		switch r {
 		case "Normal " + ReasonDraining, "Normal " + ReasonReady, "Normal " + ReasonWaitingForPods:
@@ -466,20 +457,15 @@ func TestDirectEventsOnlyAfterStatusWrite(t *testing.T) {
 	d.reconcile(t, key)
 	wantPhase(t, d.get(t, key), maintenancev1.PhaseDraining)
 	evs = d.events()
-	countCordoned(evs)
-	if diff := cmp.Diff([]string{"Normal Draining"}, slicesWithout(reasons(evs), "Normal Cordoned")); diff != "" {
+	if diff := cmp.Diff([]string{}, reasons(evs)); diff != "" {
 		t.Errorf("events of the retried step (-want +got):\n%s", diff)
 	}
 	d.waitPodsSynced(t, node)
 	d.reconcile(t, key)
 	wantPhase(t, d.get(t, key), maintenancev1.PhaseReady)
 	evs = d.events()
-	countCordoned(evs)
 	if diff := cmp.Diff([]string{"Normal Ready"}, reasons(evs)); diff != "" {
 		t.Errorf("events of the drain step (-want +got):\n%s", diff)
-	}
-	if cordoned != 1 {
-		t.Errorf("%d Cordoned events, want 1 (the node was cordoned once)", cordoned)
 	}
 	if !d.cordoned(t, node) {
 		t.Errorf("node %s not cordoned in phase Ready", node)
@@ -494,16 +480,6 @@ func lifecycleConflicts(t *testing.T) float64 {
 		t.Fatal(err)
 	}
 	return m.GetCounter().GetValue()
-}
-
-func slicesWithout(s []string, drop string) []string {
-	out := []string{}
-	for _, v := range s {
-		if v != drop {
-			out = append(out, v)
-		}
-	}
-	return out
 }
 
 func TestDirectObjectsOnSeveralNodesInterleaved(t *testing.T) {
@@ -576,7 +552,7 @@ func TestDirectObjectsOnSeveralNodesInterleaved(t *testing.T) {
 		}
 	}
 	for _, n := range nodes {
-		if diff := cmp.Diff([]string{"Normal Cordoned", "Normal Ready"}, perNode[n]); diff != "" {
+		if diff := cmp.Diff([]string{"Normal Ready"}, perNode[n]); diff != "" {
 			t.Errorf("events naming %s (-want +got):\n%s\nall: %v", n, diff, evs)
 		}
 	}
@@ -631,14 +607,15 @@ func TestDirectWaitForPodCompletionTimeout(t *testing.T) {
 			PodSelector: "app=direct-waiter", TimeoutSeconds: ptr.To(int32(timeout / time.Second)),
 		}
 	})
-	d.reconcile(t, key) // Scheduled -> Cordon
-	d.reconcile(t, key) // cordon, enter WaitForPodCompletion
+	d.reconcile(t, key)       // Scheduled -> Cordon
+	d.waitPodsSynced(t, node) // the cordon step waits for the watch of the node's pods
+	d.reconcile(t, key)       // cordon, enter WaitForPodCompletion
 	got := d.get(t, key)
 	wantPhase(t, got, maintenancev1.PhaseWaitForPodCompletion)
 	if s := got.Status.WaitForCompletionStartTime; s == nil || !s.Time.Equal(d.clock.Now()) {
 		t.Errorf("waitForCompletionStartTime = %v, want the clock's %v", s, d.clock.Now())
 	}
-	if diff := cmp.Diff([]string{"Normal Cordoned", "Normal WaitForPodCompletion"}, reasons(d.events())); diff != "" {
+	if diff := cmp.Diff([]string{"Normal WaitForPodCompletion"}, reasons(d.events())); diff != "" {
 		t.Errorf("events (-want +got):\n%s", diff)
 	}
 	d.waitPodsSynced(t, node)
@@ -757,11 +734,12 @@ func TestDirectDrainTimeoutNamesBlockingPods(t *testing.T) {
 	key := d.admit(t, "drain", node, withDrain(maintenancev1.DrainSpec{
 		PodSelector: "app=direct-guarded", TimeoutSeconds: ptr.To(int32(timeout / time.Second)),
 	}))
-	d.reconcile(t, key) // Scheduled -> Cordon
-	d.reconcile(t, key) // cordon, enter Draining
+	d.reconcile(t, key)       // Scheduled -> Cordon
+	d.waitPodsSynced(t, node) // the cordon step waits for the watch of the node's pods
+	d.reconcile(t, key)       // cordon, enter Draining
 	got := d.get(t, key)
 	wantPhase(t, got, maintenancev1.PhaseDraining)
-	if diff := cmp.Diff([]string{"Normal Cordoned", "Normal Draining"}, reasons(d.events())); diff != "" {
+	if diff := cmp.Diff([]string{}, reasons(d.events())); diff != "" {
 		t.Errorf("events (-want +got):\n%s", diff)
 	}
 	start := got.Status.Drain.StartTime.Time
@@ -861,7 +839,7 @@ func TestDirectDeletionReleasesNode(t *testing.T) {
 		wantCordoned   bool
 		wantEvents     []string
 	}{
-		"uncordons":                 {wantEvents: []string{"Normal Uncordoned"}},
+		"uncordons":                 {wantEvents: []string{}}, // the node shows it
 		"an admin's cordon is kept": {cordonedBefore: true, wantCordoned: true, wantEvents: []string{"Normal LeftCordoned"}},
 	}
 	for name, tc := range tests {
@@ -958,7 +936,7 @@ func TestDirectDeletionWaitsForAdditionalRequestors(t *testing.T) {
 	if d.cordoned(t, node) {
 		t.Errorf("node %s still cordoned once every requestor left", node)
 	}
-	if diff := cmp.Diff([]string{"Normal Uncordoned"}, reasons(d.events())); diff != "" {
+	if diff := cmp.Diff([]string{}, reasons(d.events())); diff != "" {
 		t.Errorf("events of the release (-want +got):\n%s", diff)
 	}
 }
@@ -1053,5 +1031,75 @@ func TestDirectNodeDeletedDeletesObject(t *testing.T) {
 	}
 	if evs := d.events(); len(evs) != 0 {
 		t.Errorf("events of the finalizer step: %v", evs)
+	}
+}
+
+// TestDirectScheduledWithNodeStateCordonsAtOnce: an object the scheduler
+// moved to Scheduled carries the node's state, so its first step is the
+// cordon, straight into Draining with the pods to evict already listed;
+// the eviction step then has nothing new to write, and the drain's end is
+// written with the one Normal event of the maintenance.
+func TestDirectScheduledWithNodeStateCordonsAtOnce(t *testing.T) {
+	d := newDirectEnv(t)
+	node := "gpu-003"
+	d.useNode(t, node)
+	labels := map[string]string{"app": "direct-planned"}
+	pod := d.barePod(t, "planned", node, labels)
+	key := d.admit(t, "planned", node, withDrain(maintenancev1.DrainSpec{PodSelector: "app=direct-planned", Force: true}))
+	nm := d.get(t, key)
+	nm.Status.NodeUnschedulableBefore = ptr.To(false) // as the scheduler records it
+	if err := d.c.Status().Update(t.Context(), nm); err != nil {
+		t.Fatal(err)
+	}
+	// The first reconcile starts the watch of the node's pods; started
+	// here, it has synced by the cordon.
+	d.r.watchPods(nm)
+	d.waitPodsSynced(t, node)
+
+	if res := d.reconcile(t, key); res != (reconcile.Result{}) {
+		t.Errorf("cordon step returned %+v", res)
+	}
+	got := d.get(t, key)
+	wantPhase(t, got, maintenancev1.PhaseDraining)
+	if !d.cordoned(t, node) {
+		t.Fatalf("node %s not cordoned by the first step", node)
+	}
+	want := []string{directNS + "/" + pod.Name}
+	if st := got.Status.Drain; st == nil || st.StartTime == nil || st.EvictionPods != 1 || !cmp.Equal(want, st.WaitForEviction) {
+		t.Errorf("drain status %+v, want a start time and %v to evict", st, want)
+	}
+	if evs := d.events(); len(evs) != 0 {
+		t.Errorf("events before Ready: %v", evs)
+	}
+
+	rv := got.ResourceVersion
+	d.reconcile(t, key) // evicts the pod, which terminates
+	if got := d.get(t, key); got.ResourceVersion != rv {
+		t.Errorf("the eviction step wrote what the cordon step had: %+v", got.Status.Drain)
+	}
+	err := wait.PollUntilContextTimeout(t.Context(), 50*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
+		pods, _ := d.r.Pods.Pods(node)
+		for i := range pods {
+			if pods[i].Name == pod.Name {
+				return false, nil
+			}
+		}
+		return true, nil
+	})
+	if err != nil {
+		t.Fatalf("evicted pod %s never gone", pod.Name)
+	}
+	d.reconcile(t, key)
+	got = d.get(t, key)
+	wantPhase(t, got, maintenancev1.PhaseReady)
+	if st := got.Status.Drain; st == nil || st.DrainProgress != 100 || len(st.WaitForEviction) != 0 {
+		t.Errorf("drain status at Ready %+v, want progress 100, nothing left", st)
+	}
+	evs := d.events()
+	if diff := cmp.Diff([]string{"Normal Ready"}, reasons(evs)); diff != "" {
+		t.Fatalf("events (-want +got):\n%s\nall: %v", diff, evs)
+	}
+	if !strings.Contains(evs[0], "cordoned") || !strings.Contains(evs[0], "drained (1 pod(s) to evict)") {
+		t.Errorf("Ready event %q does not say what was done", evs[0])
 	}
 }

@@ -52,9 +52,18 @@ func TestFullLifecycleDrainsAndReleases(t *testing.T) {
 		t.Errorf("trainer pods not rescheduled elsewhere: %v", err)
 	}
 	evs := eventsFor(t, "lifecycle")
-	for _, want := range []string{"Scheduled", "Cordoned", "Draining", "Ready"} {
-		if !hasEvent(evs, want) {
-			t.Errorf("no %s event; events: %v", want, evs)
+	// One Normal event per maintenance: Ready, saying what was done.
+	if !hasEvent(evs, "Ready") {
+		t.Errorf("no Ready event; events: %v", evs)
+	}
+	for _, e := range evs {
+		if strings.HasPrefix(e, "Ready:") && !strings.Contains(e, "cordoned") {
+			t.Errorf("Ready event %q does not say the node was cordoned", e)
+		}
+	}
+	for _, unwanted := range []string{"Scheduled", "Cordoned", "Draining"} {
+		if hasEvent(evs, unwanted) {
+			t.Errorf("%s event (their facts are in the status and the Ready event); events: %v", unwanted, evs)
 		}
 	}
 

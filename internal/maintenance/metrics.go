@@ -43,10 +43,21 @@ var (
 		Name: "gpufleet_maintenance_evictions_total",
 		Help: "Pod evictions requested by drains, by result (evicted, refused, error).",
 	}, []string{"result"})
+	evictionDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "gpufleet_maintenance_eviction_duration_seconds",
+		Help:    "Time of one eviction request, by whether a PodDisruptionBudget covers the pod (budget: true, false).",
+		Buckets: prometheus.ExponentialBuckets(0.005, 2, 12),
+	}, []string{"budget"})
+	evictionTurnWait = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "gpufleet_maintenance_eviction_turn_wait_seconds",
+		Help:    "Time an eviction waited for its PodDisruptionBudget's turn (evictions under one budget go one at a time).",
+		Buckets: prometheus.ExponentialBuckets(0.005, 2, 12),
+	})
 )
 
 func init() {
-	metrics.Registry.MustRegister(objects, objectsByPhase, schedulingDecisions, planDuration, drainDuration, evictions, watchedNodes, statusConflicts)
+	metrics.Registry.MustRegister(objects, objectsByPhase, schedulingDecisions, planDuration, drainDuration, evictions, watchedNodes, statusConflicts,
+		evictionDuration, evictionTurnWait)
 	// Every writer and result from the start, at 0: a dashboard or alert
 	// on a rare event sees a series before the first one.
 	for _, w := range []string{"scheduler", "wait-reasons", "lifecycle"} {

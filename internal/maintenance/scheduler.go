@@ -11,6 +11,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/utils/clock"
+	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
@@ -112,7 +113,7 @@ func (s *Scheduler) Reconcile(ctx context.Context, _ reconcile.Request) (reconci
 	// writes the objects about to be scheduled.
 	s.Reasons.Set(plan.Waiting, byKey)
 	for _, o := range plan.Schedule {
-		if err := s.schedule(ctx, byKey[o.Key()]); err != nil {
+		if err := s.schedule(ctx, byKey[o.Key()], &nodes); err != nil {
 			if apierrors.IsConflict(err) {
 				// Our copy is stale: its watch event brings a new pass
 				// (the requeue is a safety net, without error backoff).
@@ -166,10 +167,12 @@ func (s *Scheduler) cacheBehind(list *maintenancev1.NodeMaintenanceList) bool {
 	return behind
 }
 
-// schedule moves one object from Pending to Scheduled. The update carries
-// the cached resourceVersion: if the object changed meanwhile, the write
-// fails with a conflict and the pass is retried from fresh data.
-func (s *Scheduler) schedule(ctx context.Context, nm *maintenancev1.NodeMaintenance) error {
+// schedule moves one object from Pending to Scheduled, recording whether
+// its node was already unschedulable (the lifecycle cordons it next, and
+// the record must precede the cordon). The update carries the cached
+// resourceVersion: if the object changed meanwhile, the write fails with a
+// conflict and the pass is retried from fresh data.
+func (s *Scheduler) schedule(ctx context.Context, nm *maintenancev1.NodeMaintenance, nodes *corev1.NodeList) error {
 	now := s.Clock.Now()
 	orig := nm
 	nm = nm.DeepCopy()
@@ -177,6 +180,11 @@ func (s *Scheduler) schedule(ctx context.Context, nm *maintenancev1.NodeMaintena
 	t := metav1.NewTime(now)
 	nm.Status.ScheduledTime = &t
 	nm.Status.ObservedGeneration = nm.Generation
+	for i := range nodes.Items {
+		if n := &nodes.Items[i]; n.Name == nm.Spec.NodeName {
+			nm.Status.NodeUnschedulableBefore = ptr.To(n.Spec.Unschedulable)
+		}
+	}
 	key := client.ObjectKeyFromObject(nm)
 	if err := patchStatus(ctx, s.Client, orig, nm); err != nil {
 		if apierrors.IsConflict(err) {
@@ -188,7 +196,6 @@ func (s *Scheduler) schedule(ctx context.Context, nm *maintenancev1.NodeMaintena
 	// one at a time, so none can start before it is recorded).
 	s.own.wrote(key, orig.ResourceVersion)
 	schedulingDecisions.WithLabelValues("scheduled").Inc()
-	s.Recorder.Eventf(nm, nil, corev1.EventTypeNormal, ReasonScheduled, actionSchedule, "Scheduled for maintenance of node %s", nm.Spec.NodeName)
 	return nil
 }
 

@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/util/workqueue"
 	"k8s.io/utils/clock"
@@ -35,6 +36,7 @@ const (
 // +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch
 // +kubebuilder:rbac:groups="",resources=pods/eviction,verbs=create
 // +kubebuilder:rbac:groups=apps,resources=daemonsets,verbs=get
+// +kubebuilder:rbac:groups=policy,resources=poddisruptionbudgets,verbs=get;list;watch
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 // +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
 
@@ -129,9 +131,16 @@ func Setup(mgr manager.Manager, opts Options) error {
 			func(_ context.Context, node string) []reconcile.Request { return byNode(node) }))).
 		Watches(&maintenancev1.MaintenanceOperatorConfig{}, handler.EnqueueRequestsFromMapFunc(
 			func(ctx context.Context, _ client.Object) []reconcile.Request {
-				return readyObjects(ctx, mgr)
+				return objectsIn(ctx, mgr, maintenancev1.PhaseReady)
 			}),
 			builder.WithPredicates(isDefaultConfig, specChanged)).
+		// A budget that allows more disruptions lets refused evictions be
+		// retried now rather than after their backoff.
+		Watches(&policyv1.PodDisruptionBudget{}, handler.EnqueueRequestsFromMapFunc(
+			func(ctx context.Context, _ client.Object) []reconcile.Request {
+				return objectsIn(ctx, mgr, maintenancev1.PhaseDraining)
+			}),
+			builder.WithPredicates(moreDisruptionsAllowed)).
 		WithOptions(controller.Options{MaxConcurrentReconciles: 16}).
 		Complete(rec)
 	if err != nil {
@@ -140,16 +149,18 @@ func Setup(mgr manager.Manager, opts Options) error {
 	return nil
 }
 
-// readyObjects re-examines Ready objects when the GC age limit may have changed.
-func readyObjects(ctx context.Context, mgr manager.Manager) []reconcile.Request {
+// objectsIn lists the objects in phase: Ready ones are re-examined when
+// the GC age limit may have changed, Draining ones when a budget allows
+// more disruptions.
+func objectsIn(ctx context.Context, mgr manager.Manager, phase maintenancev1.Phase) []reconcile.Request {
 	var list maintenancev1.NodeMaintenanceList
 	if err := mgr.GetClient().List(ctx, &list); err != nil {
-		mgr.GetLogger().WithName("maintenance").Error(err, "listing NodeMaintenance after a config change; Ready objects are re-examined at their next event")
+		mgr.GetLogger().WithName("maintenance").Error(err, "listing NodeMaintenance for an event; they are re-examined at their next event", "phase", phase)
 		return nil
 	}
 	var reqs []reconcile.Request
 	for i := range list.Items {
-		if list.Items[i].Phase() == maintenancev1.PhaseReady {
+		if list.Items[i].Phase() == phase && list.Items[i].DeletionTimestamp == nil {
 			reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&list.Items[i])})
 		}
 	}
@@ -171,6 +182,15 @@ var schedulingRelevantNM = predicate.Funcs{
 var specChanged = predicate.Funcs{
 	UpdateFunc: func(e event.UpdateEvent) bool {
 		return e.ObjectOld.GetGeneration() != e.ObjectNew.GetGeneration()
+	},
+}
+
+// moreDisruptionsAllowed passes budgets created or deleted, and budgets
+// whose allowed disruptions grew.
+var moreDisruptionsAllowed = predicate.Funcs{
+	UpdateFunc: func(e event.UpdateEvent) bool {
+		o, n := e.ObjectOld.(*policyv1.PodDisruptionBudget), e.ObjectNew.(*policyv1.PodDisruptionBudget)
+		return n.Status.DisruptionsAllowed > o.Status.DisruptionsAllowed
 	},
 }
 

@@ -3,6 +3,7 @@ package chaos
 import (
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -57,6 +59,18 @@ type checker struct {
 	created   map[string]time.Time
 	scheduled map[string]time.Time
 	releases  []time.Time
+	// podTimes: per node, when workload pods were seen evicted
+	// (deletionTimestamp set) and gone.
+	podTimes map[string][]podSeen
+	nodeOf   map[string]string // object -> node, kept after deletion
+	// statusRewrites: status changes that kept the phase, by phase.
+	statusRewrites  map[string]int
+	rewriteExamples []string
+}
+
+type podSeen struct {
+	gone bool // else evicted
+	at   time.Time
 }
 
 type phaseSeen struct {
@@ -87,6 +101,106 @@ func (c *checker) phaseDurations() map[string][]time.Duration {
 		for i := 0; i+1 < len(seen); i++ {
 			out[seen[i].phase] = append(out[seen[i].phase], seen[i+1].at.Sub(seen[i].at))
 		}
+	}
+	for _, d := range out {
+		slices.Sort(d)
+	}
+	return out
+}
+
+// countStatusRewrite counts a status change that kept the phase (the
+// Ready condition's reason).
+func (c *checker) countStatusRewrite(old, o any) {
+	ou, ok1 := old.(*unstructured.Unstructured)
+	nu, ok2 := o.(*unstructured.Unstructured)
+	if !ok1 || !ok2 {
+		return
+	}
+	oldStatus, _, _ := unstructured.NestedMap(ou.Object, "status")
+	newStatus, _, _ := unstructured.NestedMap(nu.Object, "status")
+	if equality.Semantic.DeepEqual(oldStatus, newStatus) {
+		return
+	}
+	op, np := readyReason(ou), readyReason(nu)
+	if op != np || np == "" {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.statusRewrites == nil {
+		c.statusRewrites = map[string]int{}
+	}
+	c.statusRewrites[np]++
+	if len(c.rewriteExamples) < 3 {
+		c.rewriteExamples = append(c.rewriteExamples, fmt.Sprintf("%s/%s in %s:\n  before %v\n  after  %v", nu.GetNamespace(), nu.GetName(), np, oldStatus, newStatus))
+	}
+}
+
+func (c *checker) rewrites() map[string]int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return maps.Clone(c.statusRewrites)
+}
+
+func readyReason(u *unstructured.Unstructured) string {
+	conds, _, _ := unstructured.NestedSlice(u.Object, "status", "conditions")
+	for _, raw := range conds {
+		if m, _ := raw.(map[string]any); m["type"] == "Ready" {
+			r, _ := m["reason"].(string)
+			return r
+		}
+	}
+	return ""
+}
+
+// recordPod notes a pod of node seen evicted or gone; the caller holds mu.
+func (c *checker) recordPod(node string, gone bool) {
+	if c.podTimes == nil {
+		c.podTimes = map[string][]podSeen{}
+	}
+	c.podTimes[node] = append(c.podTimes[node], podSeen{gone: gone, at: time.Now()})
+}
+
+// drainSteps splits each object's Draining phase (from Draining seen to
+// Ready seen) by what its node's pods did meanwhile: "to first eviction",
+// "evictions" (first to last pod seen evicted), "pods terminating" (last
+// eviction to last pod gone) and "to Ready" (last pod gone to Ready seen).
+func (c *checker) drainSteps() map[string][]time.Duration {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := map[string][]time.Duration{}
+	for key, seen := range c.phases {
+		var from, to time.Time
+		for i, p := range seen {
+			if p.phase == "Draining" && i+1 < len(seen) && seen[i+1].phase == "Ready" {
+				from, to = p.at, seen[i+1].at
+			}
+		}
+		if from.IsZero() {
+			continue
+		}
+		node := c.nodeOf[key]
+		var firstEvict, lastEvict, lastGone time.Time
+		for _, e := range c.podTimes[node] {
+			if e.at.Before(from) || e.at.After(to) {
+				continue
+			}
+			switch {
+			case e.gone:
+				lastGone = e.at
+			case firstEvict.IsZero():
+				firstEvict, lastEvict = e.at, e.at
+			default:
+				lastEvict = e.at
+			}
+		}
+		if firstEvict.IsZero() || lastGone.IsZero() {
+			continue
+		}
+		out["to first eviction"] = append(out["to first eviction"], firstEvict.Sub(from))
+		out["evictions"] = append(out["evictions"], lastEvict.Sub(firstEvict))
+		out["pods terminating"] = append(out["pods terminating"], lastGone.Sub(lastEvict))
+		out["to Ready"] = append(out["to Ready"], to.Sub(lastGone))
 	}
 	for _, d := range out {
 		slices.Sort(d)
@@ -125,8 +239,11 @@ func (c *checker) run(ctx context.Context) {
 	dInf := dynamicinformer.NewDynamicSharedInformerFactory(dyn, 0)
 	nmInf := dInf.ForResource(nmGVR).Informer()
 	_, _ = nmInf.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(o any) { c.onNM(o, false) },
-		UpdateFunc: func(_, o any) { c.onNM(o, false) },
+		AddFunc: func(o any) { c.onNM(o, false) },
+		UpdateFunc: func(old, o any) {
+			c.countStatusRewrite(old, o)
+			c.onNM(o, false)
+		},
 		DeleteFunc: func(o any) { c.onNM(o, true) },
 	})
 	inf := informers.NewSharedInformerFactory(c.cluster.Client, 0)
@@ -146,6 +263,16 @@ func (c *checker) run(ctx context.Context) {
 			op, np := old.(*corev1.Pod), o.(*corev1.Pod)
 			if op.DeletionTimestamp == nil && np.DeletionTimestamp != nil && np.Namespace == workloadNamespace {
 				c.onPodDeleted(np)
+			}
+		},
+		DeleteFunc: func(o any) {
+			if tomb, ok := o.(cache.DeletedFinalStateUnknown); ok {
+				o = tomb.Obj
+			}
+			if p, ok := o.(*corev1.Pod); ok && p.Namespace == workloadNamespace {
+				c.mu.Lock()
+				defer c.mu.Unlock()
+				c.recordPod(p.Spec.NodeName, true)
 			}
 		},
 	})
@@ -183,6 +310,10 @@ func (c *checker) recordNM(o any, deleted bool) (key string, firstReady bool) {
 	} else {
 		node, _, _ := unstructured.NestedString(u.Object, "spec", "nodeName")
 		st := nmState{node: node}
+		if c.nodeOf == nil {
+			c.nodeOf = map[string]string{}
+		}
+		c.nodeOf[key] = node
 		conds, _, _ := unstructured.NestedSlice(u.Object, "status", "conditions")
 		for _, raw := range conds {
 			m, _ := raw.(map[string]any)
@@ -256,6 +387,7 @@ func (c *checker) onPodDeleted(p *corev1.Pod) {
 	if p.DeletionGracePeriodSeconds != nil {
 		grace = *p.DeletionGracePeriodSeconds
 	}
+	c.recordPod(p.Spec.NodeName, false)
 	c.suspects = append(c.suspects, suspect{pod: p.Namespace + "/" + p.Name, node: p.Spec.NodeName,
 		evictedAt: p.DeletionTimestamp.Add(-time.Duration(grace) * time.Second)})
 }

@@ -172,3 +172,26 @@ func formatCounts(m map[string]int) string {
 	}
 	return strings.Join(parts, ", ")
 }
+
+// histogramMeansMs returns a histogram's mean in milliseconds by the value
+// of label ("" for all).
+func histogramMeansMs(fams map[string]*dto.MetricFamily, family, label string) map[string]float64 {
+	sums, counts := map[string]float64{}, map[string]uint64{}
+	for _, m := range fams[family].GetMetric() {
+		key := ""
+		for _, l := range m.GetLabel() {
+			if l.GetName() == label {
+				key = l.GetValue()
+			}
+		}
+		sums[key] += m.GetHistogram().GetSampleSum()
+		counts[key] += m.GetHistogram().GetSampleCount()
+	}
+	out := map[string]float64{}
+	for k, n := range counts {
+		if n > 0 {
+			out[k] = sums[k] / float64(n) * 1000
+		}
+	}
+	return out
+}

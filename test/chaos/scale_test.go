@@ -37,6 +37,7 @@ var (
 	scaleMaxUnavailable = flag.String("scale.max-unavailable", "10%", "MaintenanceOperatorConfig maxUnavailable")
 	scaleIdle           = flag.Duration("scale.idle", time.Minute, "idle window after the rollout, for requests per minute")
 	scaleReport         = flag.String("scale.report", "", "directory for scale-<nodes>.json and .md (default: results/ in the source tree)")
+	scaleBaseline       = flag.Bool("scale.baseline", true, "first time a parallel kubectl drain + uncordon of every node on the same cluster (the baseline)")
 )
 
 // scaleRequestors share the NodeMaintenance objects.
@@ -69,9 +70,26 @@ type scaleReportData struct {
 	IdleLists       int            `json:"idleLists"`
 	// StatusConflicts: NodeMaintenance writes refused with 409, by writer.
 	StatusConflicts map[string]int `json:"statusConflicts"`
-	CPUSeconds      float64        `json:"operatorCPUSeconds"`
-	PeakRSSMB       float64        `json:"operatorPeakRSSMB"`
-	RSSMB           float64        `json:"operatorRSSMBAtEnd"`
+	// RequestsPerObject: the operator's rollout requests per NodeMaintenance.
+	RequestsPerObject float64 `json:"requestsPerMaintenance"`
+	// Baseline: the same drains by kubectl, at the same parallelism, on
+	// the same cluster and pods; RatioToBaseline is RolloutSeconds over
+	// its time (nil when not run).
+	Baseline        *kubectlBaseline `json:"kubectlBaseline,omitempty"`
+	RatioToBaseline float64          `json:"ratioToBaseline,omitempty"`
+	// PodSpread: fewest and most workload pods on a schedulable node
+	// before the baseline and before the rollout.
+	PodSpread map[string][2]int `json:"podSpread"`
+	// StatusRewrites: status changes that kept the phase, by phase.
+	StatusRewrites map[string]int `json:"statusRewritesByPhase"`
+	// EvictionMs: mean time of an eviction request (pods with and without
+	// a PodDisruptionBudget) and of the wait for the budget's turn.
+	EvictionMs map[string]float64 `json:"evictionMs"`
+	// DrainStepMs splits the Draining phase by what the node's pods did.
+	DrainStepMs map[string]map[string]float64 `json:"drainStepsMs"`
+	CPUSeconds  float64                       `json:"operatorCPUSeconds"`
+	PeakRSSMB   float64                       `json:"operatorPeakRSSMB"`
+	RSSMB       float64                       `json:"operatorRSSMBAtEnd"`
 }
 
 // BenchmarkScaleRollout is the default scale scenario of `make bench`: N
@@ -93,6 +111,8 @@ func BenchmarkScaleRollout(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
+	// Built first: the source tree may change while the scenario runs.
+	bin := buildOperator(b)
 	env, kubeconfig := startEnv(b, largeCluster, nodes, 10)
 	adminCordoned := "gpu-000"
 	if _, err := env.Client.CoreV1().Nodes().Patch(ctx, adminCordoned, "application/merge-patch+json",
@@ -102,12 +122,27 @@ func BenchmarkScaleRollout(b *testing.B) {
 	setupBegan := time.Now()
 	scaleWorkloads(b, env, nodes*perNode)
 	b.Logf("%d nodes with %d pods running after %s", nodes, nodes*perNode, time.Since(setupBegan).Round(time.Second))
+	spread := map[string][2]int{}
+	var baseline *kubectlBaseline
+	if *scaleBaseline {
+		// As many nodes at a time as the limits let gpufleet drain: the
+		// admin's cordon takes one node of the maxUnavailable budget.
+		parallel := max(min(limitParallel, limitUnavailable-1), 1)
+		lo, hi := podSpread(b, env)
+		spread["baseline"] = [2]int{lo, hi}
+		bl := runKubectlBaseline(b, env, nodes, parallel, adminCordoned)
+		baseline = &bl
+		b.Logf("baseline: kubectl drain + uncordon of %d nodes, %d at a time: %.1f s, %d requests", nodes, parallel, bl.Seconds, sum(bl.Requests))
+		respreadWorkloads(b, env, nodes*perNode)
+	}
+	lo, hi := podSpread(b, env)
+	spread["gpufleet"] = [2]int{lo, hi}
 
 	addr, err := freeAddr()
 	if err != nil {
 		b.Fatal(err)
 	}
-	op := &operatorProcess{bin: buildOperator(b), kubeconfig: kubeconfig, dir: b.TempDir(), metricsAddr: addr}
+	op := &operatorProcess{bin: bin, kubeconfig: kubeconfig, dir: b.TempDir(), metricsAddr: addr}
 	op.startWith(b, strings.Join(operator.CapabilityNames(), ","))
 	defer op.kill()
 	startup := waitOperatorSettled(b, addr)
@@ -168,8 +203,13 @@ func BenchmarkScaleRollout(b *testing.B) {
 	}
 	afterRollout := mustRequests(b, addr)
 	conflicts := map[string]int{}
+	evictionMs := map[string]float64{}
 	if fams, err := scrape(addr); err == nil {
 		conflicts = countsByLabel(fams, "gpufleet_maintenance_status_conflicts_total", "writer")
+		evictionMs = histogramMeansMs(fams, "gpufleet_maintenance_eviction_duration_seconds", "budget")
+		if w := histogramMeansMs(fams, "gpufleet_maintenance_eviction_turn_wait_seconds", ""); len(w) > 0 {
+			evictionMs["turn wait"] = w[""]
+		}
 	}
 	cpu := cpuSecondsOf(op.pid())
 	time.Sleep(*scaleIdle)
@@ -194,6 +234,15 @@ func BenchmarkScaleRollout(b *testing.B) {
 		StartupRequests: startup, RolloutRequests: diffCounts(startup, afterRollout), IdleRequests: idle,
 		IdlePerMinute: float64(sum(idle)) / scaleIdle.Minutes(), StatusConflicts: conflicts,
 		CPUSeconds: cpu, PeakRSSMB: float64(hwm) / 1024, RSSMB: float64(rss) / 1024,
+		Baseline: baseline, PodSpread: spread, DrainStepMs: map[string]map[string]float64{},
+		EvictionMs: evictionMs, StatusRewrites: chk.rewrites(),
+	}
+	rep.RequestsPerObject = float64(sum(rep.RolloutRequests)) / float64(nodes)
+	if baseline != nil {
+		rep.RatioToBaseline = rep.RolloutSeconds / baseline.Seconds
+	}
+	for step, d := range chk.drainSteps() {
+		rep.DrainStepMs[step] = percentiles(d)
 	}
 	for phase, d := range chk.phaseDurations() {
 		rep.PhaseMs[phase] = percentiles(d)
@@ -211,12 +260,23 @@ func BenchmarkScaleRollout(b *testing.B) {
 			rep.IdleLists += v
 		}
 	}
+	chk.mu.Lock()
+	for _, ex := range chk.rewriteExamples {
+		b.Logf("status changed within a phase: %s", ex)
+	}
+	chk.mu.Unlock()
 	md := rep.markdown()
 	b.Log("\n" + md)
 	writeScaleReport(b, rep, md)
 	b.ReportMetric(rollout.Seconds(), "s-rollout")
 	b.ReportMetric(rep.LatencyMs["p99"], "ms-p99-sched-latency")
 	b.ReportMetric(float64(sum(rep.RolloutRequests)), "requests")
+	b.ReportMetric(rep.RequestsPerObject, "requests/maintenance")
+	if baseline != nil {
+		b.ReportMetric(baseline.Seconds, "s-kubectl-baseline")
+		b.ReportMetric(rep.RatioToBaseline, "ratio-to-baseline")
+	}
+	b.ReportMetric(float64(sum(conflicts)), "conflicts")
 	b.ReportMetric(rep.IdlePerMinute, "idle-req/min")
 	b.ReportMetric(cpu, "cpu-s")
 	b.ReportMetric(rep.PeakRSSMB, "MB-peak-rss")
@@ -350,13 +410,22 @@ func (r scaleReportData) markdown() string {
 		p["maxParallelOperations"], p["resolvedMaxParallel"], p["maxUnavailable"], p["resolvedMaxUnavailable"], p["capabilities"])
 	fmt.Fprintf(&s, "| figure | value |\n|---|---|\n")
 	fmt.Fprintf(&s, "| every object Ready once and deleted | %.1f s (%.0f objects/min) |\n", r.RolloutSeconds, r.ObjectsPerMin)
+	if bl := r.Baseline; bl != nil {
+		fmt.Fprintf(&s, "| baseline: kubectl drain + uncordon of every node, %d at a time, same cluster and pods | %.1f s, %d requests (%.1f per node), %d failed drains run again |\n",
+			bl.Parallel, bl.Seconds, sum(bl.Requests), float64(sum(bl.Requests))/float64(bl.Nodes), bl.Retries)
+		fmt.Fprintf(&s, "| gpufleet's time / the baseline's | %.2f |\n", r.RatioToBaseline)
+	}
+	fmt.Fprintf(&s, "| workload pods per schedulable node, fewest–most (before the baseline / before the rollout) | %v / %v |\n", r.PodSpread["baseline"], r.PodSpread["gpufleet"])
 	fmt.Fprintf(&s, "| scheduling latency from a free slot (p50 / p90 / p99 / max, %v objects) | %.0f / %.0f / %.0f / %.0f ms |\n",
 		r.LatencyMs["count"], r.LatencyMs["p50"], r.LatencyMs["p90"], r.LatencyMs["p99"], r.LatencyMs["max"])
 	fmt.Fprintf(&s, "| max in progress (limit %v) / max held or cordoned (limit %v) | %d / %d |\n", p["resolvedMaxParallel"], p["resolvedMaxUnavailable"], r.MaxInProgress, r.MaxUnavailable)
 	fmt.Fprintf(&s, "| checker events / violations | %d / %d |\n", r.CheckedEvents, r.Violations)
 	fmt.Fprintf(&s, "| changes of a Pending object's wait reason | %d |\n", r.WaitRewrites)
-	fmt.Fprintf(&s, "| operator API requests: start-up / rollout | %d / %d |\n", sum(r.StartupRequests), sum(r.RolloutRequests))
+	fmt.Fprintf(&s, "| operator API requests: start-up / rollout / per maintenance | %d / %d / %.1f |\n", sum(r.StartupRequests), sum(r.RolloutRequests), r.RequestsPerObject)
 	fmt.Fprintf(&s, "| NodeMaintenance write conflicts (409) by writer | %s |\n", formatCounts(r.StatusConflicts))
+	fmt.Fprintf(&s, "| status changes that kept the phase, by phase | %s |\n", formatCounts(r.StatusRewrites))
+	fmt.Fprintf(&s, "| mean eviction request: pod behind a budget / not / wait for the budget's turn | %.0f / %.0f / %.0f ms |\n",
+		r.EvictionMs["true"], r.EvictionMs["false"], r.EvictionMs["turn wait"])
 	fmt.Fprintf(&s, "| operator requests per minute after the rollout (%v window) | %.1f (%d writes, %d lists) |\n", p["idleWindow"], r.IdlePerMinute, r.IdleWrites, r.IdleLists)
 	fmt.Fprintf(&s, "| operator CPU during start-up and rollout | %.1f s |\n", r.CPUSeconds)
 	fmt.Fprintf(&s, "| operator peak RSS / RSS at the end | %.0f / %.0f MB |\n\n", r.PeakRSSMB, r.RSSMB)
@@ -364,6 +433,14 @@ func (r scaleReportData) markdown() string {
 	for _, phase := range []string{"Pending", "Scheduled", "Cordon", "WaitForPodCompletion", "Draining", "Ready", "Deleting"} {
 		if d, ok := r.PhaseMs[phase]; ok {
 			fmt.Fprintf(&s, "| %s | %v | %.0f ms | %.0f ms | %.0f ms |\n", phase, d["count"], d["p50"], d["p90"], d["max"])
+		}
+		if phase != "Draining" {
+			continue
+		}
+		for _, step := range []string{"to first eviction", "evictions", "pods terminating", "to Ready"} {
+			if d, ok := r.DrainStepMs[step]; ok {
+				fmt.Fprintf(&s, "| … Draining: %s | %v | %.0f ms | %.0f ms | %.0f ms |\n", step, d["count"], d["p50"], d["p90"], d["max"])
+			}
 		}
 	}
 	fmt.Fprintf(&s, "\n")
@@ -377,6 +454,9 @@ func (r scaleReportData) markdown() string {
 	})
 	for _, k := range keys {
 		fmt.Fprintf(&s, "| %s | %d |\n", k, r.RolloutRequests[k])
+	}
+	if bl := r.Baseline; bl != nil {
+		fmt.Fprintf(&s, "\nBaseline (kubectl) requests: %s\n", formatCounts(bl.Requests))
 	}
 	if len(r.IdleRequests) > 0 {
 		fmt.Fprintf(&s, "\nIdle requests: %s\n", strings.Join(slices.Sorted(maps.Keys(r.IdleRequests)), ", "))
