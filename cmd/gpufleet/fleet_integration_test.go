@@ -130,9 +130,9 @@ func TestFleetCommands(t *testing.T) {
 
 	// explain: the maintenance, its phases and the operator's events.
 	var story string
-	waitFor(t, "the Cordoned event in explain gpu-000", func() bool {
+	waitFor(t, "the Ready event in explain gpu-000", func() bool {
 		story = mustRun(t, "explain", "gpu-000", "--kubeconfig", admin)
-		return strings.Contains(story, "event Cordoned")
+		return strings.Contains(story, "event Ready: ")
 	})
 	wantLines(t, story, "State: in maintenance", "NodeMaintenance default/fleet-test-gpu-000 phase Ready",
 		"NodeMaintenance default/fleet-test-gpu-000 requested by fleet-test.example.com: cordon, drain", "Node gpu-000 created")
