@@ -2,7 +2,6 @@ package gpustack
 
 import (
 	"context"
-	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -10,6 +9,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	nvidiav1 "github.com/gpufleet/gpufleet/api/nvidia/v1"
+	"github.com/gpufleet/gpufleet/internal/scrapesource"
 )
 
 // The GPU stack's state, read from the cached ClusterPolicy status at
@@ -31,12 +31,7 @@ var (
 
 // policyCollector reads the ClusterPolicies from its source once this
 // replica leads (elected closed), so that replicas never report twice.
-type policyCollector struct{ src atomic.Pointer[policySource] }
-
-type policySource struct {
-	reader  client.Reader
-	elected <-chan struct{}
-}
+type policyCollector struct{ scrapesource.Source }
 
 var policies = &policyCollector{}
 
@@ -45,7 +40,7 @@ func init() { metrics.Registry.MustRegister(policies) }
 // ServeMetrics makes the registered collector read ClusterPolicies from
 // reader once elected is closed (nil: at once).
 func ServeMetrics(reader client.Reader, elected <-chan struct{}) {
-	policies.src.Store(&policySource{reader: reader, elected: elected})
+	policies.Serve(reader, elected)
 }
 
 func (c *policyCollector) Describe(ch chan<- *prometheus.Desc) {
@@ -56,19 +51,12 @@ func (c *policyCollector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (c *policyCollector) Collect(ch chan<- prometheus.Metric) {
-	src := c.src.Load()
-	if src == nil {
+	reader := c.Reader()
+	if reader == nil {
 		return
 	}
-	if src.elected != nil {
-		select {
-		case <-src.elected:
-		default:
-			return
-		}
-	}
 	var list nvidiav1.ClusterPolicyList
-	if err := src.reader.List(context.Background(), &list, client.UnsafeDisableDeepCopy); err != nil {
+	if err := reader.List(context.Background(), &list, client.UnsafeDisableDeepCopy); err != nil {
 		ch <- prometheus.NewInvalidMetric(readyDesc, err)
 		return
 	}

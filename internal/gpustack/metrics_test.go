@@ -44,12 +44,12 @@ gpufleet_gpustack_degraded{policy="cluster-policy"} 1
 gpufleet_gpustack_ready{policy="cluster-policy"} 0
 `
 	col := &policyCollector{}
-	col.src.Store(&policySource{reader: c})
+	col.Serve(c, nil)
 	if err := testutil.CollectAndCompare(col, strings.NewReader(want)); err != nil {
 		t.Error(err)
 	}
 	notElected := &policyCollector{}
-	notElected.src.Store(&policySource{reader: c, elected: make(chan struct{})})
+	notElected.Serve(c, make(chan struct{}))
 	if n := testutil.CollectAndCount(notElected); n != 0 {
 		t.Errorf("%d series before the election", n)
 	}

@@ -3,13 +3,13 @@ package maintenance
 import (
 	"context"
 	"strings"
-	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	maintenancev1 "github.com/gpufleet/gpufleet/api/maintenance/v1alpha1"
+	"github.com/gpufleet/gpufleet/internal/scrapesource"
 )
 
 var (
@@ -86,19 +86,12 @@ var (
 // gives it its source.
 var objects = &objectCollector{}
 
-// objectSource is a reader of NodeMaintenance objects, read only once this
-// replica leads (elected closed), so that replicas never report twice.
-type objectSource struct {
-	reader  client.Reader
-	elected <-chan struct{}
-}
-
-type objectCollector struct{ src atomic.Pointer[objectSource] }
+type objectCollector struct{ scrapesource.Source }
 
 // ServeObjectMetrics makes the registered collector read NodeMaintenance
 // objects from reader once elected is closed (nil: at once).
 func ServeObjectMetrics(reader client.Reader, elected <-chan struct{}) {
-	objects.src.Store(&objectSource{reader: reader, elected: elected})
+	objects.Serve(reader, elected)
 }
 
 func (c *objectCollector) Describe(ch chan<- *prometheus.Desc) {
@@ -108,19 +101,12 @@ func (c *objectCollector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (c *objectCollector) Collect(ch chan<- prometheus.Metric) {
-	src := c.src.Load()
-	if src == nil {
+	reader := c.Reader()
+	if reader == nil {
 		return
 	}
-	if src.elected != nil {
-		select {
-		case <-src.elected:
-		default:
-			return
-		}
-	}
 	var list maintenancev1.NodeMaintenanceList
-	if err := src.reader.List(context.Background(), &list, client.UnsafeDisableDeepCopy); err != nil {
+	if err := reader.List(context.Background(), &list, client.UnsafeDisableDeepCopy); err != nil {
 		ch <- prometheus.NewInvalidMetric(pendingByReasonDesc, err)
 		return
 	}

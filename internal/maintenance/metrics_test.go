@@ -70,13 +70,13 @@ gpufleet_maintenance_pending_objects{reason="other"} 1
 gpufleet_maintenance_pending_objects{reason="window"} 2
 `
 	col := &objectCollector{}
-	col.src.Store(&objectSource{reader: c})
+	col.Serve(c, nil)
 	if err := testutil.CollectAndCompare(col, strings.NewReader(want)); err != nil {
 		t.Error(err)
 	}
 	// Not the leader yet: nothing.
 	notElected := &objectCollector{}
-	notElected.src.Store(&objectSource{reader: c, elected: make(chan struct{})})
+	notElected.Serve(c, make(chan struct{}))
 	if n := testutil.CollectAndCount(notElected); n != 0 {
 		t.Errorf("%d series before the election", n)
 	}

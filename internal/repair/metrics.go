@@ -3,7 +3,6 @@ package repair
 import (
 	"context"
 	"strconv"
-	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
@@ -11,6 +10,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	repairv1 "github.com/gpufleet/gpufleet/api/repair/v1alpha1"
+	"github.com/gpufleet/gpufleet/internal/scrapesource"
 )
 
 // Outcomes of a detected fault (gpufleet_repair_faults_total).
@@ -72,18 +72,13 @@ var (
 // gives it its source.
 var states = &stateCollector{}
 
-type stateSource struct {
-	reader  client.Reader
-	elected <-chan struct{}
-}
-
-type stateCollector struct{ src atomic.Pointer[stateSource] }
+type stateCollector struct{ scrapesource.Source }
 
 // ServeStateMetrics makes the registered collector read nodes and
 // NodeRepairPolicies from reader once elected is closed (nil: at once), so
 // that replicas never report twice.
 func ServeStateMetrics(reader client.Reader, elected <-chan struct{}) {
-	states.src.Store(&stateSource{reader: reader, elected: elected})
+	states.Serve(reader, elected)
 }
 
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
@@ -93,20 +88,13 @@ func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
-	src := c.src.Load()
-	if src == nil {
+	reader := c.Reader()
+	if reader == nil {
 		return
-	}
-	if src.elected != nil {
-		select {
-		case <-src.elected:
-		default:
-			return
-		}
 	}
 	ctx := context.Background()
 	var nodes corev1.NodeList
-	if err := src.reader.List(ctx, &nodes, client.HasLabels{LabelState}, client.UnsafeDisableDeepCopy); err != nil {
+	if err := reader.List(ctx, &nodes, client.HasLabels{LabelState}, client.UnsafeDisableDeepCopy); err != nil {
 		ch <- prometheus.NewInvalidMetric(nodeStateDesc, err)
 		return
 	}
@@ -115,7 +103,7 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(nodeStateDesc, prometheus.GaugeValue, 1, n.Name, n.Labels[DefaultPoolLabel], n.Labels[LabelState])
 	}
 	var policies repairv1.NodeRepairPolicyList
-	if err := src.reader.List(ctx, &policies, client.UnsafeDisableDeepCopy); err != nil {
+	if err := reader.List(ctx, &policies, client.UnsafeDisableDeepCopy); err != nil {
 		ch <- prometheus.NewInvalidMetric(suspendedPoolDesc, err)
 		return
 	}
@@ -126,7 +114,7 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 	}
 	var gpus repairv1.GPUFaultList
-	if err := src.reader.List(ctx, &gpus, client.UnsafeDisableDeepCopy); err != nil {
+	if err := reader.List(ctx, &gpus, client.UnsafeDisableDeepCopy); err != nil {
 		ch <- prometheus.NewInvalidMetric(gpuFaultsDesc, err)
 		return
 	}

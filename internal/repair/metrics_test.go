@@ -56,12 +56,12 @@ gpufleet_repair_node_state{node="b-1",pool="b",state="RecoveryFailed"} 1
 gpufleet_repair_suspended_pool{node="b-1",policy="default",pool="b"} 1
 `
 	col := &stateCollector{}
-	col.src.Store(&stateSource{reader: c})
+	col.Serve(c, nil)
 	if err := testutil.CollectAndCompare(col, strings.NewReader(want)); err != nil {
 		t.Error(err)
 	}
 	notElected := &stateCollector{}
-	notElected.src.Store(&stateSource{reader: c, elected: make(chan struct{})})
+	notElected.Serve(c, make(chan struct{}))
 	if n := testutil.CollectAndCount(notElected); n != 0 {
 		t.Errorf("%d series before the election", n)
 	}
