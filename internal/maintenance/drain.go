@@ -41,6 +41,10 @@ const (
 	// maxParallelEvictions bounds the eviction requests of one drain step
 	// in flight at once.
 	maxParallelEvictions = 16
+	// maxTurnWait bounds the wait for a budget's turn: past it the eviction
+	// goes ahead out of turn (the API server then serialises it itself, at
+	// the cost of a conflict), so a stuck eviction never holds the others.
+	maxTurnWait = 30 * time.Second
 	// unsyncedRetry: a node's pod watch announces its sync; this is the
 	// safety net should that never come (e.g. the watch keeps failing).
 	unsyncedRetry = 5 * time.Second
@@ -218,7 +222,7 @@ func (r *Reconciler) evictAll(ctx context.Context, helper *drain.Helper, pods []
 			// Wall time: these measure the API server, not the lifecycle.
 			if b := budgets[i]; b != "" {
 				waitBegan := time.Now()
-				done := r.budgetTurns.take(b, drainStart, p.Spec.NodeName)
+				done := r.budgetTurns.take(ctx, b, drainStart, p.Spec.NodeName, maxTurnWait)
 				defer done()
 				evictionTurnWait.Observe(time.Since(waitBegan).Seconds())
 			}
@@ -341,8 +345,10 @@ type turn struct {
 }
 
 // take waits for the budget's turn of a drain that started at drainStart
-// on node, and returns the function that passes the turn on.
-func (b *budgetTurns) take(budget string, drainStart time.Time, node string) (done func()) {
+// on node, and returns the function that passes the turn on. The wait ends
+// at most after limit or when ctx ends: the caller then goes ahead out of
+// turn, with a done that passes nothing on.
+func (b *budgetTurns) take(ctx context.Context, budget string, drainStart time.Time, node string, limit time.Duration) (done func()) {
 	b.mu.Lock()
 	if b.queues == nil {
 		b.queues = map[string]*budgetQueue{}
@@ -377,8 +383,21 @@ func (b *budgetTurns) take(budget string, drainStart time.Time, node string) (do
 	})
 	q.waiting = slices.Insert(q.waiting, at, t)
 	b.mu.Unlock()
-	<-t.ready
-	return done
+	timer := time.NewTimer(limit) // wall time: this bounds a wait on other requests
+	defer timer.Stop()
+	select {
+	case <-t.ready:
+		return done
+	case <-timer.C:
+	case <-ctx.Done():
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if i := slices.IndexFunc(q.waiting, func(w turn) bool { return w.ready == t.ready }); i >= 0 {
+		q.waiting = slices.Delete(q.waiting, i, i+1)
+		return func() {} // out of turn: nothing to pass on
+	}
+	return done // handed the turn meanwhile: pass it on as usual
 }
 
 // blocked sets the DrainBlocked condition, with a Warning event when its
