@@ -350,9 +350,16 @@ func TestRepeatedGPUFaultsEndInAReplaceRecommendation(t *testing.T) {
 	if failed.Name == first.Name || !strings.HasPrefix(failed.Spec.Recommendation, "replace GPU 6") || strings.Contains(timelineSteps(failed), "ResetGPU") {
 		t.Errorf("second fault: recommendation %q, timeline %q", failed.Spec.Recommendation, timelineSteps(failed))
 	}
-	n, err := env.Client.CoreV1().Nodes().Get(t.Context(), node, metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
+	// The node's annotation and label follow the repair's end.
+	var n *corev1.Node
+	_ = wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, 10*time.Second, true, func(ctx context.Context) (bool, error) {
+		var err error
+		n, err = env.Client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+		return err == nil && n.Annotations[repair.AnnotationRecommendation] == failed.Spec.Recommendation &&
+			n.Labels[repair.LabelState] == string(repairv1.PhaseRecoveryFailed), nil
+	})
+	if n == nil {
+		t.Fatal("node not read")
 	}
 	if n.Annotations[repair.AnnotationRecommendation] != failed.Spec.Recommendation || n.Labels[repair.LabelState] != string(repairv1.PhaseRecoveryFailed) {
 		t.Errorf("node: recommendation %q, state %q", n.Annotations[repair.AnnotationRecommendation], n.Labels[repair.LabelState])
