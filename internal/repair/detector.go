@@ -241,13 +241,19 @@ func setNodeState(ctx context.Context, c client.Client, node, state string) erro
 
 // patchMeta merges labels or annotations into a node (nil removes).
 func patchMeta(ctx context.Context, c client.Client, node, field string, values map[string]any) error {
-	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{field: values}})
+	return patchNodeMeta(ctx, c, node, map[string]any{field: values})
+}
+
+// patchNodeMeta merges metadata (labels, annotations; nil removes) into a
+// node in one write.
+func patchNodeMeta(ctx context.Context, c client.Client, node string, meta map[string]any) error {
+	patch, err := json.Marshal(map[string]any{"metadata": meta})
 	if err != nil {
 		return err
 	}
 	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}}
 	if err := c.Patch(ctx, n, client.RawPatch(types.MergePatchType, patch)); client.IgnoreNotFound(err) != nil {
-		return fmt.Errorf("patching node %s %s: %w", node, field, err)
+		return fmt.Errorf("patching node %s metadata: %w", node, err)
 	}
 	return nil
 }

@@ -345,17 +345,16 @@ func (r *Repairer) finished(ctx context.Context, l *ladder) error {
 	if l.node == nil {
 		return nil
 	}
-	state := ""
+	var state any // nil removes the label
 	if l.final == repairv1.PhaseRecoveryFailed {
 		state = string(repairv1.PhaseRecoveryFailed)
 	}
-	if err := setNodeState(ctx, r.Client, l.node.Name, state); err != nil {
-		return err
-	}
+	// One write: the state label and the recommendation appear together.
+	meta := map[string]any{"labels": map[string]any{LabelState: state}}
 	if l.nr.Spec.Recommendation != "" {
-		return patchMeta(ctx, r.Client, l.node.Name, "annotations", map[string]any{AnnotationRecommendation: l.nr.Spec.Recommendation})
+		meta["annotations"] = map[string]any{AnnotationRecommendation: l.nr.Spec.Recommendation}
 	}
-	return nil
+	return patchNodeMeta(ctx, r.Client, l.node.Name, meta)
 }
 
 func (l *ladder) record(step, outcome, msg string) {
