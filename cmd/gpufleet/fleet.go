@@ -41,7 +41,7 @@ func newPluginCommand() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newStatusCommand(), newExplainCommand(), newUICommand(), newVersionCommand())
+	root.AddCommand(newStatusCommand(), newExplainCommand(), newUICommand(), newUninstallCommand(), newVersionCommand())
 	return root
 }
 

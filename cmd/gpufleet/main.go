@@ -46,7 +46,7 @@ func newRootCommand() *cobra.Command {
 		SilenceErrors: true,
 	}
 	root.AddCommand(newOperatorCommand(), newDevCommand(), newAgentCommand(), newSimCommand(), newVersionCommand(),
-		newStatusCommand(), newExplainCommand(), newUICommand())
+		newStatusCommand(), newExplainCommand(), newUICommand(), newUninstallCommand())
 	return root
 }
 

@@ -395,12 +395,11 @@ func (r *Reconciler) release(ctx context.Context, nm *maintenancev1.NodeMaintena
 	if !node.Spec.Unschedulable {
 		return nil
 	}
-	if *nm.Status.NodeUnschedulableBefore {
-		r.Recorder.Eventf(nm, node, corev1.EventTypeNormal, ReasonLeftCordoned, actionRelease,
-			"Node %s was cordoned before the maintenance; leaving it cordoned", node.Name)
-		return nil
-	}
-	if !nm.CordonRequested() {
+	if !nm.CordonedTheNode() {
+		if before := nm.Status.NodeUnschedulableBefore; before != nil && *before {
+			r.Recorder.Eventf(nm, node, corev1.EventTypeNormal, ReasonLeftCordoned, actionRelease,
+				"Node %s was cordoned before the maintenance; leaving it cordoned", node.Name)
+		}
 		return nil
 	}
 	holder, err := r.otherHolder(ctx, nm)
@@ -435,11 +434,18 @@ func (r *Reconciler) otherHolder(ctx context.Context, nm *maintenancev1.NodeMain
 // setUnschedulable patches only spec.unschedulable, so it never overwrites
 // other changes to the node.
 func (r *Reconciler) setUnschedulable(ctx context.Context, node *corev1.Node, v bool) error {
+	return SetUnschedulable(ctx, r.Client, node, v)
+}
+
+// SetUnschedulable cordons (v true) or uncordons node with a patch of
+// spec.unschedulable alone: the one way gpufleet changes it (the lifecycle
+// controller, and gpufleet uninstall releasing what it cordoned).
+func SetUnschedulable(ctx context.Context, c client.Client, node *corev1.Node, v bool) error {
 	patch, err := json.Marshal(map[string]any{"spec": map[string]any{"unschedulable": v}})
 	if err != nil {
 		return err
 	}
-	if err := r.Client.Patch(ctx, node, client.RawPatch(types.StrategicMergePatchType, patch)); err != nil {
+	if err := c.Patch(ctx, node, client.RawPatch(types.StrategicMergePatchType, patch)); err != nil {
 		return fmt.Errorf("setting node %s unschedulable=%t: %w", node.Name, v, err)
 	}
 	return nil

@@ -102,6 +102,12 @@ func find(objs []*unstructured.Unstructured, kind, name string) *unstructured.Un
 	return nil
 }
 
+// withoutHooks drops Helm hooks (the pre-delete uninstall hook has no
+// kustomize counterpart: `kubectl gpufleet uninstall` serves those users).
+func withoutHooks(objs []*unstructured.Unstructured) []*unstructured.Unstructured {
+	return slices.DeleteFunc(objs, func(o *unstructured.Unstructured) bool { return o.GetAnnotations()["helm.sh/hook"] != "" })
+}
+
 func names(objs []*unstructured.Unstructured) map[string][]string {
 	kinds := map[string][]string{}
 	for _, o := range objs {
@@ -118,7 +124,7 @@ func names(objs []*unstructured.Unstructured) map[string][]string {
 // creates), the CRDs exactly as generated, the operator rules exactly as
 // generated, and the same operator and agent containers.
 func TestChartMatchesTheGeneratedManifests(t *testing.T) {
-	chart := renderChart(t, "gpufleet")
+	chart := withoutHooks(renderChart(t, "gpufleet"))
 	kust := render(t)
 	got, want := names(chart), names(kust)
 	delete(want, "Namespace")
@@ -201,8 +207,9 @@ func TestChartValues(t *testing.T) {
 		"--set", "image.tag=v1.2.3",
 		"--set", "maintenanceOperatorConfig.create=true",
 		"--set", "maintenanceOperatorConfig.spec.maxParallelOperations=10%",
-		"--set", "maintenanceOperatorConfig.spec.maxUnavailable=2")
-	kinds := names(objs)
+		"--set", "maintenanceOperatorConfig.spec.maxUnavailable=2",
+		"--set", "uninstall.timeout=5m")
+	kinds := names(withoutHooks(slices.Clone(objs)))
 	if got := kinds["DaemonSet"]; len(got) != 0 {
 		t.Errorf("agent disabled, DaemonSets %v", got)
 	}
@@ -238,6 +245,27 @@ func TestChartValues(t *testing.T) {
 	spec, _, _ := unstructured.NestedMap(cfg.Object, "spec")
 	if want := map[string]any{"maxParallelOperations": "10%", "maxUnavailable": int64(2)}; !equality.Semantic.DeepEqual(spec, want) {
 		t.Errorf("MaintenanceOperatorConfig spec %v, want %v", spec, want)
+	}
+
+	// The pre-delete hook runs the release's image against its operator.
+	job := find(objs, "Job", "prod-gpufleet-uninstall")
+	if job == nil || job.GetAnnotations()["helm.sh/hook"] != "pre-delete" {
+		t.Fatalf("no pre-delete Job prod-gpufleet-uninstall in %v", kinds)
+	}
+	jc := container(t, job)
+	if jc["image"] != "ghcr.io/gpufleet/gpufleet:v1.2.3" {
+		t.Errorf("hook image %v", jc["image"])
+	}
+	jargs, _ := jc["args"].([]any)
+	for _, a := range []string{"--deployment=prod-gpufleet-operator", "--lease=prod-gpufleet-operator", "--timeout=5m", "--namespace=" + ns} {
+		if !slices.Contains(jargs, any(a)) {
+			t.Errorf("hook args %v lack %s", jargs, a)
+		}
+	}
+	for _, o := range renderChart(t, "prod", "--set", "uninstall.releaseNodes=false") {
+		if o.GetAnnotations()["helm.sh/hook"] != "" {
+			t.Errorf("uninstall.releaseNodes=false still renders hook %s %s", o.GetKind(), o.GetName())
+		}
 	}
 
 	// Not created by default.

@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -124,7 +125,7 @@ func TestOperatorRunsAsItsServiceAccount(t *testing.T) {
 	t.Run("kustomize", func(t *testing.T) {
 		cluster := startCluster(t)
 		apply(t, cluster.Config, render(t))
-		runOperatorAs(t, cluster, "gpufleet-operator")
+		_, _ = runOperatorAs(t, cluster, "gpufleet-operator")
 	})
 	t.Run("helm", func(t *testing.T) {
 		cluster := startCluster(t)
@@ -133,7 +134,7 @@ func TestOperatorRunsAsItsServiceAccount(t *testing.T) {
 		helmRun(t, "install", "fleet", chartDir(t), "--namespace", ns, "--create-namespace",
 			"--kubeconfig", cluster.Kubeconfig, "--set", "maintenanceOperatorConfig.create=true",
 			"--set", "maintenanceOperatorConfig.spec.maxParallelOperations=2")
-		kube := runOperatorAs(t, cluster, "fleet-gpufleet-operator")
+		kube, _ := runOperatorAs(t, cluster, "fleet-gpufleet-operator")
 		// An upgrade with new values applies over the running release.
 		helmRun(t, "upgrade", "fleet", chartDir(t), "--namespace", ns, "--kubeconfig", cluster.Kubeconfig,
 			"--reuse-values", "--set", "maintenanceOperatorConfig.spec.maxParallelOperations=5", "--set", "operator.replicas=1")
@@ -164,45 +165,13 @@ func startCluster(t *testing.T) *devcluster.Cluster {
 // runOperatorAs runs the operator with a token of the ServiceAccount sa in
 // ns (it gets exactly what the installed manifests grant it), waits for its
 // lease, and takes a NodeMaintenance with a drain to Ready and back. It
-// returns an admin client of the cluster.
-func runOperatorAs(t *testing.T, cluster *devcluster.Cluster, sa string) client.Client {
+// returns an admin client of the cluster and a function that stops the
+// operator (as its pod's termination would: the lease is released).
+func runOperatorAs(t *testing.T, cluster *devcluster.Cluster, sa string) (client.Client, func()) {
 	t.Helper()
 	ctx := t.Context()
-	tok, err := cluster.Client.CoreV1().ServiceAccounts(ns).CreateToken(ctx, sa,
-		&authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptr.To[int64](3600)}}, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	saCfg := rest.AnonymousClientConfig(cluster.Config)
-	saCfg.BearerToken = tok.Status.Token
-	mgr, err := operator.New(saCfg, operator.Options{Namespace: ns, MetricsAddr: "0", ProbeAddr: "0", LeaderElection: true,
-		LeaderElectionID: sa, LeaseDuration: 4 * time.Second, RenewDeadline: 3 * time.Second, RetryPeriod: 500 * time.Millisecond,
-		Controller: config.Controller{SkipNameValidation: ptr.To(true)}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	opCtx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- mgr.Start(opCtx) }()
-	t.Cleanup(func() {
-		stop()
-		if err := <-done; err != nil {
-			t.Errorf("operator: %v", err)
-		}
-	})
-	select {
-	case <-mgr.Elected():
-	case err := <-done:
-		t.Fatalf("operator stopped before it was elected: %v", err)
-	case <-time.After(time.Minute):
-		t.Fatal("operator never acquired its lease")
-	}
-
-	scheme, _ := operator.Scheme()
-	kube, err := client.New(cluster.Config, client.Options{Scheme: scheme})
-	if err != nil {
-		t.Fatal(err)
-	}
+	stop, saCfg := startOperatorAs(t, cluster, sa)
+	kube := adminClient(t, cluster)
 	nm := &maintenancev1.NodeMaintenance{
 		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "deploy-check"},
 		Spec:       maintenancev1.NodeMaintenanceSpec{RequestorID: "deploy.gpufleet.dev", NodeName: "gpu-000", DrainSpec: &maintenancev1.DrainSpec{}},
@@ -210,20 +179,11 @@ func runOperatorAs(t *testing.T, cluster *devcluster.Cluster, sa string) client.
 	if err := kube.Create(ctx, nm); err != nil {
 		t.Fatal(err)
 	}
-	err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
-		if err := kube.Get(ctx, client.ObjectKeyFromObject(nm), nm); err != nil {
-			return false, err
-		}
-		c := meta.FindStatusCondition(nm.Status.Conditions, maintenancev1.ConditionTypeReady)
-		return c != nil && c.Status == metav1.ConditionTrue, nil
-	})
-	if err != nil {
-		t.Fatalf("NodeMaintenance never Ready under the shipped RBAC: %v; status %+v", err, nm.Status)
-	}
+	waitReady(t, kube, nm)
 	if err := kube.Delete(ctx, nm); err != nil {
 		t.Fatal(err)
 	}
-	err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
 		n, err := cluster.Client.CoreV1().Nodes().Get(ctx, "gpu-000", metav1.GetOptions{})
 		return err == nil && !n.Spec.Unschedulable, nil
 	})
@@ -231,7 +191,80 @@ func runOperatorAs(t *testing.T, cluster *devcluster.Cluster, sa string) client.
 		t.Fatalf("node not uncordoned after the NodeMaintenance was deleted: %v", err)
 	}
 	checkLeastPrivilege(t, cluster, saCfg, sa)
+	return kube, stop
+}
+
+func adminClient(t *testing.T, cluster *devcluster.Cluster) client.Client {
+	t.Helper()
+	scheme, _ := operator.Scheme()
+	kube, err := client.New(cluster.Config, client.Options{Scheme: scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
 	return kube
+}
+
+// waitReady waits until nm is Ready=True.
+func waitReady(t *testing.T, kube client.Client, nm *maintenancev1.NodeMaintenance) {
+	t.Helper()
+	err := wait.PollUntilContextTimeout(t.Context(), 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		if err := kube.Get(ctx, client.ObjectKeyFromObject(nm), nm); err != nil {
+			return false, err
+		}
+		return nm.IsReady(), nil
+	})
+	if err != nil {
+		t.Fatalf("NodeMaintenance %s never Ready: %v; status %+v", nm.Name, err, nm.Status)
+	}
+}
+
+// saConfig is a client configuration with a token of the ServiceAccount sa
+// of ns.
+func saConfig(t *testing.T, cluster *devcluster.Cluster, sa string) *rest.Config {
+	t.Helper()
+	tok, err := cluster.Client.CoreV1().ServiceAccounts(ns).CreateToken(t.Context(), sa,
+		&authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptr.To[int64](3600)}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := rest.AnonymousClientConfig(cluster.Config)
+	cfg.BearerToken = tok.Status.Token
+	return cfg
+}
+
+// startOperatorAs starts the operator as the ServiceAccount sa (lease
+// named sa) and waits until it is elected. The returned stop is safe to
+// call more than once; the test's cleanup calls it too.
+func startOperatorAs(t *testing.T, cluster *devcluster.Cluster, sa string) (func(), *rest.Config) {
+	t.Helper()
+	saCfg := saConfig(t, cluster, sa)
+	mgr, err := operator.New(saCfg, operator.Options{Namespace: ns, MetricsAddr: "0", ProbeAddr: "0", LeaderElection: true,
+		LeaderElectionID: sa, LeaseDuration: 4 * time.Second, RenewDeadline: 3 * time.Second, RetryPeriod: 500 * time.Millisecond,
+		Controller: config.Controller{SkipNameValidation: ptr.To(true)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	opCtx, cancel := context.WithCancel(context.WithoutCancel(t.Context()))
+	done := make(chan error, 1)
+	go func() { done <- mgr.Start(opCtx) }()
+	var once sync.Once
+	stop := func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("operator: %v", err)
+			}
+		})
+	}
+	t.Cleanup(stop)
+	select {
+	case <-mgr.Elected():
+	case err := <-done:
+		t.Fatalf("operator stopped before it was elected: %v", err)
+	case <-time.After(time.Minute):
+		t.Fatal("operator never acquired its lease")
+	}
+	return stop, saCfg
 }
 
 // apply creates every object with strict field validation (an unknown or

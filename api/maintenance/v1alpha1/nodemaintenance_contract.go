@@ -63,6 +63,15 @@ func (nm *NodeMaintenance) CordonRequested() bool {
 	return nm.Spec.Cordon == nil || *nm.Spec.Cordon
 }
 
+// CordonedTheNode reports whether this object cordoned its node: it holds
+// the node, asked for a cordon, and recorded that the node was schedulable
+// before. Only then does releasing the object uncordon the node (the
+// lifecycle controller's finalizer, and gpufleet uninstall).
+func (nm *NodeMaintenance) CordonedTheNode() bool {
+	return nm.InProgress() && nm.CordonRequested() &&
+		nm.Status.NodeUnschedulableBefore != nil && !*nm.Status.NodeUnschedulableBefore
+}
+
 // HasFinalizer reports whether the maintenance finalizer is set: the
 // lifecycle controller has taken the object over and will clean up.
 func (nm *NodeMaintenance) HasFinalizer() bool {
