@@ -82,7 +82,8 @@ func TestReleaseArtifacts(t *testing.T) {
 	}
 	wantImage := repository + ":" + testTag
 	rendered := helm(t, "template", "gpufleet", filepath.Join(dir, chart), "--namespace", "gpufleet-system")
-	checkImages(t, "helm template of "+chart, rendered, wantImage, 2)
+	// The operator, the agent and the pre-delete uninstall hook.
+	checkImages(t, "helm template of "+chart, rendered, wantImage, 3)
 
 	install, err := os.ReadFile(filepath.Join(dir, "install.yaml"))
 	if err != nil {
