@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -222,7 +223,7 @@ func testKubectlPlugin(t *testing.T, kubeconfig string) {
 	cmd = exec.Command(kubectl, "gpufleet", "--help")
 	cmd.Env = append(os.Environ(), "PATH="+dir+string(os.PathListSeparator)+os.Getenv("PATH"))
 	out, err = cmd.CombinedOutput()
-	if err != nil || !strings.Contains(string(out), "kubectl gpufleet [command]") || strings.Contains(string(out), "operator") {
+	if err != nil || !strings.Contains(string(out), "kubectl gpufleet [command]") || regexp.MustCompile(`(?m)^\s+(operator|agent|dev|sim)\s`).MatchString(string(out)) {
 		t.Errorf("kubectl gpufleet --help: %v\n%s", err, out)
 	}
 }

@@ -170,20 +170,30 @@ func scale(ctx context.Context, c client.Client, d *appsv1.Deployment, replicas 
 // waitStopped waits, at most o.Timeout, until no pod of the Deployment is
 // left and the leader lease is free (released, or expired).
 func waitStopped(ctx context.Context, o Options, say func(string, ...any)) error {
-	var why string
+	// why is what the last successful look showed; a failed read (the API
+	// server briefly away, or the timeout cutting a request short) does not
+	// end the wait and does not erase what was seen before it.
+	why, readErr := "not looked at yet", error(nil)
 	err := wait.PollUntilContextTimeout(ctx, o.PollInterval, o.Timeout, true, func(ctx context.Context) (bool, error) {
-		var err error
-		why, err = running(ctx, o)
-		return why == "", err
-	})
-	if err != nil {
-		if why != "" {
-			return fmt.Errorf("%w after %s: %s; nothing is released while it runs", ErrOperatorRunning, o.Timeout, why)
+		w, err := running(ctx, o)
+		if err != nil {
+			readErr = err
+			return false, nil
 		}
-		return err
+		why, readErr = w, nil
+		return why == "", nil
+	})
+	if err == nil {
+		say("operator stopped")
+		return nil
 	}
-	say("operator stopped")
-	return nil
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	if readErr != nil {
+		why += fmt.Sprintf(" (the last look failed: %v)", readErr)
+	}
+	return fmt.Errorf("%w after %s: %s; nothing is released while it runs", ErrOperatorRunning, o.Timeout, why)
 }
 
 // running says what shows the operator still running ("" when nothing).

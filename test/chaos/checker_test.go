@@ -66,6 +66,9 @@ type checker struct {
 	// statusRewrites: status changes that kept the phase, by phase.
 	statusRewrites  map[string]int
 	rewriteExamples []string
+	// evictionPods: per object, status.drain.evictionPods when first seen
+	// Ready (the pods its drain had to evict).
+	evictionPods map[string]int64
 }
 
 type podSeen struct {
@@ -342,6 +345,12 @@ func (c *checker) recordNM(o any, deleted bool) (key string, firstReady bool) {
 		if st.ready && !c.readySeen[key] {
 			c.readySeen[key] = true
 			firstReady = true
+			if n, ok, _ := unstructured.NestedInt64(u.Object, "status", "drain", "evictionPods"); ok {
+				if c.evictionPods == nil {
+					c.evictionPods = map[string]int64{}
+				}
+				c.evictionPods[key] = n
+			}
 		}
 		if start, _, _ := unstructured.NestedString(u.Object, "status", "drain", "startTime"); start != "" {
 			if c.drains[node] == nil {

@@ -72,6 +72,16 @@ type scaleReportData struct {
 	StatusConflicts map[string]int `json:"statusConflicts"`
 	// RequestsPerObject: the operator's rollout requests per NodeMaintenance.
 	RequestsPerObject float64 `json:"requestsPerMaintenance"`
+	// PodsEvicted: pods the drains had to evict (status.drain.evictionPods
+	// when Ready), more than the pods per node at the start because evicted
+	// pods are rescheduled onto nodes drained later.
+	PodsEvicted int64 `json:"podsEvicted"`
+	// EvictionRequests: eviction calls (429 refusals of a budget included).
+	EvictionRequests int `json:"evictionRequests"`
+	// RequestsPerObjectAtPodsPerNode: the requests of one maintenance of a
+	// node holding exactly the pods per node: its requests other than
+	// evictions, plus that many pods times the eviction calls per pod.
+	RequestsPerObjectAtPodsPerNode float64 `json:"requestsPerMaintenanceAtPodsPerNode"`
 	// Baseline: the same drains by kubectl, at the same parallelism, on
 	// the same cluster and pods; RatioToBaseline is RolloutSeconds over
 	// its time (nil when not run).
@@ -238,6 +248,20 @@ func BenchmarkScaleRollout(b *testing.B) {
 		EvictionMs: evictionMs, StatusRewrites: chk.rewrites(),
 	}
 	rep.RequestsPerObject = float64(sum(rep.RolloutRequests)) / float64(nodes)
+	for k, v := range rep.RolloutRequests {
+		if strings.HasPrefix(k, "POST pods/eviction") {
+			rep.EvictionRequests += v
+		}
+	}
+	chk.mu.Lock()
+	for _, n := range chk.evictionPods {
+		rep.PodsEvicted += n
+	}
+	chk.mu.Unlock()
+	if rep.PodsEvicted > 0 {
+		rep.RequestsPerObjectAtPodsPerNode = float64(sum(rep.RolloutRequests)-rep.EvictionRequests)/float64(nodes) +
+			float64(perNode)*float64(rep.EvictionRequests)/float64(rep.PodsEvicted)
+	}
 	if baseline != nil {
 		rep.RatioToBaseline = rep.RolloutSeconds / baseline.Seconds
 	}
@@ -272,6 +296,7 @@ func BenchmarkScaleRollout(b *testing.B) {
 	b.ReportMetric(rep.LatencyMs["p99"], "ms-p99-sched-latency")
 	b.ReportMetric(float64(sum(rep.RolloutRequests)), "requests")
 	b.ReportMetric(rep.RequestsPerObject, "requests/maintenance")
+	b.ReportMetric(rep.RequestsPerObjectAtPodsPerNode, "requests/maintenance-at-pods-per-node")
 	if baseline != nil {
 		b.ReportMetric(baseline.Seconds, "s-kubectl-baseline")
 		b.ReportMetric(rep.RatioToBaseline, "ratio-to-baseline")
@@ -422,6 +447,8 @@ func (r scaleReportData) markdown() string {
 	fmt.Fprintf(&s, "| checker events / violations | %d / %d |\n", r.CheckedEvents, r.Violations)
 	fmt.Fprintf(&s, "| changes of a Pending object's wait reason | %d |\n", r.WaitRewrites)
 	fmt.Fprintf(&s, "| operator API requests: start-up / rollout / per maintenance | %d / %d / %.1f |\n", sum(r.StartupRequests), sum(r.RolloutRequests), r.RequestsPerObject)
+	fmt.Fprintf(&s, "| pods evicted / eviction calls / per maintenance at %v pods per node | %d / %d / %.1f |\n",
+		r.Parameters["podsPerNode"], r.PodsEvicted, r.EvictionRequests, r.RequestsPerObjectAtPodsPerNode)
 	fmt.Fprintf(&s, "| NodeMaintenance write conflicts (409) by writer | %s |\n", formatCounts(r.StatusConflicts))
 	fmt.Fprintf(&s, "| status changes that kept the phase, by phase | %s |\n", formatCounts(r.StatusRewrites))
 	fmt.Fprintf(&s, "| mean eviction request: pod behind a budget / not / wait for the budget's turn | %.0f / %.0f / %.0f ms |\n",

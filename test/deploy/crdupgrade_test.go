@@ -118,8 +118,10 @@ func TestHelmUpgradeUpgradesTheCRDs(t *testing.T) {
 		}
 	}
 
+	// --no-hooks: the pre-delete hook's Job cannot run on the simulated
+	// nodes (TestHelmUninstallLeavesNoNodeCordoned runs its binary itself).
 	for _, release := range []string{"gpufleet", "gpufleet-crds"} {
-		helmRun(t, "uninstall", release, "--namespace", ns, kc, "--wait")
+		helmRun(t, "uninstall", release, "--namespace", ns, kc, "--wait", "--no-hooks")
 	}
 	if _, err := crds.Get(ctx, "maintenanceoperatorconfigs.maintenance.nvidia.com", metav1.GetOptions{}); err != nil {
 		t.Errorf("helm uninstall removed the CRD: %v", err)
