@@ -27,6 +27,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	nvidiav1 "github.com/gpufleet/gpufleet/api/nvidia/v1"
+	nvidiav1alpha1 "github.com/gpufleet/gpufleet/api/nvidia/v1alpha1"
 	"github.com/gpufleet/gpufleet/internal/pendingevents"
 )
 
@@ -87,7 +88,14 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	status := policy.Status.DeepCopy()
 	status.Namespace = r.Namespace
 	r.setUnsupported(policy, status, ev)
-	objs, err := Render(policy, factsOf(&nodes, r.Namespace, policy.Spec.Operator.DefaultRuntime), r.Assets)
+	facts := factsOf(&nodes, r.Namespace, policy.Spec.Operator.DefaultRuntime)
+	drivers, err := r.nvidiaDrivers(ctx, policy)
+	if err != nil {
+		return reconcile.Result{}, err
+	}
+	facts.Drivers = drivers
+	assign := AssignDrivers(drivers, nodes.Items)
+	objs, err := Render(policy, facts, r.Assets)
 	if err != nil {
 		if c := meta.FindStatusCondition(policy.Status.Conditions, nvidiav1.ConditionDegraded); c == nil || c.Message != err.Error() {
 			ev.Eventf(policy, nil, corev1.EventTypeWarning, ReasonRenderFailed, actionDeploy, "%v", err)
@@ -106,10 +114,10 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	if err != nil {
 		return reconcile.Result{}, err
 	}
-	if err := r.labelNodes(ctx, &nodes, policy, pods); err != nil {
+	if err := r.labelNodes(ctx, &nodes, policy, pods, assign); err != nil {
 		return reconcile.Result{}, err
 	}
-	upgradeRequeue, err := r.upgradeDrivers(ctx, policy, &nodes, driverImages(objs), stackPods)
+	upgradeRequeue, err := r.upgradeDrivers(ctx, policy, &nodes, driverImages(objs), stackPods, drivers, assign)
 	if err != nil {
 		return reconcile.Result{}, err
 	}
@@ -126,17 +134,10 @@ func (r *Reconciler) activePolicy(ctx context.Context) (string, error) {
 	if err := r.Client.List(ctx, &list); err != nil {
 		return "", fmt.Errorf("listing ClusterPolicies: %w", err)
 	}
-	items := slices.DeleteFunc(list.Items, func(p nvidiav1.ClusterPolicy) bool { return p.DeletionTimestamp != nil })
-	if len(items) == 0 {
-		return "", nil
+	if p := oldestPolicy(list.Items); p != nil {
+		return p.Name, nil
 	}
-	slices.SortFunc(items, func(a, b nvidiav1.ClusterPolicy) int {
-		if c := a.CreationTimestamp.Compare(b.CreationTimestamp.Time); c != 0 {
-			return c
-		}
-		return strings.Compare(a.Name, b.Name)
-	})
-	return items[0].Name, nil
+	return "", nil
 }
 
 func (r *Reconciler) ignore(ctx context.Context, policy *nvidiav1.ClusterPolicy, active string, ev *pendingevents.Recorder) error {
@@ -150,6 +151,20 @@ func (r *Reconciler) ignore(ctx context.Context, policy *nvidiav1.ClusterPolicy,
 		ev.Eventf(policy, nil, corev1.EventTypeNormal, ReasonIgnored, actionDeploy, "%s", msg)
 	}
 	return r.writeStatus(ctx, policy, status, ev)
+}
+
+// nvidiaDrivers lists the NVIDIADriver objects, sorted by name, when the
+// policy hands the driver to them (none otherwise).
+func (r *Reconciler) nvidiaDrivers(ctx context.Context, policy *nvidiav1.ClusterPolicy) ([]nvidiav1alpha1.NVIDIADriver, error) {
+	if !isTrue(policy.Spec.Driver.UseNvidiaDriverCRD) {
+		return nil, nil
+	}
+	var list nvidiav1alpha1.NVIDIADriverList
+	if err := r.Client.List(ctx, &list); err != nil {
+		return nil, fmt.Errorf("listing NVIDIADrivers: %w", err)
+	}
+	slices.SortFunc(list.Items, func(a, b nvidiav1alpha1.NVIDIADriver) int { return strings.Compare(a.Name, b.Name) })
+	return list.Items, nil
 }
 
 // factsOf collects the OS flavours and runtimes of the GPU nodes.
@@ -324,10 +339,12 @@ func (r *Reconciler) componentPods(ctx context.Context) (map[string]map[string]p
 }
 
 // labelNodes applies the gated deploy labels, patching only what changes.
-func (r *Reconciler) labelNodes(ctx context.Context, nodes *corev1.NodeList, policy *nvidiav1.ClusterPolicy, pods map[string]map[string]podState) error {
+func (r *Reconciler) labelNodes(ctx context.Context, nodes *corev1.NodeList, policy *nvidiav1.ClusterPolicy, pods map[string]map[string]podState, assign DriverAssignment) error {
+	crdOn := isTrue(policy.Spec.Driver.UseNvidiaDriverCRD)
 	for i := range nodes.Items {
 		n := &nodes.Items[i]
 		changes := NodeLabels(n, &policy.Spec, func(c string) bool { return pods[n.Name][c].ready })
+		maps.Copy(changes, DriverLabel(n, crdOn, assign))
 		if len(changes) == 0 {
 			continue
 		}

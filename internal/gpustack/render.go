@@ -24,6 +24,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	nvidiav1 "github.com/gpufleet/gpufleet/api/nvidia/v1"
+	nvidiav1alpha1 "github.com/gpufleet/gpufleet/api/nvidia/v1alpha1"
 )
 
 //go:embed assets/*.yaml
@@ -60,6 +61,10 @@ type Facts struct {
 	// Runtimes found among GPU nodes (containerd, docker, crio), one
 	// toolkit DaemonSet each.
 	Runtimes []string
+	// Drivers are the NVIDIADriver objects, sorted by name, when the
+	// policy sets driver.useNvidiaDriverCRD: one driver DaemonSet per
+	// driver and OS flavour instead of the policy's own.
+	Drivers []nvidiav1alpha1.NVIDIADriver
 }
 
 // defaultImages are used when a policy leaves repository/image/version empty.
@@ -227,26 +232,14 @@ func daemonSets(base *appsv1.DaemonSet, policy *nvidiav1.ClusterPolicy, facts Fa
 	if len(base.Spec.Template.Spec.Containers) == 0 {
 		return nil, fmt.Errorf("DaemonSet %s has no containers", base.Name)
 	}
+	if c.Key == Driver && isTrue(policy.Spec.Driver.UseNvidiaDriverCRD) {
+		return nvidiaDriverDaemonSets(base, policy, facts, c)
+	}
 	customise(base, policy, c, spec, image)
 	switch c.Key {
 	case Driver:
 		driverProbes(base, &policy.Spec.Driver)
-		var out []client.Object
-		flavours := slices.Clone(facts.OSFlavours)
-		slices.SortFunc(flavours, func(a, b OSFlavour) int { return strings.Compare(a.String(), b.String()) })
-		for _, os := range slices.Compact(flavours) {
-			ds := base.DeepCopy()
-			setFlavour(ds, os.String())
-			ds.Spec.Template.Spec.NodeSelector[labelOSID] = os.ID
-			ds.Spec.Template.Spec.NodeSelector[labelOSVersion] = os.Version
-			if !strings.Contains(image, "@") {
-				ds.Spec.Template.Spec.Containers[0].Image = image + "-" + os.String()
-			}
-			// The driver is only ever replaced through NodeMaintenance.
-			ds.Spec.UpdateStrategy = appsv1.DaemonSetUpdateStrategy{Type: appsv1.OnDeleteDaemonSetStrategyType}
-			out = append(out, ds)
-		}
-		return out, nil
+		return driverFlavours(base, "", facts, image), nil
 	case ContainerToolkit:
 		var out []client.Object
 		for _, rt := range sorted(facts.Runtimes) {
@@ -278,6 +271,75 @@ func daemonSets(base *appsv1.DaemonSet, policy *nvidiav1.ClusterPolicy, facts Fa
 	default:
 		return []client.Object{base}, nil
 	}
+}
+
+// driverFlavours makes one driver DaemonSet per OS flavour of the GPU
+// nodes (the image tag gets the OS appended, as the NVIDIA GPU Operator's
+// driver images are published); prefix names the NVIDIADriver, if any.
+func driverFlavours(base *appsv1.DaemonSet, prefix string, facts Facts, image string) []client.Object {
+	var out []client.Object
+	flavours := slices.Clone(facts.OSFlavours)
+	slices.SortFunc(flavours, func(a, b OSFlavour) int { return strings.Compare(a.String(), b.String()) })
+	for _, os := range slices.Compact(flavours) {
+		ds := base.DeepCopy()
+		setFlavour(ds, prefix+os.String())
+		ds.Spec.Template.Spec.NodeSelector[labelOSID] = os.ID
+		ds.Spec.Template.Spec.NodeSelector[labelOSVersion] = os.Version
+		if !strings.Contains(image, "@") {
+			ds.Spec.Template.Spec.Containers[0].Image = image + "-" + os.String()
+		}
+		// The driver is only ever replaced through NodeMaintenance.
+		ds.Spec.UpdateStrategy = appsv1.DaemonSetUpdateStrategy{Type: appsv1.OnDeleteDaemonSetStrategyType}
+		out = append(out, ds)
+	}
+	return out
+}
+
+// nvidiaDriverDaemonSets renders the driver of every NVIDIADriver (per OS
+// flavour): the ClusterPolicy's settings with the driver section taken
+// from the NVIDIADriver, on the nodes labelled with its name.
+func nvidiaDriverDaemonSets(base *appsv1.DaemonSet, policy *nvidiav1.ClusterPolicy, facts Facts, c Component) ([]client.Object, error) {
+	var out []client.Object
+	for i := range facts.Drivers {
+		d := &facts.Drivers[i]
+		if !deployable(d) {
+			continue
+		}
+		p := driverPolicy(policy, d)
+		spec := &p.Spec.Driver.ComponentSpec
+		image, err := imageRef(Driver, spec)
+		if err != nil {
+			return nil, fmt.Errorf("NVIDIADriver %s: %w", d.Name, err)
+		}
+		ds := base.DeepCopy()
+		customise(ds, p, c, spec, image)
+		driverProbes(ds, &p.Spec.Driver)
+		tpl := &ds.Spec.Template
+		for k, v := range driverLabelsOf(d) { // never over gpufleet's own labels
+			if _, ours := tpl.Labels[k]; !ours || k == LabelNVIDIADriver {
+				tpl.Labels[k] = v
+			}
+		}
+		ds.Labels[LabelNVIDIADriver] = d.Name
+		if len(d.Spec.Annotations) > 0 {
+			if tpl.Annotations == nil {
+				tpl.Annotations = map[string]string{}
+			}
+			maps.Copy(tpl.Annotations, d.Spec.Annotations)
+		}
+		tpl.Spec.NodeSelector[LabelNVIDIADriver] = d.Name
+		if d.Spec.NodeAffinity != nil {
+			tpl.Spec.Affinity = &corev1.Affinity{NodeAffinity: d.Spec.NodeAffinity.DeepCopy()}
+		}
+		if d.Spec.PriorityClassName != "" {
+			tpl.Spec.PriorityClassName = d.Spec.PriorityClassName
+		}
+		if d.Spec.PodSecurityContext != nil {
+			tpl.Spec.SecurityContext = d.Spec.PodSecurityContext.DeepCopy()
+		}
+		out = append(out, driverFlavours(ds, d.Name+"-", facts, image)...)
+	}
+	return out, nil
 }
 
 // customise applies the policy's settings for the component.

@@ -22,6 +22,7 @@ import (
 
 	maintenancev1 "github.com/gpufleet/gpufleet/api/maintenance/v1alpha1"
 	nvidiav1 "github.com/gpufleet/gpufleet/api/nvidia/v1"
+	nvidiav1alpha1 "github.com/gpufleet/gpufleet/api/nvidia/v1alpha1"
 	"github.com/gpufleet/gpufleet/internal/maintenance/requestor"
 )
 
@@ -83,10 +84,45 @@ func Setup(mgr manager.Manager, opts Options) error {
 		Watches(&corev1.Pod{}, allPolicies, builder.WithPredicates(stackPod, podReadinessChanged)).
 		Watches(&maintenancev1.NodeMaintenance{}, allPolicies,
 			builder.WithPredicates(requestor.OfRequestor(UpgradeRequestor), requestor.Transitions)).
+		Watches(&nvidiav1alpha1.NVIDIADriver{}, allPolicies, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		WithOptions(controller.Options{MaxConcurrentReconciles: 1}).
 		Complete(r)
 	if err != nil {
 		return fmt.Errorf("setting up the ClusterPolicy controller: %w", err)
+	}
+	return setupDriverStatus(mgr, opts, stackPod)
+}
+
+// setupDriverStatus registers the NVIDIADriver status controller: any
+// change of drivers, policies, GPU nodes' labels or driver pods' readiness
+// brings every NVIDIADriver back (there are a handful).
+func setupDriverStatus(mgr manager.Manager, opts Options, stackPod predicate.Predicate) error {
+	allDrivers := handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, _ client.Object) []reconcile.Request {
+		var list nvidiav1alpha1.NVIDIADriverList
+		if err := mgr.GetClient().List(ctx, &list); err != nil {
+			mgr.GetLogger().WithName("gpustack").Error(err, "listing NVIDIADrivers for an event; the next event reconciles them")
+			return nil
+		}
+		reqs := make([]reconcile.Request, 0, len(list.Items))
+		for i := range list.Items {
+			reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&list.Items[i])})
+		}
+		return reqs
+	})
+	driverPod := predicate.NewPredicateFuncs(func(o client.Object) bool { return o.GetLabels()[LabelNVIDIADriver] != "" })
+	r := &DriverStatusReconciler{Client: mgr.GetClient(), Namespace: opts.Namespace, Clock: opts.Clock,
+		Recorder: mgr.GetEventRecorder("gpufleet-gpustack")}
+	err := builder.ControllerManagedBy(mgr).
+		Named("nvidiadriver").
+		For(&nvidiav1alpha1.NVIDIADriver{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
+		Watches(&nvidiav1.ClusterPolicy{}, allDrivers, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
+		Watches(&corev1.Node{}, allDrivers, builder.WithPredicates(nodeRelevant)).
+		Watches(&corev1.Pod{}, allDrivers, builder.WithPredicates(stackPod, driverPod, podReadinessChanged)).
+		Watches(&appsv1.DaemonSet{}, allDrivers, builder.WithPredicates(stackPod, driverPod, predicate.GenerationChangedPredicate{})).
+		WithOptions(controller.Options{MaxConcurrentReconciles: 1}).
+		Complete(r)
+	if err != nil {
+		return fmt.Errorf("setting up the NVIDIADriver status controller: %w", err)
 	}
 	return nil
 }

@@ -40,7 +40,6 @@ func UnsupportedFields(spec *nvidiav1.ClusterPolicySpec) []UnsupportedField {
 		mode = "kubevirt" // the NVIDIA GPU Operator's default
 	}
 	d := &spec.Driver
-	add(isTrue(d.UseNvidiaDriverCRD), "driver.useNvidiaDriverCRD", "drivers from NVIDIADriver objects")
 	add(isTrue(d.UsePrecompiled), "driver.usePrecompiled", "precompiled driver modules")
 	add(d.RDMA != nil && isTrue(d.RDMA.Enabled), "driver.rdma.enabled", "GPUDirect RDMA")
 	add(isTrue(spec.PSA.Enabled), "psa.enabled", "Pod Security Admission labels")

@@ -117,7 +117,7 @@ func TestUnsupportedFields(t *testing.T) {
 				s.Driver.UseNvidiaDriverCRD, s.Driver.UsePrecompiled = on, on
 				s.Driver.RDMA = &nvidiav1.GPUDirectRDMASpec{Enabled: on, UseHostMOFED: on}
 			},
-			want: []string{"spec.driver.useNvidiaDriverCRD", "spec.driver.usePrecompiled", "spec.driver.rdma.enabled"},
+			want: []string{"spec.driver.usePrecompiled", "spec.driver.rdma.enabled"}, // useNvidiaDriverCRD is provided
 		},
 		"monitoring and admission options not provided": {
 			spec: func(s *nvidiav1.ClusterPolicySpec) {

@@ -15,6 +15,7 @@ import (
 
 	maintenancev1 "github.com/gpufleet/gpufleet/api/maintenance/v1alpha1"
 	nvidiav1 "github.com/gpufleet/gpufleet/api/nvidia/v1"
+	nvidiav1alpha1 "github.com/gpufleet/gpufleet/api/nvidia/v1alpha1"
 	"github.com/gpufleet/gpufleet/internal/maintenance/requestor"
 )
 
@@ -192,19 +193,35 @@ func upgradeNodes(spec *nvidiav1.ClusterPolicySpec, nodes *corev1.NodeList, desi
 // upgradeDrivers runs one step of the driver rollout. It returns when to
 // look again (for upgrade timeouts).
 // stackPods are the stack's pods, as listed for the status.
-func (r *Reconciler) upgradeDrivers(ctx context.Context, policy *nvidiav1.ClusterPolicy, nodes *corev1.NodeList, desiredImages map[string]string, stackPods []corev1.Pod) (time.Duration, error) {
-	up := policy.Spec.Driver.UpgradePolicy
-	if !autoUpgrade(up) || !policy.Spec.Driver.IsEnabled() {
+func (r *Reconciler) upgradeDrivers(ctx context.Context, policy *nvidiav1.ClusterPolicy, nodes *corev1.NodeList, desiredImages map[string]string,
+	stackPods []corev1.Pod, drivers []nvidiav1alpha1.NVIDIADriver, assign DriverAssignment) (time.Duration, error) {
+	if !policy.Spec.Driver.IsEnabled() {
 		return 0, nil
+	}
+	// One rollout per driver: the policy's own, or each NVIDIADriver's with
+	// its upgrade policy over its nodes. Nodes of no NVIDIADriver (one
+	// that went away mid-upgrade) finish under the policy's.
+	policies := map[string]*nvidiav1.DriverUpgradePolicySpec{"": policy.Spec.Driver.UpgradePolicy}
+	crdOn := isTrue(policy.Spec.Driver.UseNvidiaDriverCRD)
+	if crdOn {
+		for i := range drivers {
+			policies[drivers[i].Name] = driverPolicy(policy, &drivers[i]).Spec.Driver.UpgradePolicy
+		}
 	}
 	ours, err := requestor.Mine(ctx, r.Client, r.Namespace, UpgradeRequestor)
 	if err != nil {
 		return 0, err
 	}
-	byNode, gpuNodes := upgradeNodes(&policy.Spec, nodes, desiredImages, stackPods, ours)
-	list := make([]UpgradeNode, 0, len(byNode))
+	byNode, _ := upgradeNodes(&policy.Spec, nodes, desiredImages, stackPods, ours)
+	groups := map[string][]UpgradeNode{}
 	for _, n := range byNode {
-		list = append(list, *n)
+		g := ""
+		if crdOn {
+			if _, ok := policies[assign.Node[n.Name]]; ok {
+				g = assign.Node[n.Name]
+			}
+		}
+		groups[g] = append(groups[g], *n)
 	}
 	now := r.Clock.Now()
 	timeout := r.UpgradeTimeout
@@ -212,10 +229,15 @@ func (r *Reconciler) upgradeDrivers(ctx context.Context, policy *nvidiav1.Cluste
 		timeout = defaultUpgradeTimeout
 	}
 	var requeue time.Duration
-	for _, a := range PlanUpgrades(list, upgradeLimit(up, gpuNodes), timeout, now) {
-		n := byNode[a.Node]
-		if err := r.act(ctx, policy, a, n, now); err != nil {
-			return 0, err
+	for g, list := range groups {
+		up := policies[g]
+		if !autoUpgrade(up) {
+			continue
+		}
+		for _, a := range PlanUpgrades(list, upgradeLimit(up, len(list)), timeout, now) {
+			if err := r.act(ctx, policy, up, a, byNode[a.Node], now); err != nil {
+				return 0, err
+			}
 		}
 	}
 	for _, n := range byNode {
@@ -226,11 +248,11 @@ func (r *Reconciler) upgradeDrivers(ctx context.Context, policy *nvidiav1.Cluste
 	return requeue, nil
 }
 
-func (r *Reconciler) act(ctx context.Context, policy *nvidiav1.ClusterPolicy, a UpgradeAction, n *UpgradeNode, now time.Time) error {
+func (r *Reconciler) act(ctx context.Context, policy *nvidiav1.ClusterPolicy, up *nvidiav1.DriverUpgradePolicySpec, a UpgradeAction, n *UpgradeNode, now time.Time) error {
 	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: a.Node}}
 	switch a.Kind {
 	case ActRequest:
-		if _, err := requestor.Ensure(ctx, r.Client, upgradeRequest(policy, r.Namespace, a.Node)); err != nil {
+		if _, err := requestor.Ensure(ctx, r.Client, upgradeRequest(policy, up, r.Namespace, a.Node)); err != nil {
 			return fmt.Errorf("driver upgrade of %s: %w", a.Node, err)
 		}
 		r.Recorder.Eventf(policy, node, corev1.EventTypeNormal, ReasonUpgradeStarted, actionUpgrade, "Driver upgrade of node %s requested", a.Node)
@@ -291,13 +313,13 @@ func (r *Reconciler) setUpgradeLabel(ctx context.Context, node, value string) er
 // that use GPUs (podDeletion: force, timeout, emptyDir; default force and
 // emptyDir, 300 s) — or, with drain.enable, drain the node's pods (those of
 // drain.podSelector) with the drain settings instead.
-func upgradeRequest(policy *nvidiav1.ClusterPolicy, ns, node string) requestor.Request {
+func upgradeRequest(policy *nvidiav1.ClusterPolicy, up *nvidiav1.DriverUpgradePolicySpec, ns, node string) requestor.Request {
 	drain := &maintenancev1.DrainSpec{
 		Force: true, DeleteEmptyDir: true, TimeoutSeconds: ptr.To[int32](300),
 		PodEvictionFilters: []maintenancev1.PodEvictionFilterEntry{{ByResourceNameRegex: ptr.To(`^nvidia\.com/`)}},
 	}
 	var wait *maintenancev1.WaitForPodCompletionSpec
-	if up := policy.Spec.Driver.UpgradePolicy; up != nil {
+	if up != nil {
 		if d := up.PodDeletion; d != nil {
 			drain.Force, drain.DeleteEmptyDir = d.Force, d.DeleteEmptyDir
 			if d.TimeoutSeconds != nil {

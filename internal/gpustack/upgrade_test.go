@@ -198,7 +198,7 @@ func TestUpgradeRequestFollowsTheUpgradePolicy(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			p := &nvidiav1.ClusterPolicy{}
 			p.Spec.Driver.UpgradePolicy = tc.policy
-			req := upgradeRequest(p, "ns", "n")
+			req := upgradeRequest(p, p.Spec.Driver.UpgradePolicy, "ns", "n")
 			if diff := cmp.Diff(tc.wantDrain, req.Drain); diff != "" {
 				t.Errorf("drain (-want +got):\n%s", diff)
 			}

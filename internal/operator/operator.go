@@ -5,6 +5,7 @@
 package operator
 
 import (
+	"errors"
 	"fmt"
 	"maps"
 	"net/http"
@@ -32,6 +33,7 @@ import (
 
 	maintenancev1 "github.com/gpufleet/gpufleet/api/maintenance/v1alpha1"
 	nvidiav1 "github.com/gpufleet/gpufleet/api/nvidia/v1"
+	nvidiav1alpha1 "github.com/gpufleet/gpufleet/api/nvidia/v1alpha1"
 	repairv1 "github.com/gpufleet/gpufleet/api/repair/v1alpha1"
 	"github.com/gpufleet/gpufleet/internal/allocation"
 	"github.com/gpufleet/gpufleet/internal/apirequest"
@@ -126,9 +128,11 @@ var registry = []Capability{
 		},
 	},
 	{
-		Name:        "gpustack",
-		AddToScheme: nvidiav1.AddToScheme,
-		Cache:       func(o Options) map[client.Object]cache.ByObject { return gpustack.CacheObjects(o.Namespace) },
+		Name: "gpustack",
+		AddToScheme: func(s *runtime.Scheme) error {
+			return errors.Join(nvidiav1.AddToScheme(s), nvidiav1alpha1.AddToScheme(s))
+		},
+		Cache: func(o Options) map[client.Object]cache.ByObject { return gpustack.CacheObjects(o.Namespace) },
 		Setup: func(mgr manager.Manager, o Options) error {
 			if err := gpustack.Setup(mgr, gpustack.Options{Namespace: o.Namespace, Clock: o.Clock,
 				DegradedAfter: o.GPUStackDegradedAfter, UpgradeTimeout: o.DriverUpgradeTimeout}); err != nil {
