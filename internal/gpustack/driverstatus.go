@@ -5,11 +5,12 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/events"
@@ -82,7 +83,7 @@ func (r *DriverStatusReconciler) Reconcile(ctx context.Context, req reconcile.Re
 		if apierrors.IsConflict(err) {
 			// The cache is behind the object: the update event that
 			// follows brings this driver back. Not an error.
-			return reconcile.Result{Requeue: true}, nil
+			return reconcile.Result{RequeueAfter: time.Second}, nil
 		}
 		return reconcile.Result{}, fmt.Errorf("updating NVIDIADriver %s status: %w", d.Name, err)
 	}

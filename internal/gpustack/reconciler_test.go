@@ -352,7 +352,7 @@ func createPolicy(t *testing.T, name string, change func(*nvidiav1.ClusterPolicy
 
 // stackLabelKeys are the node labels the Reconciler writes.
 func stackLabelKeys() []string {
-	keys := []string{gpustack.LabelGPUPresent, gpustack.LabelRuntime, gpustack.LabelUpgradeState}
+	keys := []string{gpustack.LabelGPUPresent, gpustack.LabelRuntime, gpustack.LabelUpgradeState, gpustack.LabelNVIDIADriver}
 	for _, c := range gpustack.Components {
 		keys = append(keys, c.DeployLabel)
 	}

@@ -127,6 +127,9 @@ func upgradeLimit(p *nvidiav1.DriverUpgradePolicySpec, gpuNodes int) int {
 	limit := 1
 	if p != nil && p.MaxParallelUpgrades != nil {
 		limit = int(*p.MaxParallelUpgrades)
+		if limit == 0 { // no limit of its own, as in the NVIDIA GPU Operator
+			limit = gpuNodes
+		}
 	}
 	if p != nil && p.MaxUnavailable != nil {
 		if n, err := intstr.GetScaledValueFromIntOrPercent(p.MaxUnavailable, gpuNodes, false); err == nil && n < limit {

@@ -238,7 +238,9 @@ type DriverUpgradePolicySpec struct {
 	// NodeMaintenance. Default true.
 	// +optional
 	AutoUpgrade *bool `json:"autoUpgrade,omitempty"`
-	// MaxParallelUpgrades limits nodes upgrading at once. Default 1.
+	// MaxParallelUpgrades limits nodes upgrading at once. Default 1; 0
+	// means no limit of its own (as in the NVIDIA GPU Operator): only
+	// maxUnavailable and the cluster's maintenance limits apply.
 	// +optional
 	// +kubebuilder:validation:Minimum=0
 	MaxParallelUpgrades *int32 `json:"maxParallelUpgrades,omitempty"`
