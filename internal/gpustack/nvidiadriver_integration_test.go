@@ -28,13 +28,15 @@ import (
 // kubectl's strict validation; the schema's own rules hold.
 func TestNVIDIADriverStrictFieldValidation(t *testing.T) {
 	devtest.NeedCluster(t)
-	for _, f := range []string{"testdata/nvidiadriver-chart-default.yaml", "testdata/nvidiadriver-pool.yaml"} {
+	for _, f := range []string{"testdata/nvidiadriver-chart-default.yaml", "testdata/nvidiadriver-pool.yaml", "../../examples/nvidiadriver.yaml"} {
 		data, err := os.ReadFile(f)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := strictDryRunCreate(t, data); err != nil {
-			t.Errorf("%s rejected under strict field validation: %v", f, err)
+		for _, doc := range strings.Split(string(data), "\n---\n") {
+			if err := strictDryRunCreate(t, []byte(doc)); err != nil {
+				t.Errorf("%s rejected under strict field validation: %v", f, err)
+			}
 		}
 	}
 	bad := map[string]string{
