@@ -9,6 +9,8 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/kubectl/pkg/util/podutils"
 	"k8s.io/utils/clock"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
@@ -57,18 +59,7 @@ func Setup(mgr manager.Manager, opts Options) error {
 		Client: mgr.GetClient(), Live: mgr.GetAPIReader(), Namespace: opts.Namespace, Clock: opts.Clock, Assets: Assets,
 		DegradedAfter: opts.DegradedAfter, UpgradeTimeout: opts.UpgradeTimeout, Recorder: mgr.GetEventRecorder("gpufleet-gpustack"),
 	}
-	allPolicies := handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, _ client.Object) []reconcile.Request {
-		var list nvidiav1.ClusterPolicyList
-		if err := mgr.GetClient().List(ctx, &list); err != nil {
-			mgr.GetLogger().WithName("gpustack").Error(err, "listing ClusterPolicies for an event; the next event reconciles them")
-			return nil
-		}
-		reqs := make([]reconcile.Request, 0, len(list.Items))
-		for i := range list.Items {
-			reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&list.Items[i])})
-		}
-		return reqs
-	})
+	allPolicies := enqueueAll(mgr, func() client.ObjectList { return &nvidiav1.ClusterPolicyList{} }, "ClusterPolicies")
 	stackPod := predicate.NewPredicateFuncs(func(o client.Object) bool {
 		return o.GetNamespace() == opts.Namespace && o.GetLabels()[LabelManagedBy] == managedBy
 	})
@@ -97,18 +88,7 @@ func Setup(mgr manager.Manager, opts Options) error {
 // change of drivers, policies, GPU nodes' labels or driver pods' readiness
 // brings every NVIDIADriver back (there are a handful).
 func setupDriverStatus(mgr manager.Manager, opts Options, stackPod predicate.Predicate) error {
-	allDrivers := handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, _ client.Object) []reconcile.Request {
-		var list nvidiav1alpha1.NVIDIADriverList
-		if err := mgr.GetClient().List(ctx, &list); err != nil {
-			mgr.GetLogger().WithName("gpustack").Error(err, "listing NVIDIADrivers for an event; the next event reconciles them")
-			return nil
-		}
-		reqs := make([]reconcile.Request, 0, len(list.Items))
-		for i := range list.Items {
-			reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&list.Items[i])})
-		}
-		return reqs
-	})
+	allDrivers := enqueueAll(mgr, func() client.ObjectList { return &nvidiav1alpha1.NVIDIADriverList{} }, "NVIDIADrivers")
 	driverPod := predicate.NewPredicateFuncs(func(o client.Object) bool { return o.GetLabels()[LabelNVIDIADriver] != "" })
 	r := &DriverStatusReconciler{Client: mgr.GetClient(), Namespace: opts.Namespace, Clock: opts.Clock,
 		Recorder: mgr.GetEventRecorder("gpufleet-gpustack")}
@@ -125,6 +105,24 @@ func setupDriverStatus(mgr manager.Manager, opts Options, stackPod predicate.Pre
 		return fmt.Errorf("setting up the NVIDIADriver status controller: %w", err)
 	}
 	return nil
+}
+
+// enqueueAll maps any event to every object of a kind (ClusterPolicies,
+// NVIDIADrivers: a handful each), listed from the cache.
+func enqueueAll(mgr manager.Manager, newList func() client.ObjectList, kind string) handler.EventHandler {
+	return handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, _ client.Object) []reconcile.Request {
+		list := newList()
+		if err := mgr.GetClient().List(ctx, list); err != nil {
+			mgr.GetLogger().WithName("gpustack").Error(err, "listing "+kind+" for an event; the next event reconciles them")
+			return nil
+		}
+		var reqs []reconcile.Request
+		_ = meta.EachListItem(list, func(o runtime.Object) error {
+			reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(o.(client.Object))})
+			return nil
+		})
+		return reqs
+	})
 }
 
 // nodeRelevant passes node changes that affect labels or facts: labels,
