@@ -192,8 +192,8 @@ type NVIDIADriverStatus struct {
 // +kubebuilder:resource:scope=Cluster,shortName={"nvd","nvdriver","nvdrivers"}
 // +kubebuilder:printcolumn:name="Status",type=string,JSONPath=`.status.state`
 // +kubebuilder:printcolumn:name="Default",type=boolean,JSONPath=`.spec.default`
-// +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.nodesReady`
-// +kubebuilder:printcolumn:name="Nodes",type=string,JSONPath=`.status.nodes`
+// +kubebuilder:printcolumn:name="Ready",type=integer,JSONPath=`.status.nodesReady`
+// +kubebuilder:printcolumn:name="Nodes",type=integer,JSONPath=`.status.nodes`
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type NVIDIADriver struct {
 	metav1.TypeMeta   `json:",inline"`
