@@ -12,10 +12,10 @@ import (
 	"google.golang.org/grpc"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
+	podresourcesv1 "k8s.io/kubelet/pkg/apis/podresources/v1"
 	clocktesting "k8s.io/utils/clock/testing"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
-	podresourcesv1 "k8s.io/kubelet/pkg/apis/podresources/v1"
 
 	repairv1 "github.com/gpufleet/gpufleet/api/repair/v1alpha1"
 )

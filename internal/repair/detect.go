@@ -30,7 +30,7 @@ type DetectInput struct {
 	// Slices: the ResourceSlices of the nodes with out-of-service GPUs
 	// (whether a node's GPUs are published through DRA).
 	Slices []resourcev1.ResourceSlice
-	Now       time.Time
+	Now    time.Time
 }
 
 // Detection is what the detector writes for one pass; Detect computes it
