@@ -277,7 +277,7 @@ func TestChartValues(t *testing.T) {
 
 // TestChartAgent: the agent DaemonSet's GPU sources and footprint. By
 // default: no dcgm-exporter, the kubelet's pod-resources socket mounted
-// read-only, memory sized for its RSS target; agent.dcgmURL and
+// read-only, memory sized for its measured RSS; agent.dcgmURL and
 // agent.podResourcesDir change what they say.
 func TestChartAgent(t *testing.T) {
 	agentOf := func(objs []*unstructured.Unstructured) (*unstructured.Unstructured, map[string]any, []any) {
@@ -301,12 +301,12 @@ func TestChartAgent(t *testing.T) {
 	if !equality.Semantic.DeepEqual(mounts, []any{wantMount}) || !equality.Semantic.DeepEqual(vols, []any{wantVol}) {
 		t.Errorf("pod-resources: mounts %v, volumes %v", mounts, vols)
 	}
-	// Memory for an RSS of about 30 MB (README): requested, with headroom
-	// in the limit, and not the operator's hundreds of MB.
+	// Memory for the measured RSS of 52 MB (README): requested, with
+	// headroom in the limit.
 	req, _, _ := unstructured.NestedString(c, "resources", "requests", "memory")
 	lim, _, _ := unstructured.NestedString(c, "resources", "limits", "memory")
-	if req != "48Mi" || lim != "96Mi" {
-		t.Errorf("agent memory request %q, limit %q; want 48Mi, 96Mi", req, lim)
+	if req != "64Mi" || lim != "128Mi" {
+		t.Errorf("agent memory request %q, limit %q; want 64Mi, 128Mi", req, lim)
 	}
 
 	ds, c, args = agentOf(renderChart(t, "gpufleet",
