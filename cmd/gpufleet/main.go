@@ -191,7 +191,7 @@ func newVersionCommand() *cobra.Command {
 }
 
 func newAgentCommand() *cobra.Command {
-	var kubeconfig, nodeName, kmsgPath, dcgmURL string
+	var kubeconfig, nodeName, kmsgPath, dcgmURL, podResources string
 	var dcgmInterval time.Duration
 	cmd := &cobra.Command{
 		Use:   "agent",
@@ -205,7 +205,10 @@ run as a command.
 
 It also watches the node's GPUs: NVIDIA XIDs in the kernel log (--kmsg-path)
 and health counters of dcgm-exporter (--dcgm-url), and writes one GPUFault
-record per faulty GPU and the node's GPUProblem condition.`,
+record per faulty GPU and the node's GPUProblem condition. While a GPU is out
+of service it asks the kubelet's pod-resources API (--pod-resources-socket)
+which pods were given it (nvidia.com/gpu, device plugin) and records them, so
+that the repair drains only those pods.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			setupLogging(false, zapcore.InfoLevel)
 			if nodeName == "" {
@@ -221,8 +224,12 @@ record per faulty GPU and the node's GPUProblem condition.`,
 			if err != nil {
 				return err
 			}
+			gpus := agent.NewHostGPUSource(nodeName, kmsgPath, dcgmURL, dcgmInterval)
+			if podResources != "" {
+				gpus.PodResources = &agent.KubeletPodResources{Socket: podResources}
+			}
 			mgr, err := agent.NewManager(cfg, agent.Options{NodeName: nodeName, Executor: agent.HostExecutor{Runner: agent.ExecRunner{}},
-				GPUs: agent.NewHostGPUSource(nodeName, kmsgPath, dcgmURL, dcgmInterval)})
+				GPUs: gpus})
 			if err != nil {
 				return err
 			}
@@ -236,5 +243,7 @@ record per faulty GPU and the node's GPUProblem condition.`,
 	cmd.Flags().StringVar(&kmsgPath, "kmsg-path", "/dev/kmsg", `kernel log to follow for NVIDIA XIDs ("" reads none)`)
 	cmd.Flags().StringVar(&dcgmURL, "dcgm-url", "", `dcgm-exporter's metrics URL, e.g. http://localhost:9400/metrics ("" reads no counters)`)
 	cmd.Flags().DurationVar(&dcgmInterval, "dcgm-interval", 30*time.Second, "how often dcgm-exporter is read")
+	cmd.Flags().StringVar(&podResources, "pod-resources-socket", agent.DefaultPodResourcesSocket,
+		`the kubelet's pod-resources socket, asked which pods hold a faulty GPU ("" asks nothing: the repair drains every GPU pod of the node)`)
 	return cmd
 }

@@ -3,7 +3,9 @@ package agent
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -43,6 +45,10 @@ type GPUMonitor struct {
 	Clock  clock.PassiveClock
 	// NodeName is the agent's node; empty: every node (the simulation).
 	NodeName string
+
+	// podResourcesDown: the source's pod-resources API failed last time
+	// (logged once per outage).
+	podResourcesDown atomic.Bool
 }
 
 // Reconcile looks at one node's GPUs.
@@ -71,6 +77,7 @@ func (m *GPUMonitor) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		Node: node.Name, BootID: node.Status.NodeInfo.BootID, Capacity: gpuCapacity(node),
 		Records: records, Observed: obs, XIDClasses: XIDClassesFor(node, policies.Items),
 	}, now)
+	writes, poll := m.withAllocations(ctx, node, records, writes)
 	after, err := writeRecords(ctx, m.Client, records, writes)
 	if err == nil {
 		err = writeCondition(ctx, m.Client, node, after, now)
@@ -81,7 +88,58 @@ func (m *GPUMonitor) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		ctrl.LoggerFrom(ctx).V(1).Info("looking again: an object changed since it was read", "error", err.Error())
 		return reconcile.Result{RequeueAfter: conflictRetry}, nil
 	}
-	return reconcile.Result{}, err
+	if err != nil {
+		return reconcile.Result{}, err
+	}
+	if poll {
+		return reconcile.Result{RequeueAfter: podResourcesPoll}, nil
+	}
+	return reconcile.Result{}, nil
+}
+
+// withAllocations records, on the records of out-of-service GPUs, which
+// pods hold them (WithAllocations), when the source can tell: it asks only
+// while a GPU of the node is out of service. poll: ask again later (the
+// pod-resources API has no watch).
+func (m *GPUMonitor) withAllocations(ctx context.Context, node *corev1.Node, records map[string]repairv1.GPUFault,
+	writes []repairv1.GPUFault) ([]repairv1.GPUFault, bool) {
+	src, ok := m.Source.(GPUPodsSource)
+	if !ok || !anyOutOfService(records, writes) {
+		return WithAllocations(records, writes, nil, false), false
+	}
+	allocs, err := src.GPUPods(ctx, node)
+	switch {
+	case errors.Is(err, ErrNoPodResources):
+		return WithAllocations(records, writes, nil, false), false
+	case err != nil:
+		if m.podResourcesDown.CompareAndSwap(false, true) {
+			ctrl.LoggerFrom(ctx).Info("cannot tell which pods hold the faulty GPUs; the repair drains every GPU pod of the node",
+				"node", klog.KObj(node), "error", err.Error())
+		}
+		return WithAllocations(records, writes, nil, false), true
+	}
+	if m.podResourcesDown.CompareAndSwap(true, false) {
+		ctrl.LoggerFrom(ctx).Info("pod-resources API readable again", "node", klog.KObj(node))
+	}
+	return WithAllocations(records, writes, allocs, true), true
+}
+
+// anyOutOfService reports whether a record, as written or as read, shows a
+// GPU out of service.
+func anyOutOfService(records map[string]repairv1.GPUFault, writes []repairv1.GPUFault) bool {
+	written := map[string]bool{}
+	for i := range writes {
+		written[writes[i].Name] = true
+		if !writes[i].InService() {
+			return true
+		}
+	}
+	for name, r := range records {
+		if !written[name] && !r.InService() {
+			return true
+		}
+	}
+	return false
 }
 
 // conflictRetry is how soon the monitor looks again after a write lost to

@@ -31,7 +31,10 @@ type HostGPUSource struct {
 	NodeName string
 	Kmsg     *KmsgFollower
 	DCGM     *DCGMScraper
-	events   chan event.GenericEvent
+	// PodResources, if set, tells which pods hold which GPU (device-plugin
+	// mode).
+	PodResources *KubeletPodResources
+	events       chan event.GenericEvent
 }
 
 // NewHostGPUSource returns the source of node's GPUs: kmsgPath is the
@@ -82,6 +85,14 @@ func (h *HostGPUSource) ObserveGPUs(context.Context, *corev1.Node) (GPUObservati
 		obs.DCGM, obs.KnownGPUs = h.DCGM.Health()
 	}
 	return obs, nil
+}
+
+// GPUPods implements GPUPodsSource with the kubelet's pod-resources API.
+func (h *HostGPUSource) GPUPods(ctx context.Context, _ *corev1.Node) ([]DeviceAllocation, error) {
+	if h.PodResources == nil {
+		return nil, ErrNoPodResources
+	}
+	return h.PodResources.List(ctx)
 }
 
 // maxKeptXIDs bounds the XIDs a KmsgFollower keeps (the most recent ones):

@@ -43,6 +43,10 @@ type NodeSpec struct {
 	// GPUs is the number of GPUs; 0 makes a CPU-only node without NVIDIA
 	// PCI labels.
 	GPUs int
+	// DevicePluginOnly: the simulated DRA driver does not publish the
+	// node's GPUs; pods get them as nvidia.com/gpu only (the classic
+	// device plugin), and sim.gpufleet.dev/gpus on a pod says which.
+	DevicePluginOnly bool
 	// OSID and OSVersion as in /etc/os-release (e.g. "ubuntu", "22.04").
 	OSID, OSVersion string
 	// Runtime is status.nodeInfo.containerRuntimeVersion.

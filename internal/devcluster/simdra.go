@@ -56,9 +56,10 @@ var simGPUMemory = resource.MustParse("81559Mi")
 // publishes for the node this spec describes, once created with uid: pool
 // and slice named after the node, one device per GPU (SimGPUDevice(i),
 // with the identity SimGPU(node, i)), owned by the Node so that the
-// garbage collector removes it with the node. Nil for a node without GPUs.
+// garbage collector removes it with the node. Nil for a node without GPUs,
+// or whose GPUs only the device plugin gives out.
 func (s NodeSpec) ResourceSlice(uid types.UID) *resourcev1.ResourceSlice {
-	if s.GPUs <= 0 {
+	if s.GPUs <= 0 || s.DevicePluginOnly {
 		return nil
 	}
 	devices := make([]resourcev1.Device, s.GPUs)

@@ -446,3 +446,49 @@ func (s SimExecutor) ObserveGPUs(_ context.Context, node *corev1.Node) (agent.GP
 	}
 	return h.Observe()
 }
+
+// AnnotationGPUs on a pod of a simulated node names the GPUs the device
+// plugin gave it, by index ("3", or "0,1"): kwok runs no device plugin, so
+// a test or `gpufleet dev` says which GPU each nvidia.com/gpu pod holds, and
+// the simulated agent reports it as the kubelet's pod-resources API would
+// (device IDs = the GPUs' UUIDs).
+const AnnotationGPUs = "sim.gpufleet.dev/gpus"
+
+// SimGPUPods is what the kubelet's pod-resources API of node would report
+// for its pods: the GPUs each running pod's AnnotationGPUs names, as
+// nvidia.com/gpu device IDs (UUIDs). Finished pods hold nothing; an index
+// the node does not have, or that is not a number, is left out.
+func SimGPUPods(node *corev1.Node, pods []corev1.Pod) []agent.DeviceAllocation {
+	n := simGPUCount(node)
+	var out []agent.DeviceAllocation
+	for i := range pods {
+		p := &pods[i]
+		v := p.Annotations[AnnotationGPUs]
+		if v == "" || p.Spec.NodeName != node.Name || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
+			continue
+		}
+		var ids []string
+		for f := range strings.SplitSeq(v, ",") {
+			idx, err := strconv.Atoi(strings.TrimSpace(f))
+			if err != nil || idx < 0 || idx >= n {
+				continue
+			}
+			ids = append(ids, SimGPU(node.Name, idx).UUID)
+		}
+		if len(ids) > 0 {
+			out = append(out, agent.DeviceAllocation{Pod: repairv1.PodRef{Namespace: p.Namespace, Name: p.Name},
+				Resource: string(ResourceGPU), DeviceIDs: ids})
+		}
+	}
+	return out
+}
+
+// GPUPods implements the agent's GPUPodsSource for simulated nodes: the
+// node's pods (read from the API server) and their AnnotationGPUs.
+func (s SimExecutor) GPUPods(ctx context.Context, node *corev1.Node) ([]agent.DeviceAllocation, error) {
+	pods, err := s.Cluster.Client.CoreV1().Pods("").List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + node.Name})
+	if err != nil {
+		return nil, fmt.Errorf("listing the pods of node %s: %w", node.Name, err)
+	}
+	return SimGPUPods(node, pods.Items), nil
+}

@@ -362,3 +362,60 @@ func TestClearSimGPUs(t *testing.T) {
 		t.Errorf("other annotations removed: %v", n.Annotations)
 	}
 }
+
+func TestSimGPUPods(t *testing.T) {
+	node := NodeSpec{Name: "gpu-003", GPUs: 8}.Node()
+	gpuPod := func(name, gpus string, mut func(*corev1.Pod)) corev1.Pod {
+		p := corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ml", Name: name, Annotations: map[string]string{AnnotationGPUs: gpus}},
+			Spec: corev1.PodSpec{NodeName: "gpu-003"}, Status: corev1.PodStatus{Phase: corev1.PodRunning}}
+		if mut != nil {
+			mut(&p)
+		}
+		return p
+	}
+	uuid := func(i int) string { return SimGPU("gpu-003", i).UUID }
+	tests := map[string]struct {
+		pods []corev1.Pod
+		want []agent.DeviceAllocation
+	}{
+		"one GPU": {
+			pods: []corev1.Pod{gpuPod("train", "3", nil)},
+			want: []agent.DeviceAllocation{{Pod: repairv1.PodRef{Namespace: "ml", Name: "train"}, Resource: "nvidia.com/gpu", DeviceIDs: []string{uuid(3)}}},
+		},
+		"several GPUs, spaces allowed": {
+			pods: []corev1.Pod{gpuPod("train", "0, 1", nil)},
+			want: []agent.DeviceAllocation{{Pod: repairv1.PodRef{Namespace: "ml", Name: "train"}, Resource: "nvidia.com/gpu", DeviceIDs: []string{uuid(0), uuid(1)}}},
+		},
+		"indices the node does not have, or not numbers, are left out": {
+			pods: []corev1.Pod{gpuPod("a", "8", nil), gpuPod("b", "-1,x", nil), gpuPod("c", "x,7", nil)},
+			want: []agent.DeviceAllocation{{Pod: repairv1.PodRef{Namespace: "ml", Name: "c"}, Resource: "nvidia.com/gpu", DeviceIDs: []string{uuid(7)}}},
+		},
+		"finished pods, pods of other nodes and pods without the annotation hold nothing": {
+			pods: []corev1.Pod{
+				gpuPod("done", "1", func(p *corev1.Pod) { p.Status.Phase = corev1.PodSucceeded }),
+				gpuPod("failed", "1", func(p *corev1.Pod) { p.Status.Phase = corev1.PodFailed }),
+				gpuPod("elsewhere", "1", func(p *corev1.Pod) { p.Spec.NodeName = "gpu-004" }),
+				gpuPod("plain", "", nil),
+			},
+		},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			if diff := cmp.Diff(tc.want, SimGPUPods(node, tc.pods)); diff != "" {
+				t.Errorf("allocations (-want +got):\n%s", diff)
+			}
+		})
+	}
+
+	// The simulated agent's source reads the node's pods from the API.
+	c, cs := simHostCluster(t)
+	p := gpuPod("train", "3", nil)
+	if _, err := cs.CoreV1().Pods("ml").Create(t.Context(), &p, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	var src agent.GPUPodsSource = SimExecutor{Cluster: c}
+	got, err := src.GPUPods(t.Context(), simNode(t, c))
+	if err != nil || len(got) != 1 || got[0].DeviceIDs[0] != uuid(3) {
+		t.Errorf("SimExecutor.GPUPods: %+v, %v", got, err)
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	resourcev1 "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -26,7 +27,10 @@ type DetectInput struct {
 	Maintenances []maintenancev1.NodeMaintenance
 	// GPUFaults: every GPUFault record (the node agents' view of the GPUs).
 	GPUFaults []repairv1.GPUFault
-	Now       time.Time
+	// Slices: the ResourceSlices of the nodes with out-of-service GPUs
+	// (whether a node's GPUs are published through DRA).
+	Slices []resourcev1.ResourceSlice
+	Now    time.Time
 }
 
 // Detection is what the detector writes for one pass; Detect computes it
@@ -95,8 +99,10 @@ func Detect(in DetectInput) Detection {
 	var cands []Candidate
 	faults := map[string]*Match{}
 	nodePool := map[string]string{}
+	nodes := map[string]*corev1.Node{}
 	for i := range in.Nodes {
 		n := &in.Nodes[i]
+		nodes[n.Name] = n
 		pool := n.Labels[poolLabel]
 		nodePool[n.Name] = pool
 		ps := pools[pool]
@@ -155,9 +161,18 @@ func Detect(in DetectInput) Detection {
 			r := newRepair(in.Policy, dec.Node, nodePool[dec.Node], f, in.Now)
 			r.Spec.Actions = PlannedActions(f.Rule, spec.AllowReboot)
 			if isGPURule(f.Rule) {
-				gpuRepair(r, outOfService(dec.Node, in.GPUFaults), spec.GPU.ReplaceAfter, in.Now)
-				if r.Spec.Recommendation != "" {
+				gpus := outOfService(dec.Node, in.GPUFaults)
+				gpuRepair(r, gpus, spec.GPU.ReplaceAfter, in.Now)
+				switch {
+				case r.Spec.Recommendation != "":
 					r.Spec.Actions = nil
+				case spec.AllowReboot:
+					// Too many faulty GPUs of a device-plugin node: the
+					// whole node (without reboots, the per-GPU path stays).
+					if why := wholeNode(nodes[dec.Node], gpus, in.Slices, spec); why != "" {
+						r.Spec.Escalation = why
+						r.Spec.Actions = []repairv1.Action{repairv1.ActionReboot}
+					}
 				}
 			}
 			if spec.DryRun {

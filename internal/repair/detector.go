@@ -8,6 +8,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	resourcev1 "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -101,6 +102,24 @@ func (d *Detector) read(ctx context.Context, policy *repairv1.NodeRepairPolicy) 
 		return in, fmt.Errorf("listing GPUFaults: %w", err)
 	}
 	in.Nodes, in.Repairs, in.Maintenances, in.GPUFaults = nodes.Items, repairs.Items, nms.Items, gpus.Items
+	faulty := map[string]bool{}
+	for i := range gpus.Items {
+		if !gpus.Items[i].InService() {
+			faulty[gpus.Items[i].Spec.NodeName] = true
+		}
+	}
+	for node := range faulty {
+		// Whether the node's GPUs are published through DRA decides how
+		// many faulty GPUs take the whole node (wholeNode).
+		var slices resourcev1.ResourceSliceList
+		if err := d.Client.List(ctx, &slices, client.MatchingFields{indexSliceNode: node}); err != nil {
+			if meta.IsNoMatchError(err) {
+				break // the API server does not serve DRA
+			}
+			return in, fmt.Errorf("listing ResourceSlices of node %s: %w", node, err)
+		}
+		in.Slices = append(in.Slices, slices.Items...)
+	}
 	return in, nil
 }
 
@@ -190,8 +209,12 @@ func (d *Detector) create(ctx context.Context, r *repairv1.NodeRepair) error {
 	}
 	faultsDetected.WithLabelValues(r.Spec.Fault.Rule, outcomeRepair).Inc()
 	log.Info("repairing node", "actions", r.Spec.Actions)
-	d.Recorder.Eventf(n, r, corev1.EventTypeNormal, ReasonStart, actionRepair, "Repairing node %s: %s (%s) for %s; actions %v",
-		r.Spec.NodeName, r.Spec.Fault.Rule, r.Spec.Fault.ConditionType, since, r.Spec.Actions)
+	why := ""
+	if r.Spec.Escalation != "" {
+		why = "; " + r.Spec.Escalation
+	}
+	d.Recorder.Eventf(n, r, corev1.EventTypeNormal, ReasonStart, actionRepair, "Repairing node %s: %s (%s) for %s; actions %v%s",
+		r.Spec.NodeName, r.Spec.Fault.Rule, r.Spec.Fault.ConditionType, since, r.Spec.Actions, why)
 	return setNodeState(ctx, d.Client, r.Spec.NodeName, string(repairv1.PhaseRepairing))
 }
 

@@ -11,6 +11,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	resourcev1 "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -462,4 +463,122 @@ func total(m map[string]int) int {
 		n += v
 	}
 	return n
+}
+
+// devicePluginNode adds a GPU node whose GPUs the simulated DRA driver does
+// not publish (pool "dp", 8 nvidia.com/gpu) and removes it at the end.
+func devicePluginNode(t *testing.T, name string) {
+	t.Helper()
+	if err := env.AddNodes(t.Context(), devcluster.NodeSpec{Name: name, Pool: "dp", GPUs: 8, DevicePluginOnly: true}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = env.Client.CoreV1().Nodes().Delete(context.Background(), name, metav1.DeleteOptions{}) })
+}
+
+// gpuPods creates, on node, one running pod per entry of gpus (pod name →
+// GPU index; < 0: a pod without GPUs) requesting nvidia.com/gpu, with the
+// annotation that tells the simulated kubelet which GPU the device plugin
+// gave it, and waits until all run.
+func gpuPods(t *testing.T, node string, gpus map[string]int) {
+	t.Helper()
+	for name, i := range gpus {
+		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name},
+			Spec: corev1.PodSpec{NodeName: node, Containers: []corev1.Container{{Name: "c", Image: "busybox"}},
+				Tolerations: []corev1.Toleration{{Operator: corev1.TolerationOpExists}}}}
+		if i >= 0 {
+			p.Annotations = map[string]string{devcluster.AnnotationGPUs: fmt.Sprint(i)}
+			p.Spec.Containers[0].Resources.Limits = corev1.ResourceList{"nvidia.com/gpu": resource.MustParse("1")}
+		}
+		if err := env.Kube.Create(t.Context(), p); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = env.Kube.Delete(context.Background(), p, client.GracePeriodSeconds(0)) })
+	}
+	err := wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, 60*time.Second, true, func(ctx context.Context) (bool, error) {
+		for name := range gpus {
+			p, err := env.Client.CoreV1().Pods("default").Get(ctx, name, metav1.GetOptions{})
+			if err != nil || p.Status.Phase != corev1.PodRunning {
+				return false, nil //nolint:nilerr // keep polling
+			}
+		}
+		return true, nil
+	})
+	if err != nil {
+		t.Fatalf("pods %v not running on %s within 60s", gpus, node)
+	}
+}
+
+// TestDevicePluginGPUFaultDrainsOnlyThePodHoldingTheGPU: on a node whose
+// GPUs only the device plugin gives out, an uncorrectable ECC error on GPU
+// 3 (dcgm-exporter's volatile DBE counter): the agent reports, from the
+// kubelet's pod-resources API (simulated), the one pod that holds GPU 3;
+// the repair drains that pod only, through a NodeMaintenance, without
+// cordoning the node, resets the GPU and it returns to service.
+func TestDevicePluginGPUFaultDrainsOnlyThePodHoldingTheGPU(t *testing.T) {
+	devtest.NeedCluster(t)
+	const node = "dp-0"
+	devicePluginNode(t, node)
+	cleanGPUs(t, node)
+	startOperator(t)
+	gpuPolicy(t, nil)
+	pods := map[string]int{"dp-hold-3": 3, "dp-hold-1": 1, "dp-hold-5": 5, "dp-cpu": -1}
+	gpuPods(t, node, pods)
+	uncordoned := neverCordoned(t, node)
+
+	if err := env.SetGPUState(t.Context(), node, 3, func(g *devcluster.SimGPUState) { g.VolatileDBE = 2 }); err != nil {
+		t.Fatal(err)
+	}
+	// The record names the pod that holds the GPU.
+	var gf *repairv1.GPUFault
+	err := wait.PollUntilContextTimeout(t.Context(), 50*time.Millisecond, 15*time.Second, true, func(ctx context.Context) (bool, error) {
+		g := &repairv1.GPUFault{}
+		if err := env.Kube.Get(ctx, types.NamespacedName{Name: agent.GPUFaultName(node, devcluster.SimGPU(node, 3).PCIBusID)}, g); err != nil {
+			return false, nil //nolint:nilerr // keep polling
+		}
+		gf = g
+		return g.Status.Allocation != nil, nil
+	})
+	if err != nil {
+		t.Fatalf("GPU 3's record shows no allocation within 15s: %+v", gf)
+	}
+	if want := []repairv1.PodRef{{Namespace: "default", Name: "dp-hold-3"}}; !slices.Equal(gf.Status.Allocation.Pods, want) {
+		t.Errorf("allocation of GPU 3: %+v, want %v", gf.Status.Allocation, want)
+	}
+
+	r := repairOf(t, node, repairv1.PhaseSucceeded, 90*time.Second)
+	steps := timelineSteps(r)
+	for _, want := range []string{"Maintenance:Requested", "ResetGPU:Succeeded", "Done:Succeeded"} {
+		if !strings.Contains(steps, want) {
+			t.Errorf("timeline %q lacks %s", steps, want)
+		}
+	}
+	if strings.Contains(steps, "Reboot") || r.Status.MaintenanceName != "" || r.Spec.Escalation != "" {
+		t.Errorf("one faulty GPU of 8 went up to the whole node: %q, escalation %q", steps, r.Spec.Escalation)
+	}
+	var requested string
+	for _, e := range r.Status.Timeline {
+		if e.Step == "Maintenance" && e.Outcome == "Requested" {
+			requested = e.Message
+		}
+	}
+	if !strings.Contains(requested, "the 1 pod(s) the kubelet gave them (device plugin, pod-resources API)") {
+		t.Errorf("GPU drain request: %q", requested)
+	}
+	list, err := env.Client.CoreV1().Pods("default").List(t.Context(), metav1.ListOptions{FieldSelector: "spec.nodeName=" + node})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name := range pods {
+		i := slices.IndexFunc(list.Items, func(p corev1.Pod) bool { return p.Name == name })
+		drained := i < 0 || list.Items[i].DeletionTimestamp != nil
+		if drained != (name == "dp-hold-3") {
+			t.Errorf("pod %s drained: %t; want only dp-hold-3 drained", name, drained)
+		}
+	}
+	if !uncordoned() {
+		t.Errorf("node %s was cordoned for the reset of one GPU", node)
+	}
+	if gf := gpuRecordOf(t, node, 3); gf.Status.Class != "" || gf.Status.Allocation != nil {
+		t.Errorf("after the reset: class %q, allocation %+v", gf.Status.Class, gf.Status.Allocation)
+	}
 }

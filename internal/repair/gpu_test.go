@@ -2,13 +2,17 @@ package repair
 
 import (
 	"encoding/json"
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
 	corev1 "k8s.io/api/core/v1"
 	resourcev1 "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
 
 	maintenancev1 "github.com/gpufleet/gpufleet/api/maintenance/v1alpha1"
@@ -304,6 +308,147 @@ func TestGPUsInService(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			if got := gpusInService([]repairv1.GPURef{ref}, "n1", tc.faults); got != tc.want {
 				t.Errorf("gpusInService = %t, want %t", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestAllocatedPods(t *testing.T) {
+	pod := func(name string) repairv1.PodRef { return repairv1.PodRef{Namespace: "ml", Name: name} }
+	withPods := func(g repairv1.GPUFault, pods ...repairv1.PodRef) repairv1.GPUFault {
+		g.Status.Allocation = &repairv1.GPUAllocation{Resource: "nvidia.com/gpu", Pods: pods}
+		return g
+	}
+	three := gpuRecord("n1", 3, repairv1.GPUClassResetGPU)
+	five := gpuRecord("n1", 5, repairv1.GPUClassResetGPU)
+	five.Name, five.Spec.GPU.PCIBusID = "n1-gpu5", "0000:40:00.0"
+	elsewhere := withPods(gpuRecord("n2", 3, repairv1.GPUClassResetGPU), pod("other"))
+	for name, tc := range map[string]struct {
+		gpus      []repairv1.GPURef
+		faults    []repairv1.GPUFault
+		wantPods  []repairv1.PodRef
+		wantKnown bool
+	}{
+		"the pods the record names": {
+			gpus: []repairv1.GPURef{three.Spec.GPU}, faults: []repairv1.GPUFault{withPods(three, pod("b"), pod("a")), elsewhere},
+			wantPods: []repairv1.PodRef{pod("a"), pod("b")}, wantKnown: true,
+		},
+		"several GPUs: each pod once": {
+			gpus:     []repairv1.GPURef{three.Spec.GPU, five.Spec.GPU},
+			faults:   []repairv1.GPUFault{withPods(three, pod("a")), withPods(five, pod("a"), pod("c"))},
+			wantPods: []repairv1.PodRef{pod("a"), pod("c")}, wantKnown: true,
+		},
+		"no pod holds it: known, none": {
+			gpus: []repairv1.GPURef{three.Spec.GPU}, faults: []repairv1.GPUFault{withPods(three)}, wantKnown: true,
+		},
+		"a record that does not say: not known": {
+			gpus: []repairv1.GPURef{three.Spec.GPU, five.Spec.GPU}, faults: []repairv1.GPUFault{withPods(three, pod("a")), five},
+		},
+		"no record (another node's does not count): not known": {
+			gpus: []repairv1.GPURef{three.Spec.GPU}, faults: []repairv1.GPUFault{elsewhere},
+		},
+		"an unidentified GPU: not known": {
+			gpus: []repairv1.GPURef{{}}, faults: []repairv1.GPUFault{withPods(three, pod("a"))},
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			pods, known := allocatedPods(tc.gpus, "n1", tc.faults)
+			if diff := cmp.Diff(tc.wantPods, pods); diff != "" || known != tc.wantKnown {
+				t.Errorf("known %t (want %t), pods (-want +got):\n%s", known, tc.wantKnown, diff)
+			}
+		})
+	}
+}
+
+func TestWholeNode(t *testing.T) {
+	node := func(gpus string) *corev1.Node {
+		n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}}
+		if gpus != "" {
+			n.Status.Capacity = corev1.ResourceList{gpuResource: resource.MustParse(gpus)}
+		}
+		return n
+	}
+	faulty := func(n int) []*repairv1.GPUFault {
+		out := make([]*repairv1.GPUFault, n)
+		for i := range out {
+			g := gpuRecord("n1", int32(i), repairv1.GPUClassResetGPU)
+			out[i] = &g
+		}
+		return out
+	}
+	published := []resourcev1.ResourceSlice{{Spec: resourcev1.ResourceSliceSpec{Driver: DefaultDRADriver, NodeName: ptr.To("n1"),
+		Devices: []resourcev1.Device{{Name: "gpu-0"}}}}}
+	otherDriver := []resourcev1.ResourceSlice{{Spec: resourcev1.ResourceSliceSpec{Driver: "gpu.example.com", NodeName: ptr.To("n1"),
+		Devices: []resourcev1.Device{{Name: "gpu-0"}}}}}
+	threshold := func(v intstr.IntOrString) *repairv1.NodeRepairPolicySpec {
+		return &repairv1.NodeRepairPolicySpec{GPU: repairv1.GPUSpec{WholeNodeAfter: &v}}
+	}
+	for name, tc := range map[string]struct {
+		node   *corev1.Node
+		faulty int
+		slices []resourcev1.ResourceSlice
+		spec   *repairv1.NodeRepairPolicySpec
+		want   string
+	}{
+		"3 of 8: per GPU":                     {node: node("8"), faulty: 3},
+		"4 of 8: half, the whole node":        {node: node("8"), faulty: 4, want: "4 of the node's 8 GPUs out of service (gpu.wholeNodeAfter 50%: 4)"},
+		"1 of 1: the node's only GPU":         {node: node("1"), faulty: 1, want: "1 of the node's 1 GPUs out of service (gpu.wholeNodeAfter 50%: 1)"},
+		"3 of 5: 50% rounds up to 3":          {node: node("5"), faulty: 3, want: "3 of the node's 5 GPUs out of service (gpu.wholeNodeAfter 50%: 3)"},
+		"2 of 5: below":                       {node: node("5"), faulty: 2},
+		"a count: 2":                          {node: node("8"), faulty: 2, spec: threshold(intstr.FromInt32(2)), want: "2 of the node's 8 GPUs out of service (gpu.wholeNodeAfter 2: 2)"},
+		"100%: only when every GPU is faulty": {node: node("8"), faulty: 7, spec: threshold(intstr.FromString("100%"))},
+		"a DRA node keeps the per-GPU path":   {node: node("8"), faulty: 8, slices: published},
+		"another driver's slices do not make it a DRA node": {node: node("8"), faulty: 4, slices: otherDriver,
+			want: "4 of the node's 8 GPUs out of service (gpu.wholeNodeAfter 50%: 4)"},
+		"no nvidia.com/gpu capacity: not a device-plugin node": {node: node(""), faulty: 8},
+	} {
+		t.Run(name, func(t *testing.T) {
+			spec := tc.spec
+			if spec == nil {
+				spec = &repairv1.NodeRepairPolicySpec{}
+			}
+			got := wholeNode(tc.node, faulty(tc.faulty), tc.slices, spec)
+			if !strings.HasPrefix(got, tc.want) || (tc.want == "") != (got == "") {
+				t.Errorf("wholeNode = %q, want %q…", got, tc.want)
+			}
+		})
+	}
+}
+
+// TestDetectEscalatesADevicePluginNodeWithTooManyFaultyGPUs: half of a
+// device-plugin node's GPUs out of service: the repair reboots the whole
+// node (no reset), and says why; without reboots the per-GPU path stays;
+// a DRA node keeps it too.
+func TestDetectEscalatesADevicePluginNodeWithTooManyFaultyGPUs(t *testing.T) {
+	since := t0.Add(-time.Minute)
+	n := gpuNode("a-0", repairv1.GPUClassResetGPU, since)
+	n.Status.Capacity = corev1.ResourceList{gpuResource: resource.MustParse("4")}
+	var gpus []repairv1.GPUFault
+	for i := range 2 {
+		g := gpuRecord("a-0", int32(i), repairv1.GPUClassResetGPU, since)
+		g.Name, g.Spec.GPU.PCIBusID = fmt.Sprintf("a-0-gpu%d", i), fmt.Sprintf("0000:%02x:00.0", 0x18+i)
+		gpus = append(gpus, g)
+	}
+	dra := []resourcev1.ResourceSlice{{Spec: resourcev1.ResourceSliceSpec{Driver: DefaultDRADriver, NodeName: ptr.To("a-0"), Devices: []resourcev1.Device{{Name: "gpu-0"}}}}}
+	for name, tc := range map[string]struct {
+		allowReboot    bool
+		slices         []resourcev1.ResourceSlice
+		wantActions    []repairv1.Action
+		wantEscalation bool
+	}{
+		"device plugin, reboots allowed: the whole node": {allowReboot: true, wantActions: []repairv1.Action{repairv1.ActionReboot}, wantEscalation: true},
+		"device plugin, no reboots: per GPU":             {wantActions: []repairv1.Action{repairv1.ActionResetGPU}},
+		"DRA: per GPU":                                   {allowReboot: true, slices: dra, wantActions: []repairv1.Action{repairv1.ActionResetGPU, repairv1.ActionReboot}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			p := testPolicy(func(s *repairv1.NodeRepairPolicySpec) { s.Rules, s.AllowReboot = nil, tc.allowReboot })
+			d := Detect(DetectInput{Policy: p, Nodes: []corev1.Node{n}, GPUFaults: gpus, Slices: tc.slices, Now: t0})
+			if len(d.Create) != 1 {
+				t.Fatalf("created %v", created(d))
+			}
+			r := d.Create[0]
+			if diff := cmp.Diff(tc.wantActions, r.Spec.Actions); diff != "" || (r.Spec.Escalation != "") != tc.wantEscalation || len(r.Spec.GPUs) != 2 {
+				t.Errorf("actions (-want +got):\n%s\nescalation %q, GPUs %d", diff, r.Spec.Escalation, len(r.Spec.GPUs))
 			}
 		})
 	}

@@ -126,7 +126,11 @@ func (r *Repairer) step(ctx context.Context, l *ladder) (reconcile.Result, error
 	nr, policy, node, now := l.nr, l.policy, l.node, l.now
 	if nr.Status.Phase == "" {
 		nr.Status.Phase = repairv1.PhaseRepairing
-		l.record("Start", "Started", fmt.Sprintf("%s on %s since %s", nr.Spec.Fault.Rule, nr.Spec.Fault.ConditionType, nr.Spec.Fault.Since.Format(time.RFC3339)))
+		msg := fmt.Sprintf("%s on %s since %s", nr.Spec.Fault.Rule, nr.Spec.Fault.ConditionType, nr.Spec.Fault.Since.Format(time.RFC3339))
+		if nr.Spec.Escalation != "" {
+			msg += "; " + nr.Spec.Escalation
+		}
+		l.record("Start", "Started", msg)
 		return reconcile.Result{}, nil
 	}
 	if p := nr.Status.Pending; p != nil {
@@ -448,8 +452,9 @@ func (r *Repairer) gpuDrainRung(ctx context.Context, l *ladder) (bool, error) {
 // gpuDrainRequest marks the pods using the repair's GPUs and builds the
 // request that drains exactly them. With DRA, they are the pods whose
 // claims were allocated one of the GPUs' devices; on a node whose GPUs are
-// not published through DRA (device plugin), which pod uses which GPU is
-// not known here, so every pod requesting nvidia.com/gpu is drained.
+// not published through DRA (device plugin), the pods the GPUs' records
+// name (the node agent read them from the kubelet's pod-resources API) —
+// or, when a record does not say, every pod requesting nvidia.com/gpu.
 func (r *Repairer) gpuDrainRequest(ctx context.Context, l *ladder) (requestor.Request, string, error) {
 	node := l.node.Name
 	var pods corev1.PodList
@@ -467,10 +472,19 @@ func (r *Repairer) gpuDrainRequest(ctx context.Context, l *ladder) (requestor.Re
 			devices = append(devices, d)
 		}
 	}
+	var held []repairv1.PodRef
+	known := false
+	if len(devices) == 0 {
+		var records repairv1.GPUFaultList
+		if err := r.Client.List(ctx, &records); err != nil {
+			return requestor.Request{}, "", fmt.Errorf("listing GPUFaults: %w", err)
+		}
+		held, known = allocatedPods(l.nr.Spec.GPUs, node, records.Items)
+	}
 	d := l.policy.Spec.Drain
 	spec := &maintenancev1.DrainSpec{Force: d.Force, DeleteEmptyDir: d.DeleteEmptyDir}
 	var using []corev1.Pod
-	if len(devices) == 0 {
+	if len(devices) == 0 && !known {
 		spec.PodEvictionFilters = []maintenancev1.PodEvictionFilterEntry{{ByResourceNameRegex: ptr.To(`^nvidia\.com/gpu$`)}}
 		for _, p := range pods.Items {
 			if requestsGPU(&p) {
@@ -481,9 +495,12 @@ func (r *Repairer) gpuDrainRequest(ctx context.Context, l *ladder) (requestor.Re
 		spec.PodSelector = maintenancev1.LabelSelectorString(LabelGPUDrain + "=" + string(l.nr.UID))
 		for i := range pods.Items {
 			p := &pods.Items[i]
-			uses, err := r.podUses(ctx, p, devices)
-			if err != nil {
-				return requestor.Request{}, "", err
+			uses := slices.Contains(held, repairv1.PodRef{Namespace: p.Namespace, Name: p.Name})
+			if len(devices) > 0 {
+				var err error
+				if uses, err = r.podUses(ctx, p, devices); err != nil {
+					return requestor.Request{}, "", err
+				}
 			}
 			if !uses {
 				continue
@@ -496,8 +513,13 @@ func (r *Repairer) gpuDrainRequest(ctx context.Context, l *ladder) (requestor.Re
 	}
 	spec.TimeoutSeconds = ptr.To(int32(DrainTimeout(&d, using) / time.Second))
 	what := fmt.Sprintf("the %d pod(s)", len(using))
-	if len(devices) == 0 {
-		what += " requesting nvidia.com/gpu (device plugin: which pod uses which GPU is not known)"
+	switch {
+	case len(devices) > 0:
+		what += " whose ResourceClaims were allocated them (DRA)"
+	case known:
+		what += " the kubelet gave them (device plugin, pod-resources API)"
+	default:
+		what += " requesting nvidia.com/gpu (device plugin: which pod holds which GPU is not known)"
 	}
 	return requestor.Request{
 		RequestorID: Requestor, Namespace: r.Namespace, Name: "repair-" + l.nr.Name + "-gpu", NodeName: node, Owner: l.nr,

@@ -275,6 +275,61 @@ func TestChartValues(t *testing.T) {
 
 }
 
+// TestChartAgent: the agent DaemonSet's GPU sources and footprint. By
+// default: no dcgm-exporter, the kubelet's pod-resources socket mounted
+// read-only, memory sized for its measured RSS; agent.dcgmURL and
+// agent.podResourcesDir change what they say.
+func TestChartAgent(t *testing.T) {
+	agentOf := func(objs []*unstructured.Unstructured) (*unstructured.Unstructured, map[string]any, []any) {
+		t.Helper()
+		ds := find(objs, "DaemonSet", "gpufleet-agent")
+		if ds == nil {
+			t.Fatalf("no DaemonSet gpufleet-agent in %v", names(objs))
+		}
+		c := container(t, ds)
+		args, _ := c["args"].([]any)
+		return ds, c, args
+	}
+	ds, c, args := agentOf(renderChart(t, "gpufleet"))
+	if want := []any{"--pod-resources-socket=/var/lib/kubelet/pod-resources/kubelet.sock"}; !equality.Semantic.DeepEqual(args, want) {
+		t.Errorf("default args %v, want %v", args, want)
+	}
+	mounts, _, _ := unstructured.NestedSlice(c, "volumeMounts")
+	vols, _, _ := unstructured.NestedSlice(ds.Object, "spec", "template", "spec", "volumes")
+	wantMount := map[string]any{"name": "pod-resources", "mountPath": "/var/lib/kubelet/pod-resources", "readOnly": true}
+	wantVol := map[string]any{"name": "pod-resources", "hostPath": map[string]any{"path": "/var/lib/kubelet/pod-resources"}}
+	if !equality.Semantic.DeepEqual(mounts, []any{wantMount}) || !equality.Semantic.DeepEqual(vols, []any{wantVol}) {
+		t.Errorf("pod-resources: mounts %v, volumes %v", mounts, vols)
+	}
+	// Memory for the measured RSS of 52 MB (README): requested, with
+	// headroom in the limit.
+	req, _, _ := unstructured.NestedString(c, "resources", "requests", "memory")
+	lim, _, _ := unstructured.NestedString(c, "resources", "limits", "memory")
+	if req != "64Mi" || lim != "128Mi" {
+		t.Errorf("agent memory request %q, limit %q; want 64Mi, 128Mi", req, lim)
+	}
+
+	ds, c, args = agentOf(renderChart(t, "gpufleet",
+		"--set", "agent.dcgmURL=http://$(HOST_IP):9400/metrics", "--set", "agent.dcgmInterval=15s",
+		"--set", "agent.podResourcesDir="))
+	want := []any{"--dcgm-url=http://$(HOST_IP):9400/metrics", "--dcgm-interval=15s", "--pod-resources-socket="}
+	if !equality.Semantic.DeepEqual(args, want) {
+		t.Errorf("args %v, want %v", args, want)
+	}
+	// $(HOST_IP) in the URL is expanded by the kubelet from the env.
+	env, _, _ := unstructured.NestedSlice(c, "env")
+	hostIP := map[string]any{"name": "HOST_IP", "valueFrom": map[string]any{"fieldRef": map[string]any{"fieldPath": "status.hostIP"}}}
+	if !slices.ContainsFunc(env, func(e any) bool { return equality.Semantic.DeepEqual(e, hostIP) }) {
+		t.Errorf("env %v lacks HOST_IP", env)
+	}
+	if _, ok := c["volumeMounts"]; ok {
+		t.Errorf("podResourcesDir empty, still mounts %v", c["volumeMounts"])
+	}
+	if v, _, _ := unstructured.NestedSlice(ds.Object, "spec", "template", "spec", "volumes"); len(v) != 0 {
+		t.Errorf("podResourcesDir empty, still volumes %v", v)
+	}
+}
+
 // TestCRDChart: charts/gpufleet-crds renders exactly the generated CRDs,
 // with its labels and, unless keep=false, helm.sh/resource-policy: keep.
 func TestCRDChart(t *testing.T) {

@@ -5,6 +5,7 @@ import (
 	"strings"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
 )
 
 // GPU fault classes: what a fault calls for (internal/gpufault's catalogue).
@@ -155,7 +156,38 @@ type GPUFaultStatus struct {
 	// what the kernel log reported before it.
 	// +optional
 	BootID string `json:"bootID,omitempty"`
+	// Allocation: the pods the kubelet gave this GPU through the device
+	// plugin, as the node agent read them from the kubelet's pod-resources
+	// API while the GPU was out of service. The repair drains exactly these
+	// pods. Unset when not known (the GPU is in service, or the agent could
+	// not read the pod-resources API): the repair of a device-plugin node
+	// then drains every pod of the node that requests nvidia.com/gpu.
+	// +optional
+	Allocation *GPUAllocation `json:"allocation,omitempty"`
 }
+
+// GPUAllocation says which pods hold a GPU given out by the device plugin.
+type GPUAllocation struct {
+	// Resource is the device plugin's extended resource (nvidia.com/gpu).
+	// +kubebuilder:validation:MaxLength=253
+	Resource string `json:"resource"`
+	// Pods given the GPU (none: no pod holds it).
+	// +optional
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=64
+	Pods []PodRef `json:"pods,omitempty"`
+}
+
+// PodRef names a pod.
+type PodRef struct {
+	// +kubebuilder:validation:MaxLength=63
+	Namespace string `json:"namespace"`
+	// +kubebuilder:validation:MaxLength=253
+	Name string `json:"name"`
+}
+
+// String is namespace/name.
+func (p PodRef) String() string { return p.Namespace + "/" + p.Name }
 
 // InService reports whether no active fault takes the GPU out of service.
 func (g *GPUFault) InService() bool { return !g.Status.Class.Repairs() }
@@ -208,6 +240,18 @@ type GPUSpec struct {
 	// with a recommendation to replace it (it stays isolated).
 	// +optional
 	ReplaceAfter *RepeatLimit `json:"replaceAfter,omitempty"`
+	// WholeNodeAfter: on a node whose GPUs are given out by the device
+	// plugin (not published through DRA), once this many of the node's
+	// GPUs are out of service — a count, or a percentage of the node's
+	// nvidia.com/gpu capacity rounded up; default 50% — a new repair takes
+	// the whole node (cordon, drain and reboot through NodeMaintenance, if
+	// the policy allows reboots) instead of resetting GPUs one by one:
+	// the device plugin cannot be told which GPUs to skip, so a node with
+	// many faulty GPUs would keep taking GPU pods.
+	// +optional
+	// +kubebuilder:validation:XIntOrString
+	// +kubebuilder:validation:XValidation:rule="type(self) == int ? self >= 1 : self.matches('^[1-9][0-9]?%$|^100%$')",message="wholeNodeAfter must be a count of at least 1 or a percentage from 1% to 100%"
+	WholeNodeAfter *intstr.IntOrString `json:"wholeNodeAfter,omitempty"`
 	// XIDClasses overrides the catalogue's class of XID codes (e.g. treat
 	// XID 94 as Reboot). The node agent applies them.
 	// +optional

@@ -273,6 +273,12 @@ type NodeRepairSpec struct {
 	// +optional
 	// +kubebuilder:validation:MaxLength=1024
 	Recommendation string `json:"recommendation,omitempty"`
+	// Escalation, when set, says why the repair takes the whole node rather
+	// than resetting its GPUs one by one (too many GPUs of a device-plugin
+	// node out of service, gpu.wholeNodeAfter).
+	// +optional
+	// +kubebuilder:validation:MaxLength=1024
+	Escalation string `json:"escalation,omitempty"`
 }
 
 // Recorded reports whether the NodeRepair only records a fault (dry run, or
