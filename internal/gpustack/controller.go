@@ -343,7 +343,11 @@ func (r *Reconciler) prune(ctx context.Context, objs []client.Object) error {
 // podState is one component pod on one node.
 type podState struct {
 	ready bool
-	since time.Time // creation time, for the Degraded threshold
+	// since is when the pod could start: its creation, or when its init
+	// containers completed (for the Degraded threshold).
+	since time.Time
+	// readyAt is when it became Ready (zero when not Ready).
+	readyAt time.Time
 	// unschedulable is the scheduler's reason when the pod cannot be placed
 	// on its node ("" otherwise).
 	unschedulable string
@@ -361,6 +365,14 @@ func (r *Reconciler) componentPods(ctx context.Context) (map[string]map[string]p
 		comp := p.Labels[LabelComponent]
 		node := p.Spec.NodeName
 		st := podState{ready: podutils.IsPodReady(p), since: p.CreationTimestamp.Time}
+		for _, c := range p.Status.Conditions {
+			switch {
+			case c.Type == corev1.PodInitialized && c.Status == corev1.ConditionTrue && c.LastTransitionTime.After(st.since):
+				st.since = c.LastTransitionTime.Time
+			case c.Type == corev1.PodReady && c.Status == corev1.ConditionTrue:
+				st.readyAt = c.LastTransitionTime.Time
+			}
+		}
 		if node == "" {
 			// Not scheduled yet: a DaemonSet pod names its node in its
 			// affinity; the scheduler says why it cannot place it.
@@ -442,7 +454,12 @@ func (r *Reconciler) computeStatus(policy *nvidiav1.ClusterPolicy, status *nvidi
 			}
 			cs.NodesDesired++
 			st, hasPod := pods[n.Name][c.Key]
-			blocker := r.notReadyDependency(c, &policy.Spec, n.Labels, pods[n.Name])
+			blocker, depsReady := r.dependencies(c, &policy.Spec, n.Labels, pods[n.Name])
+			// The pod has been waiting for what it needs until then: the
+			// Degraded threshold counts from the later of the two.
+			if depsReady.After(st.since) {
+				st.since = depsReady
+			}
 			switch {
 			case hasPod && st.ready:
 				cs.NodesReady++
@@ -505,17 +522,23 @@ func deployedOn(c Component, spec *nvidiav1.ClusterPolicySpec, labels map[string
 	return !ok || v == valueTrue
 }
 
-// notReadyDependency is the first component c needs on the node that the
-// stack runs there and that is not Ready ("" when none): c's validation
-// init containers wait for it.
-func (r *Reconciler) notReadyDependency(c Component, spec *nvidiav1.ClusterPolicySpec, labels map[string]string, pods map[string]podState) string {
+// dependencies returns the first component c needs on the node that the
+// stack runs there and that is not Ready ("" when none: c's validation init
+// containers wait for it), and when the last of them became Ready.
+func (r *Reconciler) dependencies(c Component, spec *nvidiav1.ClusterPolicySpec, labels map[string]string, pods map[string]podState) (blocker string, readyAt time.Time) {
 	for _, dep := range c.After {
 		d, ok := componentByKey(dep)
-		if ok && deployedOn(d, spec, labels) && !pods[dep].ready {
-			return dep
+		if !ok || !deployedOn(d, spec, labels) {
+			continue
+		}
+		if !pods[dep].ready {
+			return dep, time.Time{}
+		}
+		if pods[dep].readyAt.After(readyAt) {
+			readyAt = pods[dep].readyAt
 		}
 	}
-	return ""
+	return "", readyAt
 }
 
 func componentByKey(key string) (Component, bool) {

@@ -114,7 +114,7 @@ func TestComputeStatusReportsTheFirstFailingComponentPerNode(t *testing.T) {
 	gpu := func(name string) corev1.Node {
 		return corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: applied(gpuNode(nil, ""), NodeLabels(gpuNode(nil, ""), &nvidiav1.ClusterPolicySpec{}))}}
 	}
-	nodes := &corev1.NodeList{Items: []corev1.Node{gpu("a"), gpu("b"), gpu("c")}}
+	nodes := &corev1.NodeList{Items: []corev1.Node{gpu("a"), gpu("b"), gpu("c"), gpu("d")}}
 	all := func(ready bool) map[string]podState {
 		m := map[string]podState{}
 		for _, c := range []string{Driver, ContainerToolkit, DevicePlugin, Validator, DCGMExporter, GFD} {
@@ -124,6 +124,10 @@ func TestComputeStatusReportsTheFirstFailingComponentPerNode(t *testing.T) {
 	}
 	pods := map[string]map[string]podState{"a": all(true), "b": all(false), "c": all(false)}
 	pods["c"][Driver] = podState{ready: true, since: old}
+	// d's driver became Ready 5 s ago: its toolkit, created long before,
+	// has been able to start for 5 s only — starting, not Degraded.
+	pods["d"] = all(false)
+	pods["d"][Driver] = podState{ready: true, since: old, readyAt: now.Add(-5 * time.Second)}
 	policy := &nvidiav1.ClusterPolicy{ObjectMeta: metav1.ObjectMeta{Name: "p"}}
 	status := &nvidiav1.ClusterPolicyStatus{}
 	r.computeStatus(policy, status, nodes, pods, pendingevents.New(nil))
@@ -135,7 +139,10 @@ func TestComputeStatusReportsTheFirstFailingComponentPerNode(t *testing.T) {
 		t.Errorf("gpufleet_gpustack_nodes_degraded = %v, want 2", got)
 	}
 	for _, cs := range status.Components {
-		if cs.Name == GFD && cs.Message != "b (waiting for driver), c (waiting for container-toolkit)" {
+		if cs.Name == ContainerToolkit && !strings.Contains(cs.Message, "d (starting)") {
+			t.Errorf("container-toolkit message %q, want d starting", cs.Message)
+		}
+		if cs.Name == GFD && cs.Message != "b (waiting for driver), c (waiting for container-toolkit), d (waiting for container-toolkit)" {
 			t.Errorf("gpu-feature-discovery message %q", cs.Message)
 		}
 	}
