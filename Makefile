@@ -92,7 +92,8 @@ bench: tools ## Planner micro-benchmarks and scale scenarios on the local cluste
 	{ echo "# gpufleet bench $$(date -u +%FT%TZ) $$(git rev-parse --short HEAD)"; \
 	  go test -count=1 -run '^$$' -bench 'BenchmarkMakePlan' -benchmem ./internal/maintenance/; \
 	  go test -count=1 -run '^$$' -bench 'BenchmarkScaleRollout' -benchtime 1x -timeout 60m ./test/chaos/ -args $(SCALE_ARGS); \
-	  go test -count=1 -run '^$$' -bench 'BenchmarkClusterPolicy100' -benchtime 1x -timeout 30m ./internal/gpustack/; \
+	  go test -count=1 -run '^$$' -bench 'BenchmarkClusterPolicyScale' -benchtime 1x -timeout 30m ./internal/gpustack/ -args -gpustack.nodes=20; \
+	  go test -count=1 -run '^$$' -bench 'BenchmarkClusterPolicyScale' -benchtime 1x -timeout 30m ./internal/gpustack/ -args -gpustack.nodes=100; \
 	  go test -count=1 -run '^$$' -bench 'BenchmarkHealthyFleet500' -benchtime 1x -timeout 30m ./internal/repair/; \
 	  go test -count=1 -run '^$$' -bench 'BenchmarkOperatorMemory' -benchtime 1x -timeout 60m ./test/chaos/ -args -chaos.heap-profile=$(CURDIR)/results/heap.pprof; \
 	} 2>&1 | grep -v '^\s*>' | tee results/bench.txt

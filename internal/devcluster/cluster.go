@@ -91,8 +91,10 @@ type Cluster struct {
 	// APIServerURL is the https URL of the API server.
 	APIServerURL string
 
-	pki      *pki
-	procs    []*process
+	pki   *pki
+	procs []*process
+	// stopSim ends the in-process simulation loops (siminit.go).
+	stopSim  context.CancelFunc
 	stopOnce sync.Once
 	logf     func(string, ...any)
 	etcdURL  string
@@ -143,6 +145,11 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
 	if err := c.ensureGPUDeviceClass(ctx); err != nil {
 		return nil, err
 	}
+	simCtx, stopSim := context.WithCancel(context.Background())
+	c.stopSim = stopSim
+	if err := c.startSimInit(simCtx); err != nil {
+		return nil, fmt.Errorf("starting the simulated init containers: %w", err)
+	}
 	c.logf("local cluster ready in %s (%s)", time.Since(began).Round(100*time.Millisecond), dir)
 	return c, nil
 }
@@ -167,6 +174,9 @@ func withDefaults(o Options) Options {
 // It is safe to call more than once.
 func (c *Cluster) Stop() {
 	c.stopOnce.Do(func() {
+		if c.stopSim != nil {
+			c.stopSim()
+		}
 		// Reverse start order: clients first, etcd last.
 		for i := len(c.procs) - 1; i >= 0; i-- {
 			c.procs[i].stop(10 * time.Second)

@@ -36,7 +36,7 @@ func CacheObjects(namespace string) map[client.Object]cache.ByObject {
 
 // stripPod is the cache transform of the stack's pods: it keeps only what
 // the controller reads (node, component label, containers' images, phase,
-// the Ready condition, creation and deletion, and for a pod not yet
+// the Ready and Initialized conditions, creation and deletion, and for a pod not yet
 // scheduled its node affinity and the scheduler's reason), so a thousand GPU nodes'
 // stack pods cost a fraction of their full size. The freshly decoded pod is
 // trimmed in place: no second copy is allocated.
@@ -62,7 +62,7 @@ var stripPod toolscache.TransformFunc = func(obj any) (any, error) {
 	var conditions []corev1.PodCondition
 	for _, c := range p.Status.Conditions {
 		switch {
-		case c.Type == corev1.PodReady:
+		case c.Type == corev1.PodReady || c.Type == corev1.PodInitialized:
 			conditions = append(conditions, corev1.PodCondition{Type: c.Type, Status: c.Status, LastTransitionTime: c.LastTransitionTime})
 		case c.Type == corev1.PodScheduled && c.Status == corev1.ConditionFalse:
 			// Why the scheduler cannot place it (for Degraded).

@@ -17,10 +17,13 @@ type Component struct {
 	// DeployLabel is the node label that lets the component's DaemonSet run
 	// on a node: nvidia.com/gpu.deploy.<suffix>.
 	DeployLabel string
-	// Stage orders the rollout: a node gets the deploy labels of stage k
-	// only once its pods of every enabled component of earlier stages are
-	// Ready.
-	Stage int
+	// After are the earlier components this one needs on its node. Every
+	// component of a node starts at once; a component's pods begin with one
+	// init container per entry that validates it (named as in NVIDIA's GPU
+	// Operator: driver-validation, toolkit-validation, plugin-validation)
+	// and waits until it works on the node, whoever provides it (a pod of
+	// the stack, or the host when an administrator opted the node out).
+	After []string
 	// Spec returns the component's settings in the policy.
 	Spec func(*nvidiav1.ClusterPolicySpec) *nvidiav1.ComponentSpec
 	// OffByDefault components run only when enabled explicitly.
@@ -57,17 +60,37 @@ const (
 	NodeStatusExporter = "node-status-exporter"
 )
 
-// Components in rollout order (SPEC G3).
+// Components in rollout order (SPEC G3). The order is the one of status
+// and of the dependencies (After): driver → container-toolkit →
+// device-plugin → operator-validator; dcgm, dcgm-exporter,
+// gpu-feature-discovery and mig-manager need driver and toolkit, the node
+// status exporter the driver, as in NVIDIA's GPU Operator.
 var Components = []Component{
-	{Key: Driver, Stage: 0, Privileged: true, Spec: func(s *nvidiav1.ClusterPolicySpec) *nvidiav1.ComponentSpec { return &s.Driver.ComponentSpec }},
-	{Key: ContainerToolkit, Stage: 1, Privileged: true, Spec: func(s *nvidiav1.ClusterPolicySpec) *nvidiav1.ComponentSpec { return &s.Toolkit.ComponentSpec }},
-	{Key: DevicePlugin, Stage: 2, Privileged: true, Spec: func(s *nvidiav1.ClusterPolicySpec) *nvidiav1.ComponentSpec { return &s.DevicePlugin.ComponentSpec }},
-	{Key: Validator, Stage: 3, Privileged: true, Spec: validatorSpec},
-	{Key: DCGM, Stage: 4, OffByDefault: true, Spec: func(s *nvidiav1.ClusterPolicySpec) *nvidiav1.ComponentSpec { return &s.DCGM.ComponentSpec }},
-	{Key: DCGMExporter, Stage: 4, Spec: func(s *nvidiav1.ClusterPolicySpec) *nvidiav1.ComponentSpec { return &s.DCGMExporter.ComponentSpec }},
-	{Key: GFD, Stage: 5, Spec: func(s *nvidiav1.ClusterPolicySpec) *nvidiav1.ComponentSpec { return &s.GFD.ComponentSpec }},
-	{Key: MIGManager, Stage: 6, OffByDefault: true, Privileged: true, OnlyOn: migCapable, Spec: func(s *nvidiav1.ClusterPolicySpec) *nvidiav1.ComponentSpec { return &s.MIGManager.ComponentSpec }},
-	{Key: NodeStatusExporter, Stage: 6, OffByDefault: true, Spec: func(s *nvidiav1.ClusterPolicySpec) *nvidiav1.ComponentSpec { return &s.NodeStatusExporter }},
+	{Key: Driver, Privileged: true, Spec: func(s *nvidiav1.ClusterPolicySpec) *nvidiav1.ComponentSpec { return &s.Driver.ComponentSpec }},
+	{Key: ContainerToolkit, After: []string{Driver}, Privileged: true, Spec: func(s *nvidiav1.ClusterPolicySpec) *nvidiav1.ComponentSpec { return &s.Toolkit.ComponentSpec }},
+	{Key: DevicePlugin, After: []string{Driver, ContainerToolkit}, Privileged: true, Spec: func(s *nvidiav1.ClusterPolicySpec) *nvidiav1.ComponentSpec { return &s.DevicePlugin.ComponentSpec }},
+	{Key: Validator, After: []string{Driver, ContainerToolkit, DevicePlugin}, Privileged: true, Spec: validatorSpec},
+	{Key: DCGM, After: []string{Driver, ContainerToolkit}, OffByDefault: true, Spec: func(s *nvidiav1.ClusterPolicySpec) *nvidiav1.ComponentSpec { return &s.DCGM.ComponentSpec }},
+	{Key: DCGMExporter, After: []string{Driver, ContainerToolkit}, Spec: func(s *nvidiav1.ClusterPolicySpec) *nvidiav1.ComponentSpec { return &s.DCGMExporter.ComponentSpec }},
+	{Key: GFD, After: []string{Driver, ContainerToolkit}, Spec: func(s *nvidiav1.ClusterPolicySpec) *nvidiav1.ComponentSpec { return &s.GFD.ComponentSpec }},
+	{Key: MIGManager, After: []string{Driver, ContainerToolkit}, OffByDefault: true, Privileged: true, OnlyOn: migCapable, Spec: func(s *nvidiav1.ClusterPolicySpec) *nvidiav1.ComponentSpec { return &s.MIGManager.ComponentSpec }},
+	{Key: NodeStatusExporter, After: []string{Driver}, OffByDefault: true, Spec: func(s *nvidiav1.ClusterPolicySpec) *nvidiav1.ComponentSpec { return &s.NodeStatusExporter }},
+}
+
+// validationNames are the init containers that validate a component, as
+// NVIDIA's GPU Operator names them.
+var validationNames = map[string]string{
+	Driver:           "driver-validation",
+	ContainerToolkit: "toolkit-validation",
+	DevicePlugin:     "plugin-validation",
+}
+
+// validationComponent is the COMPONENT a validation init container checks
+// (gpu-operator's validator: driver, toolkit, plugin).
+var validationComponent = map[string]string{
+	Driver:           "driver",
+	ContainerToolkit: "toolkit",
+	DevicePlugin:     "plugin",
 }
 
 func init() {

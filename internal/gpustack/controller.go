@@ -9,6 +9,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -28,6 +29,7 @@ import (
 
 	nvidiav1 "github.com/gpufleet/gpufleet/api/nvidia/v1"
 	nvidiav1alpha1 "github.com/gpufleet/gpufleet/api/nvidia/v1alpha1"
+	"github.com/gpufleet/gpufleet/internal/ownwrites"
 	"github.com/gpufleet/gpufleet/internal/pendingevents"
 )
 
@@ -62,28 +64,81 @@ type Reconciler struct {
 	// UpgradeTimeout: a node whose new driver is not Ready this long after
 	// its old driver pod was deleted fails its upgrade (0 = 10 minutes).
 	UpgradeTimeout time.Duration
+	// StatusInterval coalesces status writes: a change of the per-component
+	// counts only is written at most once per interval (with the changes
+	// that came meanwhile); a change of state or condition is written at
+	// once. 0 writes every change at once.
+	StatusInterval time.Duration
+
+	// own records this process's status writes until the cache shows them.
+	own ownwrites.Record
+	mu  sync.Mutex
+	// lastWrite is when each policy's status was last written.
+	lastWrite map[string]time.Time
 }
 
-// Reconcile converges one ClusterPolicy: objects, node labels, status.
+// Reconcile converges one ClusterPolicy: objects, node labels, status. A
+// conflict (someone changed an object since the cache read it) is
+// expected: the pass is retried with the newer version, quietly.
 func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+	res, result, err := r.reconcile(ctx, req)
+	switch {
+	case apierrors.IsConflict(err):
+		ctrl.LoggerFrom(ctx).V(1).Info("conflict with a newer version; retrying", "reason", err.Error())
+		reconcilePasses.WithLabelValues(passConflict).Inc()
+		return reconcile.Result{RequeueAfter: conflictRetry}, nil
+	case err != nil:
+		reconcilePasses.WithLabelValues(passError).Inc()
+		return res, err
+	}
+	reconcilePasses.WithLabelValues(result).Inc()
+	return res, nil
+}
+
+// conflictRetry and cacheRetry: how soon a pass is retried after a
+// conflict, and when the cache has not yet shown the last status write.
+const (
+	conflictRetry = 500 * time.Millisecond
+	cacheRetry    = 200 * time.Millisecond
+)
+
+func (r *Reconciler) reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, string, error) {
 	policy := &nvidiav1.ClusterPolicy{}
 	if err := r.Client.Get(ctx, req.NamespacedName, policy); err != nil {
-		return reconcile.Result{}, client.IgnoreNotFound(err)
+		return reconcile.Result{}, passConverged, client.IgnoreNotFound(err)
 	}
 	if policy.DeletionTimestamp != nil {
-		return reconcile.Result{}, nil // owner references garbage-collect the stack
+		return reconcile.Result{}, passConverged, nil // owner references garbage-collect the stack
+	}
+	if r.own.Behind(req.NamespacedName, policy.ResourceVersion) {
+		// Computed from this copy, the status would undo our last write
+		// (and repeat its events); its watch event is on the way.
+		return reconcile.Result{RequeueAfter: cacheRetry}, passWaiting, nil
 	}
 	ev := pendingevents.New(r.Recorder) // status events, emitted after the status write
+	wrote := writeCount.Load()
+	result := func(held time.Duration) string {
+		switch {
+		case held > 0:
+			return passCoalesced
+		case writeCount.Load() != wrote:
+			return passWrote
+		default:
+			return passConverged
+		}
+	}
 	active, err := r.activePolicy(ctx)
 	if err != nil {
-		return reconcile.Result{}, err
+		return reconcile.Result{}, "", err
 	}
 	if active != policy.Name {
-		return reconcile.Result{}, r.ignore(ctx, policy, active, ev)
+		nodesDegraded.DeleteLabelValues(policy.Name)
+		held, err := r.ignore(ctx, policy, active, ev)
+		return reconcile.Result{RequeueAfter: held}, result(held), err
 	}
 	var nodes corev1.NodeList
 	if err := r.Client.List(ctx, &nodes); err != nil {
-		return reconcile.Result{}, fmt.Errorf("listing nodes: %w", err)
+		return reconcile.Result{}, "", fmt.Errorf("listing nodes: %w", err)
 	}
 	status := policy.Status.DeepCopy()
 	status.Namespace = r.Namespace
@@ -91,7 +146,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	facts := factsOf(&nodes, r.Namespace, policy.Spec.Operator.DefaultRuntime)
 	drivers, err := r.nvidiaDrivers(ctx, policy)
 	if err != nil {
-		return reconcile.Result{}, err
+		return reconcile.Result{}, "", err
 	}
 	facts.Drivers = drivers
 	assign := AssignDrivers(drivers, nodes.Items)
@@ -102,30 +157,32 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		}
 		r.setConditions(policy, status, metav1.ConditionFalse, metav1.ConditionFalse, metav1.ConditionTrue, ReasonRenderFailed, err.Error())
 		status.State = nvidiav1.StateNotReady
-		return reconcile.Result{}, r.writeStatus(ctx, policy, status, ev)
+		held, err := r.writeStatus(ctx, policy, status, ev)
+		return reconcile.Result{RequeueAfter: held}, result(held), err
 	}
 	if err := r.apply(ctx, objs); err != nil {
-		return reconcile.Result{}, err
+		return reconcile.Result{}, "", err
 	}
 	if err := r.prune(ctx, objs); err != nil {
-		return reconcile.Result{}, err
+		return reconcile.Result{}, "", err
+	}
+	if err := r.labelNodes(ctx, &nodes, policy, assign); err != nil {
+		return reconcile.Result{}, "", err
 	}
 	pods, stackPods, err := r.componentPods(ctx)
 	if err != nil {
-		return reconcile.Result{}, err
-	}
-	if err := r.labelNodes(ctx, &nodes, policy, pods, assign); err != nil {
-		return reconcile.Result{}, err
+		return reconcile.Result{}, "", err
 	}
 	upgradeRequeue, err := r.upgradeDrivers(ctx, policy, &nodes, driverImages(objs), stackPods, drivers, assign)
 	if err != nil {
-		return reconcile.Result{}, err
+		return reconcile.Result{}, "", err
 	}
 	requeue := minPositive(r.computeStatus(policy, status, &nodes, pods, ev), upgradeRequeue)
-	if err := r.writeStatus(ctx, policy, status, ev); err != nil {
-		return reconcile.Result{}, err
+	held, err := r.writeStatus(ctx, policy, status, ev)
+	if err != nil {
+		return reconcile.Result{}, "", err
 	}
-	return reconcile.Result{RequeueAfter: requeue}, nil
+	return reconcile.Result{RequeueAfter: minPositive(requeue, held)}, result(held), nil
 }
 
 // activePolicy is the oldest ClusterPolicy (name breaks ties).
@@ -140,7 +197,7 @@ func (r *Reconciler) activePolicy(ctx context.Context) (string, error) {
 	return "", nil
 }
 
-func (r *Reconciler) ignore(ctx context.Context, policy *nvidiav1.ClusterPolicy, active string, ev *pendingevents.Recorder) error {
+func (r *Reconciler) ignore(ctx context.Context, policy *nvidiav1.ClusterPolicy, active string, ev *pendingevents.Recorder) (time.Duration, error) {
 	status := policy.Status.DeepCopy()
 	status.State = nvidiav1.StateIgnored
 	status.Components = nil
@@ -301,7 +358,11 @@ func (r *Reconciler) prune(ctx context.Context, objs []client.Object) error {
 // podState is one component pod on one node.
 type podState struct {
 	ready bool
-	since time.Time // creation time, for the Degraded threshold
+	// since is when the pod could start: its creation, or when its init
+	// containers completed (for the Degraded threshold).
+	since time.Time
+	// readyAt is when it became Ready (zero when not Ready).
+	readyAt time.Time
 	// unschedulable is the scheduler's reason when the pod cannot be placed
 	// on its node ("" otherwise).
 	unschedulable string
@@ -319,6 +380,14 @@ func (r *Reconciler) componentPods(ctx context.Context) (map[string]map[string]p
 		comp := p.Labels[LabelComponent]
 		node := p.Spec.NodeName
 		st := podState{ready: podutils.IsPodReady(p), since: p.CreationTimestamp.Time}
+		for _, c := range p.Status.Conditions {
+			switch {
+			case c.Type == corev1.PodInitialized && c.Status == corev1.ConditionTrue && c.LastTransitionTime.After(st.since):
+				st.since = c.LastTransitionTime.Time
+			case c.Type == corev1.PodReady && c.Status == corev1.ConditionTrue:
+				st.readyAt = c.LastTransitionTime.Time
+			}
+		}
 		if node == "" {
 			// Not scheduled yet: a DaemonSet pod names its node in its
 			// affinity; the scheduler says why it cannot place it.
@@ -338,12 +407,13 @@ func (r *Reconciler) componentPods(ctx context.Context) (map[string]map[string]p
 	return out, pods.Items, nil
 }
 
-// labelNodes applies the gated deploy labels, patching only what changes.
-func (r *Reconciler) labelNodes(ctx context.Context, nodes *corev1.NodeList, policy *nvidiav1.ClusterPolicy, pods map[string]map[string]podState, assign DriverAssignment) error {
+// labelNodes applies the deploy labels and each node's NVIDIADriver
+// label, patching only what changes.
+func (r *Reconciler) labelNodes(ctx context.Context, nodes *corev1.NodeList, policy *nvidiav1.ClusterPolicy, assign DriverAssignment) error {
 	crdOn := isTrue(policy.Spec.Driver.UseNvidiaDriverCRD)
 	for i := range nodes.Items {
 		n := &nodes.Items[i]
-		changes := NodeLabels(n, &policy.Spec, func(c string) bool { return pods[n.Name][c].ready })
+		changes := NodeLabels(n, &policy.Spec)
 		maps.Copy(changes, DriverLabel(n, crdOn, assign))
 		if len(changes) == 0 {
 			continue
@@ -377,13 +447,17 @@ func (r *Reconciler) patchNodeLabels(ctx context.Context, node string, labels ma
 }
 
 // computeStatus fills the per-component status and conditions; it returns
-// when to look again for a pod that may cross the Degraded threshold.
+// when to look again for a pod that may cross the Degraded threshold. A
+// component's pod that is not Ready while a component it needs on that node
+// (Component.After) is not Ready either is waiting for it, not Degraded: a
+// node's Degraded report names the first component that fails there.
 func (r *Reconciler) computeStatus(policy *nvidiav1.ClusterPolicy, status *nvidiav1.ClusterPolicyStatus, nodes *corev1.NodeList, pods map[string]map[string]podState, ev *pendingevents.Recorder) time.Duration {
 	now := r.Clock.Now()
 	var requeue time.Duration
 	status.Components = nil
 	allReady := true
 	var degraded []string
+	degradedNodes := map[string]bool{}
 	for _, c := range Components {
 		cs := nvidiav1.ComponentStatus{Name: c.Key, Enabled: c.Enabled(&policy.Spec)}
 		if !cs.Enabled {
@@ -393,25 +467,32 @@ func (r *Reconciler) computeStatus(policy *nvidiav1.ClusterPolicy, status *nvidi
 		var waiting []string
 		for i := range nodes.Items {
 			n := &nodes.Items[i]
-			if !HasNvidiaGPU(n.Labels) || !c.RunsOn(n.Labels) {
+			if !deployedOn(c, &policy.Spec, n.Labels) {
 				continue
-			}
-			if v, ok := n.Labels[c.DeployLabel]; ok && v != valueTrue {
-				continue // opted out by an administrator
 			}
 			cs.NodesDesired++
 			st, hasPod := pods[n.Name][c.Key]
+			blocker, depsReady := r.dependencies(c, &policy.Spec, n.Labels, pods[n.Name])
+			// The pod has been waiting for what it needs until then: the
+			// Degraded threshold counts from the later of the two.
+			if depsReady.After(st.since) {
+				st.since = depsReady
+			}
 			switch {
 			case hasPod && st.ready:
 				cs.NodesReady++
 			case !hasPod && n.Labels[c.DeployLabel] != valueTrue:
-				waiting = append(waiting, n.Name+" (waiting for earlier components)")
-			case hasPod && now.Sub(st.since) >= r.DegradedAfter && st.unschedulable != "":
+				waiting = append(waiting, n.Name+" (not yet labelled)")
+			case hasPod && st.unschedulable != "" && now.Sub(st.since) >= r.DegradedAfter:
 				waiting = append(waiting, n.Name+" (pod cannot be scheduled)")
 				degraded = append(degraded, c.Key+" on "+n.Name+" (cannot be scheduled: "+st.unschedulable+")")
+				degradedNodes[n.Name] = true
+			case blocker != "":
+				waiting = append(waiting, n.Name+" (waiting for "+blocker+")")
 			case hasPod && now.Sub(st.since) >= r.DegradedAfter:
 				waiting = append(waiting, n.Name+" (pod not Ready)")
 				degraded = append(degraded, c.Key+" on "+n.Name)
+				degradedNodes[n.Name] = true
 			default:
 				waiting = append(waiting, n.Name+" (starting)")
 				if hasPod {
@@ -426,6 +507,7 @@ func (r *Reconciler) computeStatus(policy *nvidiav1.ClusterPolicy, status *nvidi
 		}
 		status.Components = append(status.Components, cs)
 	}
+	nodesDegraded.WithLabelValues(policy.Name).Set(float64(len(degradedNodes)))
 	sort.Strings(degraded)
 	switch {
 	case allReady:
@@ -446,6 +528,44 @@ func (r *Reconciler) computeStatus(policy *nvidiav1.ClusterPolicy, status *nvidi
 		r.setConditions(policy, status, metav1.ConditionFalse, metav1.ConditionTrue, metav1.ConditionFalse, "RollingOut", "components are rolling out")
 	}
 	return requeue
+}
+
+// deployedOn reports whether the stack runs component c on a GPU node with
+// these labels (enabled, belongs there, not opted out by an administrator).
+func deployedOn(c Component, spec *nvidiav1.ClusterPolicySpec, labels map[string]string) bool {
+	if !HasNvidiaGPU(labels) || !c.Enabled(spec) || !c.RunsOn(labels) {
+		return false
+	}
+	v, ok := labels[c.DeployLabel]
+	return !ok || v == valueTrue
+}
+
+// dependencies returns the first component c needs on the node that the
+// stack runs there and that is not Ready ("" when none: c's validation init
+// containers wait for it), and when the last of them became Ready.
+func (r *Reconciler) dependencies(c Component, spec *nvidiav1.ClusterPolicySpec, labels map[string]string, pods map[string]podState) (blocker string, readyAt time.Time) {
+	for _, dep := range c.After {
+		d, ok := componentByKey(dep)
+		if !ok || !deployedOn(d, spec, labels) {
+			continue
+		}
+		if !pods[dep].ready {
+			return dep, time.Time{}
+		}
+		if pods[dep].readyAt.After(readyAt) {
+			readyAt = pods[dep].readyAt
+		}
+	}
+	return "", readyAt
+}
+
+func componentByKey(key string) (Component, bool) {
+	for _, c := range Components {
+		if c.Key == key {
+			return c, true
+		}
+	}
+	return Component{}, false
 }
 
 // minPositive is the earlier of two requeue delays; 0 means none.
@@ -510,23 +630,57 @@ func (r *Reconciler) setUnsupported(policy *nvidiav1.ClusterPolicy, status *nvid
 }
 
 // writeStatus patches the status when it changed, then emits the events
-// that report it. The status is computed whole from the cluster by this
-// controller's only worker, so it is patched without a resourceVersion
-// precondition: a cache that has not yet shown our previous write costs a
-// redundant patch, never a conflict.
-func (r *Reconciler) writeStatus(ctx context.Context, policy *nvidiav1.ClusterPolicy, status *nvidiav1.ClusterPolicyStatus, ev *pendingevents.Recorder) error {
+// that report it. The patch carries the resourceVersion the status was
+// computed from (optimistic lock): a policy changed meanwhile is a
+// conflict, retried quietly with the newer version. The write is recorded
+// until the cache shows it (Reconcile waits for that before computing the
+// status again). A change of the component counts only, within
+// StatusInterval of the last write, is held back: held is when to look
+// again.
+func (r *Reconciler) writeStatus(ctx context.Context, policy *nvidiav1.ClusterPolicy, status *nvidiav1.ClusterPolicyStatus, ev *pendingevents.Recorder) (held time.Duration, err error) {
 	if equality.Semantic.DeepEqual(&policy.Status, status) {
 		ev.Flush()
-		return nil
+		return 0, nil
+	}
+	key := client.ObjectKeyFromObject(policy)
+	if wait := r.holdStatus(policy, status); wait > 0 {
+		ev.Drop() // (none: events come with state and condition changes)
+		return wait, nil
 	}
 	updated := policy.DeepCopy()
 	updated.Status = *status
-	if err := r.Client.Status().Patch(ctx, updated, client.MergeFrom(policy)); err != nil {
+	if err := r.Client.Status().Patch(ctx, updated, client.MergeFromWithOptions(policy, client.MergeFromWithOptimisticLock{})); err != nil {
 		ev.Drop()
-		return fmt.Errorf("updating ClusterPolicy status: %w", err)
+		return 0, fmt.Errorf("updating ClusterPolicy status: %w", err)
 	}
+	r.own.Wrote(key, policy.ResourceVersion)
+	r.mu.Lock()
+	if r.lastWrite == nil {
+		r.lastWrite = map[string]time.Time{}
+	}
+	r.lastWrite[policy.Name] = r.Clock.Now()
+	r.mu.Unlock()
 	ev.Flush()
-	return nil
+	return 0, nil
+}
+
+// holdStatus is how long to hold back a status change that only updates
+// the component counts (0: write now).
+func (r *Reconciler) holdStatus(policy *nvidiav1.ClusterPolicy, status *nvidiav1.ClusterPolicyStatus) time.Duration {
+	if r.StatusInterval <= 0 || policy.Status.State != status.State ||
+		!equality.Semantic.DeepEqual(policy.Status.Conditions, status.Conditions) {
+		return 0
+	}
+	r.mu.Lock()
+	last, ok := r.lastWrite[policy.Name]
+	r.mu.Unlock()
+	if !ok {
+		return 0
+	}
+	if since := r.Clock.Now().Sub(last); since < r.StatusInterval {
+		return r.StatusInterval - since
+	}
+	return 0
 }
 
 func summarize(items []string, n int) string {

@@ -71,11 +71,12 @@ func Runtime(node *corev1.Node, def string) string {
 // NodeLabels returns the label changes one node needs (nil value = remove).
 // It never overwrites a label an administrator set to something other than
 // "true" (e.g. nvidia.com/gpu.deploy.driver=false opts the node out of the
-// driver; such a component then does not hold back later ones). A deploy
-// label is added only once the node's pods of every enabled component of
-// earlier stages are Ready (ready reports that per component); once added
-// it stays, so a restarting pod does not tear down the rest of the stack.
-func NodeLabels(node *corev1.Node, spec *nvidiav1.ClusterPolicySpec, ready func(component string) bool) map[string]*string {
+// driver: the host provides it). Every enabled component that belongs on
+// the node gets its deploy label at once: the order on the node is kept by
+// the components' validation init containers (Component.After), so one
+// node's broken driver holds back only that node's later components, and
+// no label waits for a pass of the controller.
+func NodeLabels(node *corev1.Node, spec *nvidiav1.ClusterPolicySpec) map[string]*string {
 	labels := node.Labels
 	changes := map[string]*string{}
 	set := func(k string) {
@@ -103,27 +104,12 @@ func NodeLabels(node *corev1.Node, spec *nvidiav1.ClusterPolicySpec, ready func(
 	if rt := Runtime(node, spec.Operator.DefaultRuntime); labels[LabelRuntime] != rt {
 		changes[LabelRuntime] = &rt
 	}
-	open := true // every earlier stage is Ready on this node
-	for stage := 0; stage <= Components[len(Components)-1].Stage; stage++ {
-		stageReady := true
-		for _, c := range Components {
-			if c.Stage != stage {
-				continue
-			}
-			v, has := labels[c.DeployLabel]
-			switch {
-			case !c.Enabled(spec) || !c.RunsOn(labels):
-				remove(c.DeployLabel)
-			case has && v != valueTrue:
-				// Opted out by an administrator: skipped, not waited for.
-			case has || open:
-				set(c.DeployLabel)
-				stageReady = stageReady && ready(c.Key)
-			default:
-				stageReady = false
-			}
+	for _, c := range Components {
+		if c.Enabled(spec) && c.RunsOn(labels) {
+			set(c.DeployLabel) // an administrator's other value is kept
+		} else {
+			remove(c.DeployLabel)
 		}
-		open = open && stageReady
 	}
 	return changes
 }

@@ -20,17 +20,6 @@ func gpuNode(labels map[string]string, runtime string) *corev1.Node {
 		Status: corev1.NodeStatus{NodeInfo: corev1.NodeSystemInfo{ContainerRuntimeVersion: runtime}}}
 }
 
-func readyFor(components ...string) func(string) bool {
-	return func(c string) bool {
-		for _, x := range components {
-			if x == c {
-				return true
-			}
-		}
-		return false
-	}
-}
-
 // applied returns the labels after applying changes.
 func applied(n *corev1.Node, changes map[string]*string) map[string]string {
 	out := map[string]string{}
@@ -60,70 +49,64 @@ func deployLabels(labels map[string]string) map[string]string {
 func TestNodeLabels(t *testing.T) {
 	spec := &nvidiav1.ClusterPolicySpec{}
 	migSpec := &nvidiav1.ClusterPolicySpec{MIGManager: nvidiav1.MIGManagerSpec{ComponentSpec: nvidiav1.ComponentSpec{Enabled: ptr.To(true)}}}
+	stack := func(extra map[string]string) map[string]string {
+		out := map[string]string{Driver: "true", ContainerToolkit: "true", DevicePlugin: "true", Validator: "true", DCGMExporter: "true", GFD: "true"}
+		for k, v := range extra {
+			if v == "" {
+				delete(out, k)
+			} else {
+				out[k] = v
+			}
+		}
+		return out
+	}
 	tests := map[string]struct {
 		node        *corev1.Node
 		spec        *nvidiav1.ClusterPolicySpec
-		ready       func(string) bool
 		wantDeploy  map[string]string
 		wantRuntime string
 		wantPresent bool
 	}{
-		"new GPU node gets only the driver": {
-			node: gpuNode(nil, "containerd://1.7"), spec: spec, ready: readyFor(),
-			wantDeploy: map[string]string{Driver: "true"}, wantRuntime: "containerd", wantPresent: true,
+		"new GPU node gets every enabled component at once (init containers keep the order)": {
+			node: gpuNode(nil, "containerd://1.7"), spec: spec,
+			wantDeploy: stack(nil), wantRuntime: "containerd", wantPresent: true,
 		},
-		"driver ready: toolkit next": {
-			node: gpuNode(map[string]string{"nvidia.com/gpu.deploy.driver": "true"}, "docker://27"), spec: spec, ready: readyFor(Driver),
-			wantDeploy: map[string]string{Driver: "true", ContainerToolkit: "true"}, wantRuntime: "docker", wantPresent: true,
+		"docker and cri-o runtimes": {
+			node: gpuNode(map[string]string{"nvidia.com/gpu.deploy.driver": "true"}, "docker://27"), spec: spec,
+			wantDeploy: stack(nil), wantRuntime: "docker", wantPresent: true,
 		},
-		"everything ready: full stack (default components)": {
-			node: gpuNode(nil, "cri-o://1.31"), spec: spec, ready: readyFor(Driver, ContainerToolkit, DevicePlugin, Validator, DCGMExporter, GFD),
-			wantDeploy:  map[string]string{Driver: "true", ContainerToolkit: "true", DevicePlugin: "true", Validator: "true", DCGMExporter: "true", GFD: "true"},
-			wantRuntime: "crio", wantPresent: true,
+		"cri-o": {
+			node: gpuNode(nil, "cri-o://1.31"), spec: spec, wantDeploy: stack(nil), wantRuntime: "crio", wantPresent: true,
 		},
-		"driver not ready: stays at the driver step": {
-			node: gpuNode(map[string]string{"nvidia.com/gpu.deploy.driver": "true"}, "containerd://1.7"), spec: spec, ready: readyFor(ContainerToolkit),
-			wantDeploy: map[string]string{Driver: "true"}, wantRuntime: "containerd", wantPresent: true,
-		},
-		"admin opt-out of the driver is kept and does not block the rest": {
-			node: gpuNode(map[string]string{"nvidia.com/gpu.deploy.driver": "false"}, "containerd://1.7"), spec: spec, ready: readyFor(),
-			wantDeploy: map[string]string{Driver: "false", ContainerToolkit: "true"}, wantRuntime: "containerd", wantPresent: true,
+		"admin opt-out of the driver is kept; the rest is deployed": {
+			node: gpuNode(map[string]string{"nvidia.com/gpu.deploy.driver": "false"}, "containerd://1.7"), spec: spec,
+			wantDeploy: stack(map[string]string{Driver: "false"}), wantRuntime: "containerd", wantPresent: true,
 		},
 		"admin's gpu.present=false is not overwritten": {
-			node: gpuNode(map[string]string{"nvidia.com/gpu.present": "false"}, "containerd://1.7"), spec: spec, ready: readyFor(),
-			wantDeploy: map[string]string{Driver: "true"}, wantRuntime: "containerd", wantPresent: false,
+			node: gpuNode(map[string]string{"nvidia.com/gpu.present": "false"}, "containerd://1.7"), spec: spec,
+			wantDeploy: stack(nil), wantRuntime: "containerd", wantPresent: false,
 		},
-		"labels stay once given (a restarting driver pod does not tear down the stack)": {
-			node: gpuNode(map[string]string{"nvidia.com/gpu.deploy.driver": "true", "nvidia.com/gpu.deploy.container-toolkit": "true"}, "containerd://1.7"),
-			spec: spec, ready: readyFor(),
-			wantDeploy: map[string]string{Driver: "true", ContainerToolkit: "true"}, wantRuntime: "containerd", wantPresent: true,
-		},
-		"disabled component loses its label and does not gate": {
+		"disabled component loses its label": {
 			node:       gpuNode(map[string]string{"nvidia.com/gpu.deploy.driver": "true", "nvidia.com/gpu.deploy.container-toolkit": "true"}, "containerd://1.7"),
 			spec:       &nvidiav1.ClusterPolicySpec{Toolkit: nvidiav1.ToolkitSpec{ComponentSpec: nvidiav1.ComponentSpec{Enabled: ptr.To(false)}}},
-			ready:      readyFor(Driver),
-			wantDeploy: map[string]string{Driver: "true", DevicePlugin: "true"}, wantRuntime: "containerd", wantPresent: true,
+			wantDeploy: stack(map[string]string{ContainerToolkit: ""}), wantRuntime: "containerd", wantPresent: true,
 		},
 		"mig-manager enabled: only on a MIG-capable node": {
 			node: gpuNode(map[string]string{LabelMIGCapable: "true"}, "containerd://1.7"), spec: migSpec,
-			ready:       readyFor(Driver, ContainerToolkit, DevicePlugin, Validator, DCGMExporter, GFD),
-			wantDeploy:  map[string]string{Driver: "true", ContainerToolkit: "true", DevicePlugin: "true", Validator: "true", DCGMExporter: "true", GFD: "true", MIGManager: "true"},
-			wantRuntime: "containerd", wantPresent: true,
+			wantDeploy: stack(map[string]string{MIGManager: "true"}), wantRuntime: "containerd", wantPresent: true,
 		},
 		"mig-manager enabled: not on a node without MIG (and a stale label is removed)": {
 			node: gpuNode(map[string]string{LabelMIGCapable: "false", "nvidia.com/gpu.deploy.mig-manager": "true"}, "containerd://1.7"), spec: migSpec,
-			ready:       readyFor(Driver, ContainerToolkit, DevicePlugin, Validator, DCGMExporter, GFD),
-			wantDeploy:  map[string]string{Driver: "true", ContainerToolkit: "true", DevicePlugin: "true", Validator: "true", DCGMExporter: "true", GFD: "true"},
-			wantRuntime: "containerd", wantPresent: true,
+			wantDeploy: stack(nil), wantRuntime: "containerd", wantPresent: true,
 		},
 		"unknown runtime falls back to the policy default": {
 			node: gpuNode(nil, "frobnicator://1"), spec: &nvidiav1.ClusterPolicySpec{Operator: nvidiav1.OperatorSpec{DefaultRuntime: "docker"}},
-			ready: readyFor(), wantDeploy: map[string]string{Driver: "true"}, wantRuntime: "docker", wantPresent: true,
+			wantDeploy: stack(nil), wantRuntime: "docker", wantPresent: true,
 		},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
-			got := applied(tc.node, NodeLabels(tc.node, tc.spec, tc.ready))
+			got := applied(tc.node, NodeLabels(tc.node, tc.spec))
 			if diff := cmp.Diff(tc.wantDeploy, deployLabels(got)); diff != "" {
 				t.Errorf("deploy labels (-want +got):\n%s", diff)
 			}
@@ -141,7 +124,7 @@ func TestNodeLosingItsGPULosesOurLabels(t *testing.T) {
 	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n", Labels: map[string]string{
 		LabelGPUPresent: "true", "nvidia.com/gpu.deploy.driver": "true", "nvidia.com/gpu.deploy.dcgm": "false", LabelRuntime: "containerd",
 	}}}
-	got := applied(n, NodeLabels(n, &nvidiav1.ClusterPolicySpec{}, readyFor()))
+	got := applied(n, NodeLabels(n, &nvidiav1.ClusterPolicySpec{}))
 	want := map[string]string{"nvidia.com/gpu.deploy.dcgm": "false"}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("labels after the GPU disappeared (-want +got):\n%s", diff)
@@ -151,9 +134,8 @@ func TestNodeLosingItsGPULosesOurLabels(t *testing.T) {
 func TestNodeLabelsConverge(t *testing.T) {
 	// Applying the changes once leaves nothing more to change.
 	n := gpuNode(nil, "containerd://1.7")
-	all := readyFor(Driver, ContainerToolkit, DevicePlugin, Validator, DCGMExporter, GFD)
-	for range 10 {
-		changes := NodeLabels(n, &nvidiav1.ClusterPolicySpec{}, all)
+	for range 2 {
+		changes := NodeLabels(n, &nvidiav1.ClusterPolicySpec{})
 		if len(changes) == 0 {
 			return
 		}

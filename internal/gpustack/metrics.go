@@ -2,10 +2,12 @@ package gpustack
 
 import (
 	"context"
+	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	nvidiav1 "github.com/gpufleet/gpufleet/api/nvidia/v1"
@@ -35,7 +37,34 @@ type policyCollector struct{ scrapesource.Source }
 
 var policies = &policyCollector{}
 
-func init() { metrics.Registry.MustRegister(policies) }
+// What the controller does, counted as it does it (only the leader
+// reconciles).
+var (
+	reconcilePasses = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "gpufleet_gpustack_reconcile_passes_total",
+		Help: "Passes of the ClusterPolicy controller by result: converged (nothing written), wrote, coalesced (a status change held back to be written with the next ones), waiting_for_cache (the cache had not yet shown the controller's last status write), conflict (requeued), error.",
+	}, []string{"result"})
+	writes = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "gpufleet_gpustack_writes_total",
+		Help: "API writes of the GPU stack controller by kind of object (ClusterPolicy/status for its status) and verb.",
+	}, []string{"kind", "verb"})
+	nodesDegraded = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "gpufleet_gpustack_nodes_degraded",
+		Help: "GPU nodes where a component of the active ClusterPolicy has not been Ready for longer than the degraded threshold (or cannot be scheduled) while every component it needs there is Ready.",
+	}, []string{"policy"})
+)
+
+func init() { metrics.Registry.MustRegister(policies, reconcilePasses, writes, nodesDegraded) }
+
+// Pass results (reconcilePasses).
+const (
+	passConverged = "converged"
+	passWrote     = "wrote"
+	passCoalesced = "coalesced"
+	passWaiting   = "waiting_for_cache"
+	passConflict  = "conflict"
+	passError     = "error"
+)
 
 // ServeMetrics makes the registered collector read ClusterPolicies from
 // reader once elected is closed (nil: at once).
@@ -83,4 +112,62 @@ func boolValue(b bool) float64 {
 		return 1
 	}
 	return 0
+}
+
+// countingWrites wraps c so that each write it sends is counted in
+// gpufleet_gpustack_writes_total (requests that fail count too: they
+// reached the API server).
+func countingWrites(c client.Client) client.Client { return &countingClient{Client: c} }
+
+type countingClient struct{ client.Client }
+
+func (c *countingClient) count(obj client.Object, verb string) {
+	kind := "unknown"
+	if gvk, err := apiutil.GVKForObject(obj, c.Scheme()); err == nil {
+		kind = gvk.Kind
+	}
+	writes.WithLabelValues(kind, verb).Inc()
+	writeCount.Add(1)
+}
+
+// writeCount counts every write, for a pass to tell whether it wrote.
+var writeCount atomic.Uint64
+
+func (c *countingClient) Create(ctx context.Context, obj client.Object, opts ...client.CreateOption) error {
+	c.count(obj, "create")
+	return c.Client.Create(ctx, obj, opts...)
+}
+
+func (c *countingClient) Update(ctx context.Context, obj client.Object, opts ...client.UpdateOption) error {
+	c.count(obj, "update")
+	return c.Client.Update(ctx, obj, opts...)
+}
+
+func (c *countingClient) Patch(ctx context.Context, obj client.Object, patch client.Patch, opts ...client.PatchOption) error {
+	c.count(obj, "patch")
+	return c.Client.Patch(ctx, obj, patch, opts...)
+}
+
+func (c *countingClient) Delete(ctx context.Context, obj client.Object, opts ...client.DeleteOption) error {
+	c.count(obj, "delete")
+	return c.Client.Delete(ctx, obj, opts...)
+}
+
+func (c *countingClient) Status() client.SubResourceWriter {
+	return &countingStatus{SubResourceWriter: c.Client.Status(), c: c}
+}
+
+type countingStatus struct {
+	client.SubResourceWriter
+	c *countingClient
+}
+
+func (s *countingStatus) Update(ctx context.Context, obj client.Object, opts ...client.SubResourceUpdateOption) error {
+	s.c.count(obj, "update status")
+	return s.SubResourceWriter.Update(ctx, obj, opts...)
+}
+
+func (s *countingStatus) Patch(ctx context.Context, obj client.Object, patch client.Patch, opts ...client.SubResourcePatchOption) error {
+	s.c.count(obj, "patch status")
+	return s.SubResourceWriter.Patch(ctx, obj, patch, opts...)
 }

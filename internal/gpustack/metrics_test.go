@@ -3,14 +3,21 @@ package gpustack
 import (
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	clocktesting "k8s.io/utils/clock/testing"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
 	nvidiav1 "github.com/gpufleet/gpufleet/api/nvidia/v1"
+	"github.com/gpufleet/gpufleet/internal/pendingevents"
 )
 
 func TestPolicyCollector(t *testing.T) {
@@ -52,5 +59,152 @@ gpufleet_gpustack_ready{policy="cluster-policy"} 0
 	notElected.Serve(c, make(chan struct{}))
 	if n := testutil.CollectAndCount(notElected); n != 0 {
 		t.Errorf("%d series before the election", n)
+	}
+}
+
+func TestCountingWritesCountsByKindAndVerb(t *testing.T) {
+	scheme := runtime.NewScheme()
+	if err := nvidiav1.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	if err := corev1.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	policy := &nvidiav1.ClusterPolicy{ObjectMeta: metav1.ObjectMeta{Name: "p"}}
+	c := countingWrites(fake.NewClientBuilder().WithScheme(scheme).WithObjects(policy).WithStatusSubresource(policy).Build())
+	before := map[[2]string]float64{}
+	keys := [][2]string{{"Node", "create"}, {"Node", "patch"}, {"Node", "delete"}, {"ClusterPolicy", "patch status"}}
+	for _, k := range keys {
+		before[k] = testutil.ToFloat64(writes.WithLabelValues(k[0], k[1]))
+	}
+	total := writeCount.Load()
+	ctx := t.Context()
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n"}}
+	if err := c.Create(ctx, node); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Patch(ctx, node, client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"labels":{"a":"b"}}}`))); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Delete(ctx, node); err != nil {
+		t.Fatal(err)
+	}
+	updated := policy.DeepCopy()
+	updated.Status.State = nvidiav1.StateReady
+	if err := c.Status().Patch(ctx, updated, client.MergeFrom(policy)); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range keys {
+		if got := testutil.ToFloat64(writes.WithLabelValues(k[0], k[1])) - before[k]; got != 1 {
+			t.Errorf("gpufleet_gpustack_writes_total{kind=%q,verb=%q} grew by %v, want 1", k[0], k[1], got)
+		}
+	}
+	if got := writeCount.Load() - total; got != 4 {
+		t.Errorf("%d writes counted, want 4", got)
+	}
+}
+
+// A node whose driver fails is one degraded node: its later components
+// wait for the driver (not Degraded themselves); a node whose toolkit fails
+// after its driver came up is another.
+func TestComputeStatusReportsTheFirstFailingComponentPerNode(t *testing.T) {
+	now := time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
+	r := &Reconciler{Clock: clocktesting.NewFakePassiveClock(now), DegradedAfter: time.Minute}
+	old := now.Add(-10 * time.Minute)
+	gpu := func(name string) corev1.Node {
+		return corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: applied(gpuNode(nil, ""), NodeLabels(gpuNode(nil, ""), &nvidiav1.ClusterPolicySpec{}))}}
+	}
+	nodes := &corev1.NodeList{Items: []corev1.Node{gpu("a"), gpu("b"), gpu("c"), gpu("d")}}
+	all := func(ready bool) map[string]podState {
+		m := map[string]podState{}
+		for _, c := range []string{Driver, ContainerToolkit, DevicePlugin, Validator, DCGMExporter, GFD} {
+			m[c] = podState{ready: ready, since: old}
+		}
+		return m
+	}
+	pods := map[string]map[string]podState{"a": all(true), "b": all(false), "c": all(false)}
+	pods["c"][Driver] = podState{ready: true, since: old}
+	// d's driver became Ready 5 s ago: its toolkit, created long before,
+	// has been able to start for 5 s only — starting, not Degraded.
+	pods["d"] = all(false)
+	pods["d"][Driver] = podState{ready: true, since: old, readyAt: now.Add(-5 * time.Second)}
+	policy := &nvidiav1.ClusterPolicy{ObjectMeta: metav1.ObjectMeta{Name: "p"}}
+	status := &nvidiav1.ClusterPolicyStatus{}
+	r.computeStatus(policy, status, nodes, pods, pendingevents.New(nil))
+	deg := meta.FindStatusCondition(status.Conditions, nvidiav1.ConditionDegraded)
+	if deg == nil || deg.Message != "not Ready: container-toolkit on c, driver on b" {
+		t.Errorf("Degraded = %+v, want the driver on b and the toolkit on c only", deg)
+	}
+	if got := testutil.ToFloat64(nodesDegraded.WithLabelValues("p")); got != 2 {
+		t.Errorf("gpufleet_gpustack_nodes_degraded = %v, want 2", got)
+	}
+	for _, cs := range status.Components {
+		if cs.Name == ContainerToolkit && !strings.Contains(cs.Message, "d (starting)") {
+			t.Errorf("container-toolkit message %q, want d starting", cs.Message)
+		}
+		if cs.Name == GFD && cs.Message != "b (waiting for driver), c (waiting for container-toolkit), d (waiting for container-toolkit)" {
+			t.Errorf("gpu-feature-discovery message %q", cs.Message)
+		}
+	}
+}
+
+// Within StatusInterval of the last write, a change of the component
+// counts waits for the next; a change of state is written at once, with
+// the resourceVersion it was computed from.
+func TestWriteStatusCoalescesCountChanges(t *testing.T) {
+	scheme := runtime.NewScheme()
+	if err := nvidiav1.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	policy := &nvidiav1.ClusterPolicy{ObjectMeta: metav1.ObjectMeta{Name: "p"}}
+	c := countingWrites(fake.NewClientBuilder().WithScheme(scheme).WithObjects(policy).WithStatusSubresource(policy).Build())
+	clock := clocktesting.NewFakePassiveClock(time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC))
+	r := &Reconciler{Client: c, Clock: clock, StatusInterval: 2 * time.Second}
+	ctx := t.Context()
+	get := func() *nvidiav1.ClusterPolicy {
+		p := &nvidiav1.ClusterPolicy{}
+		if err := c.Get(ctx, client.ObjectKey{Name: "p"}, p); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	write := func(change func(*nvidiav1.ClusterPolicyStatus)) (time.Duration, bool) {
+		p := get()
+		st := p.Status.DeepCopy()
+		change(st)
+		before := writeCount.Load()
+		held, err := r.writeStatus(ctx, p, st, pendingevents.New(nil))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return held, writeCount.Load() != before
+	}
+	counts := func(n int32) func(*nvidiav1.ClusterPolicyStatus) {
+		return func(s *nvidiav1.ClusterPolicyStatus) {
+			s.State = nvidiav1.StateNotReady
+			s.Components = []nvidiav1.ComponentStatus{{Name: Driver, Enabled: true, NodesDesired: 4, NodesReady: n}}
+		}
+	}
+	if _, wrote := write(counts(1)); !wrote {
+		t.Fatal("first status not written")
+	}
+	clock.SetTime(clock.Now().Add(500 * time.Millisecond))
+	if held, wrote := write(counts(2)); wrote || held != 1500*time.Millisecond {
+		t.Errorf("count change 0.5 s after a write: wrote %v, held %s; want held 1.5s", wrote, held)
+	}
+	if held, wrote := write(func(s *nvidiav1.ClusterPolicyStatus) { counts(4)(s); s.State = nvidiav1.StateReady }); !wrote || held != 0 {
+		t.Errorf("state change: wrote %v held %s, want written at once", wrote, held)
+	}
+	clock.SetTime(clock.Now().Add(2 * time.Second))
+	if _, wrote := write(counts(3)); !wrote {
+		t.Error("count change after the interval not written")
+	}
+	// Optimistic lock: a status computed from an older version conflicts.
+	stale := get()
+	stale.ResourceVersion = "1"
+	st := stale.Status.DeepCopy()
+	st.State = nvidiav1.StateIgnored
+	if _, err := r.writeStatus(ctx, stale, st, pendingevents.New(nil)); !apierrors.IsConflict(err) {
+		t.Errorf("status computed from resourceVersion 1: %v, want a conflict", err)
 	}
 }

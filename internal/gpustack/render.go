@@ -21,6 +21,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	nvidiav1 "github.com/gpufleet/gpufleet/api/nvidia/v1"
@@ -92,6 +93,11 @@ var runtimePaths = map[string]struct{ configDir, socketDir, configEnv, config, s
 // clock. A malformed asset is an error, never a panic.
 func Render(policy *nvidiav1.ClusterPolicy, facts Facts, assets fs.FS) ([]client.Object, error) {
 	var out []client.Object
+	vspec := validatorSpec(&policy.Spec)
+	validator, err := imageRef(Validator, vspec)
+	if err != nil {
+		return nil, fmt.Errorf("component %s: %w", Validator, err)
+	}
 	for _, c := range Components {
 		if !c.Enabled(&policy.Spec) {
 			continue
@@ -118,6 +124,7 @@ func Render(policy *nvidiav1.ClusterPolicy, facts Facts, assets fs.FS) ([]client
 				}
 				out = append(out, obj)
 			case *appsv1.DaemonSet:
+				addValidations(&obj.Spec.Template.Spec, c, validator, pullPolicy(vspec))
 				dss, err := daemonSets(obj, policy, facts, c, spec, image)
 				if err != nil {
 					return nil, fmt.Errorf("component %s: %w", c.Key, err)
@@ -342,6 +349,41 @@ func nvidiaDriverDaemonSets(base *appsv1.DaemonSet, policy *nvidiav1.ClusterPoli
 	return out, nil
 }
 
+// addValidations starts the pod with one init container per component it
+// needs on its node (Component.After), as NVIDIA's GPU Operator does: the
+// validator image, COMPONENT=driver|toolkit|plugin, WITH_WAIT=true — it
+// waits until that component works on the node and records it in
+// /run/nvidia/validations. Every component of a node is deployed at once;
+// these keep the order on each node.
+func addValidations(ps *corev1.PodSpec, c Component, image string, pull corev1.PullPolicy) {
+	if len(c.After) == 0 {
+		return
+	}
+	const volume = "run-nvidia"
+	if !slices.ContainsFunc(ps.Volumes, func(v corev1.Volume) bool { return v.Name == volume }) {
+		ps.Volumes = append(ps.Volumes, corev1.Volume{Name: volume, VolumeSource: corev1.VolumeSource{
+			HostPath: &corev1.HostPathVolumeSource{Path: "/run/nvidia", Type: ptr.To(corev1.HostPathDirectoryOrCreate)}}})
+	}
+	var inits []corev1.Container
+	for _, dep := range c.After {
+		inits = append(inits, corev1.Container{
+			Name:            validationNames[dep],
+			Image:           image,
+			ImagePullPolicy: pull,
+			Command:         []string{"sh", "-c"},
+			Args:            []string{"nvidia-validator"},
+			Env: []corev1.EnvVar{
+				{Name: "WITH_WAIT", Value: "true"},
+				{Name: "COMPONENT", Value: validationComponent[dep]},
+			},
+			SecurityContext: &corev1.SecurityContext{Privileged: ptr.To(true)},
+			VolumeMounts: []corev1.VolumeMount{{Name: volume, MountPath: "/run/nvidia",
+				MountPropagation: ptr.To(corev1.MountPropagationBidirectional)}},
+		})
+	}
+	ps.InitContainers = append(inits, ps.InitContainers...)
+}
+
 // customise applies the policy's settings for the component.
 func customise(ds *appsv1.DaemonSet, policy *nvidiav1.ClusterPolicy, c Component, spec *nvidiav1.ComponentSpec, image string) {
 	common := policy.Spec.Daemonsets
@@ -379,6 +421,9 @@ func customise(ds *appsv1.DaemonSet, policy *nvidiav1.ClusterPolicy, c Component
 		ps.ImagePullSecrets = append(ps.ImagePullSecrets, corev1.LocalObjectReference{Name: s})
 	}
 	for i := range ps.InitContainers {
+		if isValidation(ps.InitContainers[i].Name) {
+			continue // the validator's image (addValidations)
+		}
 		ps.InitContainers[i].Image = image
 		ps.InitContainers[i].ImagePullPolicy = pullPolicy(spec)
 	}
@@ -487,6 +532,15 @@ func driverProbes(ds *appsv1.DaemonSet, d *nvidiav1.DriverSpec) {
 	set(&probe.PeriodSeconds, spec.PeriodSeconds)
 	set(&probe.SuccessThreshold, spec.SuccessThreshold)
 	set(&probe.FailureThreshold, spec.FailureThreshold)
+}
+
+func isValidation(name string) bool {
+	for _, n := range validationNames {
+		if n == name {
+			return true
+		}
+	}
+	return false
 }
 
 func pullPolicy(spec *nvidiav1.ComponentSpec) corev1.PullPolicy {

@@ -45,6 +45,9 @@ type Options struct {
 	Clock          clock.PassiveClock
 	DegradedAfter  time.Duration
 	UpgradeTimeout time.Duration
+	// StatusInterval: component counts are written at most this often
+	// (default 2s; state and condition changes are written at once).
+	StatusInterval time.Duration
 }
 
 // Setup registers the ClusterPolicy controller with mgr.
@@ -55,8 +58,11 @@ func Setup(mgr manager.Manager, opts Options) error {
 	if opts.DegradedAfter == 0 {
 		opts.DegradedAfter = 2 * time.Minute
 	}
+	if opts.StatusInterval == 0 {
+		opts.StatusInterval = 2 * time.Second
+	}
 	r := &Reconciler{
-		Client: mgr.GetClient(), Live: mgr.GetAPIReader(), Namespace: opts.Namespace, Clock: opts.Clock, Assets: Assets,
+		Client: countingWrites(mgr.GetClient()), StatusInterval: opts.StatusInterval, Live: mgr.GetAPIReader(), Namespace: opts.Namespace, Clock: opts.Clock, Assets: Assets,
 		DegradedAfter: opts.DegradedAfter, UpgradeTimeout: opts.UpgradeTimeout, Recorder: mgr.GetEventRecorder("gpufleet-gpustack"),
 	}
 	allPolicies := enqueueAll(mgr, func() client.ObjectList { return &nvidiav1.ClusterPolicyList{} }, "ClusterPolicies")

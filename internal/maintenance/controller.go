@@ -26,6 +26,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	maintenancev1 "github.com/gpufleet/gpufleet/api/maintenance/v1alpha1"
+	"github.com/gpufleet/gpufleet/internal/ownwrites"
 	"github.com/gpufleet/gpufleet/internal/pendingevents"
 )
 
@@ -46,7 +47,7 @@ type Reconciler struct {
 
 	// own: our status writes and finalizer removals the cache may not
 	// show yet.
-	own ownWrites
+	own ownwrites.Record
 	// budgetTurns: evictions under one PodDisruptionBudget go one at a
 	// time, the oldest drain first.
 	budgetTurns budgetTurns
@@ -64,7 +65,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		}
 		return reconcile.Result{}, client.IgnoreNotFound(err)
 	}
-	if r.own.behind(req.NamespacedName, nm.ResourceVersion) {
+	if r.own.Behind(req.NamespacedName, nm.ResourceVersion) {
 		// Our last write's watch event brings it back; the requeue is a
 		// safety net.
 		return reconcile.Result{RequeueAfter: time.Second}, nil
@@ -105,7 +106,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 			}
 			return reconcile.Result{}, errors.Join(err, fmt.Errorf("updating status: %w", uerr))
 		}
-		r.own.wrote(client.ObjectKeyFromObject(nm), orig.ResourceVersion)
+		r.own.Wrote(client.ObjectKeyFromObject(nm), orig.ResourceVersion)
 	}
 	ev.Flush()
 	return res, err
@@ -368,7 +369,7 @@ func (r *Reconciler) finalize(ctx context.Context, nm *maintenancev1.NodeMainten
 				statusConflicts.WithLabelValues("lifecycle").Inc()
 				return nil // the newer version's event brings it back
 			}
-			r.own.wrote(client.ObjectKeyFromObject(nm), orig.ResourceVersion)
+			r.own.Wrote(client.ObjectKeyFromObject(nm), orig.ResourceVersion)
 			r.Recorder.Eventf(nm, node, corev1.EventTypeNormal, ReasonWaitingForRequestors, actionRelease, "%s", msg)
 		}
 		return nil
@@ -387,7 +388,7 @@ func (r *Reconciler) finalize(ctx context.Context, nm *maintenancev1.NodeMainten
 	if err := r.Client.Patch(ctx, nm, patch); client.IgnoreNotFound(err) != nil {
 		return fmt.Errorf("removing finalizer: %w", err)
 	}
-	r.own.wrote(key, rvBefore)
+	r.own.Wrote(key, rvBefore)
 	return nil
 }
 

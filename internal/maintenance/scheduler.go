@@ -17,6 +17,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	maintenancev1 "github.com/gpufleet/gpufleet/api/maintenance/v1alpha1"
+
+	"github.com/gpufleet/gpufleet/internal/ownwrites"
 )
 
 // schedulerKey is the one request the scheduler works on: every relevant
@@ -44,7 +46,7 @@ type Scheduler struct {
 
 	// own: objects this scheduler moved to Scheduled that the cache may
 	// still show as they were before that write.
-	own ownWrites
+	own ownwrites.Record
 }
 
 // Reconcile runs one scheduling pass.
@@ -155,12 +157,12 @@ func (s *Scheduler) config(ctx context.Context) (*maintenancev1.MaintenanceOpera
 // scheduler scheduled as it was before that write (every object is looked
 // at, so that the expectations the cache has met are forgotten).
 func (s *Scheduler) cacheBehind(list *maintenancev1.NodeMaintenanceList) bool {
-	if s.own.len() == 0 {
+	if s.own.Len() == 0 {
 		return false
 	}
 	behind := false
 	for i := range list.Items {
-		if s.own.behind(client.ObjectKeyFromObject(&list.Items[i]), list.Items[i].ResourceVersion) {
+		if s.own.Behind(client.ObjectKeyFromObject(&list.Items[i]), list.Items[i].ResourceVersion) {
 			behind = true
 		}
 	}
@@ -194,7 +196,7 @@ func (s *Scheduler) schedule(ctx context.Context, nm *maintenancev1.NodeMaintena
 	}
 	// The next pass waits until the cache shows this write (passes run
 	// one at a time, so none can start before it is recorded).
-	s.own.wrote(key, orig.ResourceVersion)
+	s.own.Wrote(key, orig.ResourceVersion)
 	schedulingDecisions.WithLabelValues("scheduled").Inc()
 	return nil
 }

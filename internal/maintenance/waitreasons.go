@@ -15,6 +15,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	maintenancev1 "github.com/gpufleet/gpufleet/api/maintenance/v1alpha1"
+
+	"github.com/gpufleet/gpufleet/internal/ownwrites"
 )
 
 // WaitReasons writes why Pending objects wait, apart from the scheduling
@@ -34,7 +36,7 @@ type WaitReasons struct {
 	mu   sync.Mutex
 	want map[types.NamespacedName]string
 	// own: our writes the cache may not show yet.
-	own   ownWrites
+	own   ownwrites.Record
 	queue workqueue.TypedRateLimitingInterface[types.NamespacedName]
 	once  sync.Once
 }
@@ -66,7 +68,7 @@ func (w *WaitReasons) Set(waiting map[string]string, byKey map[string]*maintenan
 	w.mu.Lock()
 	w.want = want
 	// Scheduled or gone: never written again.
-	w.own.retain(func(k types.NamespacedName) bool { _, ok := want[k]; return ok })
+	w.own.Retain(func(k types.NamespacedName) bool { _, ok := want[k]; return ok })
 	w.mu.Unlock()
 	for _, k := range changed {
 		w.queue.Add(k)
@@ -145,7 +147,7 @@ func (w *WaitReasons) write(ctx context.Context, k types.NamespacedName) error {
 	if err := w.Client.Get(ctx, k, nm); err != nil {
 		return client.IgnoreNotFound(err)
 	}
-	if w.own.behind(k, nm.ResourceVersion) {
+	if w.own.Behind(k, nm.ResourceVersion) {
 		return errCacheBehind
 	}
 	if !needsReason(nm, reason) {
@@ -160,6 +162,6 @@ func (w *WaitReasons) write(ctx context.Context, k types.NamespacedName) error {
 		}
 		return fmt.Errorf("updating wait reason of %s: %w", k, err)
 	}
-	w.own.wrote(k, rvBefore)
+	w.own.Wrote(k, rvBefore)
 	return nil
 }

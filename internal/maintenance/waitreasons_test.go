@@ -163,7 +163,7 @@ func TestWaitReasonsWaitForTheCacheToShowTheirOwnWrite(t *testing.T) {
 	}
 	// A plan without the object (scheduled) forgets it.
 	w.Set(map[string]string{}, nil)
-	if n := w.own.len(); n != 0 {
+	if n := w.own.Len(); n != 0 {
 		t.Errorf("%d write records after the object left the plan", n)
 	}
 }
@@ -172,19 +172,19 @@ func TestLifecycleWaitsForTheCacheToShowItsOwnWrite(t *testing.T) {
 	r := &Reconciler{}
 	nm := &maintenancev1.NodeMaintenance{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "a", ResourceVersion: "5"}}
 	key := client.ObjectKeyFromObject(nm)
-	if r.own.behind(key, nm.ResourceVersion) {
+	if r.own.Behind(key, nm.ResourceVersion) {
 		t.Fatal("behind before any write")
 	}
-	r.own.wrote(key, "5")
-	if !r.own.behind(key, nm.ResourceVersion) {
+	r.own.Wrote(key, "5")
+	if !r.own.Behind(key, nm.ResourceVersion) {
 		t.Error("a cache still at the resourceVersion from before our write must count as behind")
 	}
 	nm.ResourceVersion = "6"
-	if r.own.behind(key, nm.ResourceVersion) {
+	if r.own.Behind(key, nm.ResourceVersion) {
 		t.Error("a cache at a newer resourceVersion is not behind")
 	}
 	nm.ResourceVersion = "5"
-	if r.own.behind(key, nm.ResourceVersion) {
+	if r.own.Behind(key, nm.ResourceVersion) {
 		t.Error("once caught up the expectation is forgotten")
 	}
 }

@@ -178,7 +178,7 @@ func waitStopped(ctx context.Context, o Options, say func(string, ...any)) error
 		w, err := running(ctx, o)
 		if err != nil {
 			readErr = err
-			return false, nil
+			return false, nil //nolint:nilerr // a failed look does not end the wait: the timeout does, and reports it
 		}
 		why, readErr = w, nil
 		return why == "", nil

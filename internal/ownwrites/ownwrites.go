@@ -1,4 +1,7 @@
-package maintenance
+// Package ownwrites remembers this process's own writes until its cache
+// shows them: the maintenance controllers and the GPU stack controller act
+// only on objects whose cache has caught up with what they wrote.
+package ownwrites
 
 import (
 	"sync"
@@ -7,12 +10,12 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 )
 
-// ownWrites remembers, per object, its resourceVersion before this
+// Record remembers, per object, its resourceVersion before this
 // process's last write of it: a cache still showing that version has not
 // seen the write, and acting on it would only end in a conflict (or a
 // second patch of a deleted object). The write's own watch event brings
 // the object back. The zero value is ready to use.
-type ownWrites struct {
+type Record struct {
 	mu sync.Mutex
 	m  map[types.NamespacedName]written
 }
@@ -22,10 +25,10 @@ type written struct {
 	at       time.Time
 }
 
-// behind reports whether a cached object at resourceVersion rv predates our
+// Behind reports whether a cached object at resourceVersion rv predates our
 // last write of it (for at most a few seconds: a write the server found to
 // change nothing would keep the old resourceVersion).
-func (o *ownWrites) behind(key types.NamespacedName, rv string) bool {
+func (o *Record) Behind(key types.NamespacedName, rv string) bool {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	w, ok := o.m[key]
@@ -40,8 +43,8 @@ func (o *ownWrites) behind(key types.NamespacedName, rv string) bool {
 	return true
 }
 
-// wrote records a write that replaced resourceVersion rvBefore of key.
-func (o *ownWrites) wrote(key types.NamespacedName, rvBefore string) {
+// Wrote records a write that replaced resourceVersion rvBefore of key.
+func (o *Record) Wrote(key types.NamespacedName, rvBefore string) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if o.m == nil {
@@ -55,8 +58,8 @@ func (o *ownWrites) wrote(key types.NamespacedName, rvBefore string) {
 	o.m[key] = written{rvBefore: rvBefore, at: time.Now()}
 }
 
-// retain forgets the objects keep rejects.
-func (o *ownWrites) retain(keep func(types.NamespacedName) bool) {
+// Retain forgets the objects keep rejects.
+func (o *Record) Retain(keep func(types.NamespacedName) bool) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	for k := range o.m {
@@ -66,7 +69,8 @@ func (o *ownWrites) retain(keep func(types.NamespacedName) bool) {
 	}
 }
 
-func (o *ownWrites) len() int {
+// Len is the number of writes not yet seen.
+func (o *Record) Len() int {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	return len(o.m)
