@@ -270,11 +270,29 @@ func quantity(l corev1.ResourceList, name corev1.ResourceName) int64 {
 }
 
 // stackOf is where each GPU-stack component is on the node: the deploy
-// labels gpustack sets stage by stage, and the readiness of the
-// component's pod on the node. Nil when the node has no GPU stack.
+// labels gpustack sets, and the readiness of the component's pod on the
+// node. Every component starts at once and waits in its init containers
+// for the ones it needs (Component.After): a pod is Stuck only once what
+// it waits for is Ready, else it is Pending behind it. Nil when the node
+// has no GPU stack.
 func stackOf(n *corev1.Node, pods map[string]stackPod, now time.Time) []Component {
 	var out []Component
 	deployed := false
+	deployLabel := map[string]string{}
+	for _, c := range gpustack.Components {
+		deployLabel[c.Key] = c.DeployLabel
+	}
+	waiting := func(c gpustack.Component) bool {
+		for _, dep := range c.After {
+			if n.Labels[deployLabel[dep]] != "true" {
+				continue // not deployed here (off, or provided by the host)
+			}
+			if p, ok := pods[dep]; !ok || !p.ready {
+				return true
+			}
+		}
+		return false
+	}
 	for _, c := range gpustack.Components {
 		v, has := n.Labels[c.DeployLabel]
 		st := ComponentAbsent
@@ -287,7 +305,7 @@ func stackOf(n *corev1.Node, pods map[string]stackPod, now time.Time) []Componen
 			switch {
 			case ok && p.ready:
 				st = ComponentReady
-			case ok && now.Sub(p.since) > StackStuckAfter:
+			case ok && now.Sub(p.since) > StackStuckAfter && !waiting(c):
 				st = ComponentStuck
 			default:
 				st = ComponentPending

@@ -424,3 +424,61 @@ func BenchmarkBuild1000(b *testing.B) {
 		}
 	}
 }
+
+// TestStackOfWaitingIsNotStuck: every component starts at once and waits
+// for the ones it needs; only the first one that fails is Stuck, those
+// behind it are Pending however long they wait. A dependency the host
+// provides (deploy label false) is not waited for.
+func TestStackOfWaitingIsNotStuck(t *testing.T) {
+	now := time.Date(2026, 12, 4, 12, 0, 0, 0, time.UTC)
+	old := now.Add(-2 * StackStuckAfter)
+	labels := map[string]string{}
+	for _, c := range gpustack.Components[:3] { // driver, toolkit, device plugin
+		labels[c.DeployLabel] = "true"
+	}
+	statusOf := func(out []Component, key string) ComponentStatus {
+		for _, c := range out {
+			if c.Name == stackNames[key] {
+				return c.Status
+			}
+		}
+		return ""
+	}
+	tests := map[string]struct {
+		hostDriver bool
+		pods       map[string]stackPod
+		want       map[string]ComponentStatus
+	}{
+		"driver stuck, the rest wait behind it": {
+			pods: map[string]stackPod{gpustack.Driver: {since: old}, gpustack.ContainerToolkit: {since: old}, gpustack.DevicePlugin: {since: old}},
+			want: map[string]ComponentStatus{gpustack.Driver: ComponentStuck, gpustack.ContainerToolkit: ComponentPending, gpustack.DevicePlugin: ComponentPending},
+		},
+		"driver ready, toolkit stuck": {
+			pods: map[string]stackPod{gpustack.Driver: {ready: true}, gpustack.ContainerToolkit: {since: old}, gpustack.DevicePlugin: {since: old}},
+			want: map[string]ComponentStatus{gpustack.Driver: ComponentReady, gpustack.ContainerToolkit: ComponentStuck, gpustack.DevicePlugin: ComponentPending},
+		},
+		"host driver: the toolkit waits for nothing": {
+			hostDriver: true,
+			pods:       map[string]stackPod{gpustack.ContainerToolkit: {since: old}},
+			want:       map[string]ComponentStatus{gpustack.Driver: ComponentOff, gpustack.ContainerToolkit: ComponentStuck},
+		},
+	}
+	for name, tt := range tests {
+		t.Run(name, func(t *testing.T) {
+			l := map[string]string{}
+			for k, v := range labels {
+				l[k] = v
+			}
+			if tt.hostDriver {
+				l[gpustack.Components[0].DeployLabel] = "false"
+			}
+			n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n", Labels: l}}
+			out := stackOf(n, tt.pods, now)
+			for key, want := range tt.want {
+				if got := statusOf(out, key); got != want {
+					t.Errorf("%s: %s, want %s", key, got, want)
+				}
+			}
+		})
+	}
+}
