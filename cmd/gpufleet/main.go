@@ -210,7 +210,6 @@ of service it asks the kubelet's pod-resources API (--pod-resources-socket)
 which pods were given it (nvidia.com/gpu, device plugin) and records them, so
 that the repair drains only those pods.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			setupLogging(false, zapcore.InfoLevel)
 			if nodeName == "" {
 				nodeName = os.Getenv("NODE_NAME")
 			}
@@ -220,6 +219,9 @@ that the repair drains only those pods.`,
 			if dcgmInterval <= 0 {
 				return fmt.Errorf("--dcgm-interval must be positive, not %s", dcgmInterval)
 			}
+			// After the input checks: the logger is process-wide, and bad
+			// input must change nothing (the tests run these in-process).
+			setupLogging(false, zapcore.InfoLevel)
 			cfg, err := restConfig(kubeconfig)
 			if err != nil {
 				return err
