@@ -160,13 +160,20 @@ func driverPolicy(policy *nvidiav1.ClusterPolicy, d *nvidiav1alpha1.NVIDIADriver
 		UseNvidiaDriverCRD: policy.Spec.Driver.UseNvidiaDriverCRD,
 		UsePrecompiled:     s.UsePrecompiled, UseOpenKernelModules: s.UseOpenKernelModules, KernelModuleType: s.KernelModuleType,
 		StartupProbe: s.StartupProbe, LivenessProbe: s.LivenessProbe, ReadinessProbe: s.ReadinessProbe,
-		RDMA: s.GPUDirectRDMA, Manager: &s.Manager, UpgradePolicy: s.UpgradePolicy,
+		RDMA: s.GPUDirectRDMA, Manager: &s.Manager,
 		RepoConfig: repoConfig(s.RepoConfig), CertConfig: s.CertConfig, KernelModuleConfig: s.KernelModuleConfig, SecretEnv: s.SecretEnv,
 	}
-	if s.UpgradePolicy == nil {
-		p.Spec.Driver.UpgradePolicy = policy.Spec.Driver.UpgradePolicy
-	}
+	p.Spec.Driver.UpgradePolicy = driverUpgradePolicy(policy, d)
 	return p
+}
+
+// driverUpgradePolicy is the upgrade policy of d's nodes: its own, else
+// the ClusterPolicy's.
+func driverUpgradePolicy(policy *nvidiav1.ClusterPolicy, d *nvidiav1alpha1.NVIDIADriver) *nvidiav1.DriverUpgradePolicySpec {
+	if d.Spec.UpgradePolicy != nil {
+		return d.Spec.UpgradePolicy
+	}
+	return policy.Spec.Driver.UpgradePolicy
 }
 
 func repoConfig(r *nvidiav1.NameRef) *nvidiav1.ConfigMapRef {
@@ -252,7 +259,7 @@ func DriverStatus(d *nvidiav1alpha1.NVIDIADriver, crdOn bool, a DriverAssignment
 	st.NodesReady = int32(ready)
 	if c := a.ConflictsOf(d.Name); len(c) > 0 {
 		set(nvidiav1alpha1.ConditionConflict, metav1.ConditionTrue, ReasonDriverConflict,
-			fmt.Sprintf("%d node(s) also selected by another NVIDIADriver get no driver from either: %s", len(c), clip(c, 10)))
+			fmt.Sprintf("%d node(s) also selected by another NVIDIADriver get no driver from either: %s", len(c), summarize(c, 10)))
 	} else {
 		meta.RemoveStatusCondition(&st.Conditions, nvidiav1alpha1.ConditionConflict)
 	}
@@ -266,17 +273,9 @@ func DriverStatus(d *nvidiav1alpha1.NVIDIADriver, crdOn bool, a DriverAssignment
 	default:
 		st.State = nvidiav1.StateNotReady
 		set(nvidiav1.ConditionReady, metav1.ConditionFalse, "DriverNotReady",
-			fmt.Sprintf("driver not ready (or not current) on %d of %d node(s): %s", len(notReady), len(nodes), clip(notReady, 10)))
+			fmt.Sprintf("driver not ready (or not current) on %d of %d node(s): %s", len(notReady), len(nodes), summarize(notReady, 10)))
 	}
 	return st
-}
-
-// clip joins at most n names and says how many more there are.
-func clip(names []string, n int) string {
-	if len(names) <= n {
-		return strings.Join(names, ", ")
-	}
-	return strings.Join(names[:n], ", ") + fmt.Sprintf(" and %d more", len(names)-n)
 }
 
 // driverLabelsOf returns the pod template labels a driver adds (its own

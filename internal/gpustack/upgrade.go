@@ -208,7 +208,7 @@ func (r *Reconciler) upgradeDrivers(ctx context.Context, policy *nvidiav1.Cluste
 	crdOn := isTrue(policy.Spec.Driver.UseNvidiaDriverCRD)
 	if crdOn {
 		for i := range drivers {
-			policies[drivers[i].Name] = driverPolicy(policy, &drivers[i]).Spec.Driver.UpgradePolicy
+			policies[drivers[i].Name] = driverUpgradePolicy(policy, &drivers[i])
 		}
 	}
 	ours, err := requestor.Mine(ctx, r.Client, r.Namespace, UpgradeRequestor)

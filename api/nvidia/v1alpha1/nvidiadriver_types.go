@@ -64,9 +64,9 @@ type NVIDIADriverSpec struct {
 	// +optional
 	GPUDirectRDMA *nvidiav1.GPUDirectRDMASpec `json:"rdma,omitempty"`
 	// +optional
-	GPUDirectStorage *ExtraContainerSpec `json:"gds,omitempty"`
+	GPUDirectStorage *nvidiav1.OperandSpec `json:"gds,omitempty"`
 	// +optional
-	GDRCopy *ExtraContainerSpec `json:"gdrcopy,omitempty"`
+	GDRCopy *nvidiav1.OperandSpec `json:"gdrcopy,omitempty"`
 	// Repository of the driver image ("" = image is a full reference).
 	// +optional
 	Repository string `json:"repository,omitempty"`
@@ -127,27 +127,6 @@ type NVIDIADriverSpec struct {
 	PodSecurityContext *corev1.PodSecurityContext `json:"podSecurityContext,omitempty"`
 	// +optional
 	HostNetwork *bool `json:"hostNetwork,omitempty"`
-}
-
-// ExtraContainerSpec is an optional companion container (GDS, GDRCopy).
-type ExtraContainerSpec struct {
-	// +optional
-	Enabled *bool `json:"enabled,omitempty"`
-	// +optional
-	Repository string `json:"repository,omitempty"`
-	// +optional
-	Image string `json:"image,omitempty"`
-	// +optional
-	Version string `json:"version,omitempty"`
-	// +kubebuilder:validation:Enum=Always;IfNotPresent;Never
-	// +optional
-	ImagePullPolicy corev1.PullPolicy `json:"imagePullPolicy,omitempty"`
-	// +optional
-	ImagePullSecrets []string `json:"imagePullSecrets,omitempty"`
-	// +optional
-	Args []string `json:"args,omitempty"`
-	// +optional
-	Env []nvidiav1.EnvVar `json:"env,omitempty"`
 }
 
 // LicensingConfigSpec is the vGPU licensing configuration.
