@@ -225,7 +225,7 @@ func DriverStatus(d *nvidiav1alpha1.NVIDIADriver, crdOn bool, a DriverAssignment
 		meta.RemoveStatusCondition(&st.Conditions, nvidiav1.ConditionUnsupportedFields)
 	}
 	if !crdOn {
-		st.State, st.Nodes, st.NodesReady = nvidiav1.State("disabled"), 0, 0
+		st.State, st.Nodes, st.NodesReady = nvidiav1alpha1.StateDisabled, 0, 0
 		set(nvidiav1.ConditionReady, metav1.ConditionFalse, ReasonDriverDisabled,
 			"the active ClusterPolicy does not set driver.useNvidiaDriverCRD: true; its own driver section applies")
 		meta.RemoveStatusCondition(&st.Conditions, nvidiav1alpha1.ConditionConflict)
@@ -265,13 +265,13 @@ func DriverStatus(d *nvidiav1alpha1.NVIDIADriver, crdOn bool, a DriverAssignment
 	}
 	switch {
 	case !deployable(d):
-		st.State = nvidiav1.StateNotReady
+		st.State = nvidiav1alpha1.StateNotReady
 		set(nvidiav1.ConditionReady, metav1.ConditionFalse, ReasonUnsupportedFields, "driverType "+string(d.Spec.DriverType)+" is not deployed by gpufleet")
 	case len(notReady) == 0:
-		st.State = nvidiav1.StateReady
+		st.State = nvidiav1alpha1.StateReady
 		set(nvidiav1.ConditionReady, metav1.ConditionTrue, "DriverReady", fmt.Sprintf("driver ready on %d node(s)", ready))
 	default:
-		st.State = nvidiav1.StateNotReady
+		st.State = nvidiav1alpha1.StateNotReady
 		set(nvidiav1.ConditionReady, metav1.ConditionFalse, "DriverNotReady",
 			fmt.Sprintf("driver not ready (or not current) on %d of %d node(s): %s", len(notReady), len(nodes), summarize(notReady, 10)))
 	}

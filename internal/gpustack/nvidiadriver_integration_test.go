@@ -171,3 +171,43 @@ func TestReconcileNVIDIADriversPerPool(t *testing.T) {
 		t.Errorf("upgrades requested for %v, want one node of each driver", held)
 	}
 }
+
+// The ignore path: a policy that keeps its own driver section leaves every
+// NVIDIADriver disabled — no node label, no driver DaemonSet of it — and
+// says so in the driver's status.
+func TestNVIDIADriverDisabledWithoutTheCRDSwitch(t *testing.T) {
+	d := newDirect(t)
+	nodes := listNodes(t)
+	ctx := t.Context()
+	nd := &nvidiav1alpha1.NVIDIADriver{ObjectMeta: metav1.ObjectMeta{Name: "unused"},
+		Spec: nvidiav1alpha1.NVIDIADriverSpec{Default: true, DriverType: nvidiav1alpha1.DriverTypeGPU, Image: "nvcr.io/nvidia/driver", Version: "580.1"}}
+	if err := k8s.Create(ctx, nd); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = k8s.Delete(context.Background(), nd) })
+	p := createPolicy(t, "cluster-policy", nil)
+	if first := d.reconcile(p.Name); first.err != nil {
+		t.Fatalf("first reconcile: %s", first)
+	}
+	for _, n := range nodes.gpu {
+		if v, ok := getNode(t, n).Labels[gpustack.LabelNVIDIADriver]; ok {
+			t.Errorf("node %s labelled %s=%s without useNvidiaDriverCRD", n, gpustack.LabelNVIDIADriver, v)
+		}
+	}
+	sr := &gpustack.DriverStatusReconciler{Client: d.client, Namespace: ns, Clock: d.clock, Recorder: events.NewFakeRecorder(10)}
+	if _, err := sr.Reconcile(ctx, reconcile.Request{NamespacedName: client.ObjectKey{Name: nd.Name}}); err != nil {
+		t.Fatal(err)
+	}
+	var got nvidiav1alpha1.NVIDIADriver
+	if err := k8s.Get(ctx, client.ObjectKey{Name: nd.Name}, &got); err != nil {
+		t.Fatal(err)
+	}
+	if got.Status.State != "disabled" || got.Status.Nodes != 0 {
+		t.Errorf("state %q, nodes %d; want disabled, 0", got.Status.State, got.Status.Nodes)
+	}
+	for node, pod := range driverPods(t) {
+		if pod.Labels[gpustack.LabelNVIDIADriver] != "" {
+			t.Errorf("driver pod on %s belongs to NVIDIADriver %s", node, pod.Labels[gpustack.LabelNVIDIADriver])
+		}
+	}
+}

@@ -138,7 +138,7 @@ func TestDriverStatus(t *testing.T) {
 	desired := map[string]string{"ds": "new"}
 
 	st := DriverStatus(&d, true, a, []corev1.Pod{pod("n1", "new", true), pod("n2", "old", true)}, desired, "ns", now)
-	if st.State != nvidiav1.StateNotReady || st.Nodes != 2 || st.NodesReady != 1 {
+	if st.State != nvidiav1alpha1.StateNotReady || st.Nodes != 2 || st.NodesReady != 1 {
 		t.Errorf("one node on the old driver: state %s, %d/%d ready", st.State, st.NodesReady, st.Nodes)
 	}
 	if c := meta.FindStatusCondition(st.Conditions, nvidiav1.ConditionReady); c == nil || !strings.Contains(c.Message, "n2") {
@@ -149,7 +149,7 @@ func TestDriverStatus(t *testing.T) {
 	}
 
 	st = DriverStatus(&d, true, DriverAssignment{Node: a.Node}, []corev1.Pod{pod("n1", "new", true), pod("n2", "new", true)}, desired, "ns", now)
-	if st.State != nvidiav1.StateReady || meta.FindStatusCondition(st.Conditions, nvidiav1alpha1.ConditionConflict) != nil {
+	if st.State != nvidiav1alpha1.StateReady || meta.FindStatusCondition(st.Conditions, nvidiav1alpha1.ConditionConflict) != nil {
 		t.Errorf("all current and Ready, no conflict: %+v", st)
 	}
 	// Unchanged input, unchanged status (so nothing is written).

@@ -19,6 +19,17 @@ const (
 	DriverTypeVGPUHostManager DriverType = "vgpu-host-manager"
 )
 
+// State of an NVIDIADriver (gpu-operator's values).
+// +kubebuilder:validation:Enum=ignored;ready;notReady;disabled
+type State string
+
+// States.
+const (
+	StateReady    State = "ready"
+	StateNotReady State = "notReady"
+	StateDisabled State = "disabled"
+)
+
 // NVIDIADriver condition types (besides Ready).
 const (
 	// ConditionConflict: some nodes are selected by this and another
@@ -145,9 +156,8 @@ type NVIDIADriverStatus struct {
 	// State: ready when every node of this driver runs it Ready; notReady
 	// otherwise; disabled when the ClusterPolicy does not hand the driver
 	// to NVIDIADriver objects (driver.useNvidiaDriverCRD).
-	// +kubebuilder:validation:Enum=ignored;ready;notReady;disabled
 	// +optional
-	State nvidiav1.State `json:"state,omitempty"`
+	State State `json:"state,omitempty"`
 	// Namespace the driver is deployed in.
 	// +optional
 	Namespace string `json:"namespace,omitempty"`
