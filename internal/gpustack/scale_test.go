@@ -172,11 +172,11 @@ func reconcilePasses(b *testing.B) float64 {
 	}
 	total := 0.0
 	for _, f := range families {
-		if f.GetName() != "controller_runtime_reconcile_total" {
+		if f.GetName() != "gpufleet_gpustack_reconcile_passes_total" {
 			continue
 		}
 		for _, m := range f.GetMetric() {
-			if labelValue(m, "controller") == "clusterpolicy" {
+			if labelValue(m, "result") != "deferred" { // not a pass
 				total += m.GetCounter().GetValue()
 			}
 		}

@@ -51,6 +51,9 @@ type Options struct {
 	// StatusInterval: component counts are written at most this often
 	// (default 2s; state and condition changes are written at once).
 	StatusInterval time.Duration
+	// PassInterval: a ClusterPolicy's reconcile pass starts at most this
+	// often (default 200ms; negative: a pass per event).
+	PassInterval time.Duration
 }
 
 // Setup registers the ClusterPolicy controller with mgr.
@@ -64,9 +67,12 @@ func Setup(mgr manager.Manager, opts Options) error {
 	if opts.StatusInterval == 0 {
 		opts.StatusInterval = 2 * time.Second
 	}
+	if opts.PassInterval == 0 {
+		opts.PassInterval = 200 * time.Millisecond
+	}
 	r := &Reconciler{
 		Client: countingWrites(mgr.GetClient()), StatusInterval: opts.StatusInterval, Live: mgr.GetAPIReader(), Namespace: opts.Namespace, Clock: opts.Clock, Assets: Assets,
-		DegradedAfter: opts.DegradedAfter, UpgradeTimeout: opts.UpgradeTimeout, Recorder: mgr.GetEventRecorder("gpufleet-gpustack"),
+		DegradedAfter: opts.DegradedAfter, UpgradeTimeout: opts.UpgradeTimeout, PassInterval: opts.PassInterval, Recorder: mgr.GetEventRecorder("gpufleet-gpustack"),
 	}
 	allPolicies := enqueueAll(mgr, func() client.ObjectList { return &nvidiav1.ClusterPolicyList{} }, "ClusterPolicies")
 	stackPod := predicate.NewPredicateFuncs(func(o client.Object) bool {
