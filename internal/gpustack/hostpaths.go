@@ -19,6 +19,7 @@ const (
 	defaultDriverInstallDir  = "/run/nvidia/driver"
 	defaultKubeletRootDir    = "/var/lib/kubelet"
 	defaultToolkitInstallDir = "/usr/local/nvidia"
+	defaultMPSRoot           = "/run/nvidia/mps"
 
 	volumeHostRoot         = "host-root"          // the host's root, at /host
 	volumeHostDevChar      = "host-dev-char"      // <rootFS>/dev/char, at /host-dev-char
@@ -26,6 +27,8 @@ const (
 	volumeToolkitInstall   = "toolkit-install-dir"
 	volumeDevicePlugins    = "device-plugin"     // the kubelet's device-plugins directory
 	volumePodResources     = "pod-gpu-resources" // the kubelet's pod-resources directory
+	volumeMPSRoot          = "mps-root"          // the MPS root, at /mps
+	volumeMPSShm           = "mps-shm"           // <MPS root>/shm, at /dev/shm
 )
 
 func orDefault(v, def string) string {
@@ -50,7 +53,9 @@ func orDefault(v, def string) string {
 //     (dcgm-exporter, as gpu-operator) and its device-plugins directory (the
 //     device plugin; gpu-operator leaves that one at /var/lib/kubelet);
 //   - toolkit.installDir: the toolkit-install-dir volume, where the toolkit
-//     mounts and installs it (ROOT; gpu-operator's TransformToolkit).
+//     mounts and installs it (ROOT; gpu-operator's TransformToolkit);
+//   - devicePlugin.mps.root: the device plugin's mps-root volume, mps-shm
+//     at <root>/shm and MPS_ROOT (gpu-operator's TransformDevicePlugin).
 //
 // It runs before the component's own env is merged: an env variable the
 // policy sets for the component wins.
@@ -60,6 +65,10 @@ func applyHostPaths(ps *corev1.PodSpec, spec *nvidiav1.ClusterPolicySpec) {
 	installDir := orDefault(hp.DriverInstallDir, defaultDriverInstallDir)
 	kubelet := orDefault(hp.KubeletRootDir, defaultKubeletRootDir)
 	toolkitDir := toolkitInstallDir(spec)
+	mpsRoot := defaultMPSRoot
+	if m := spec.DevicePlugin.MPS; m != nil && m.Root != "" {
+		mpsRoot = m.Root
+	}
 	hostRoot := false
 	for i := range ps.Volumes {
 		v := &ps.Volumes[i]
@@ -79,6 +88,10 @@ func applyHostPaths(ps *corev1.PodSpec, spec *nvidiav1.ClusterPolicySpec) {
 			v.HostPath.Path = path.Join(kubelet, "pod-resources")
 		case volumeToolkitInstall:
 			v.HostPath.Path = toolkitDir
+		case volumeMPSRoot:
+			v.HostPath.Path = mpsRoot
+		case volumeMPSShm:
+			v.HostPath.Path = path.Join(mpsRoot, "shm")
 		}
 	}
 	each := func(f func(c *corev1.Container)) {
@@ -95,6 +108,9 @@ func applyHostPaths(ps *corev1.PodSpec, spec *nvidiav1.ClusterPolicySpec) {
 		}
 		if slices.ContainsFunc(c.Env, func(e corev1.EnvVar) bool { return e.Name == "NVIDIA_DRIVER_ROOT" }) {
 			c.Env = mergeEnv(c.Env, []corev1.EnvVar{{Name: "NVIDIA_DRIVER_ROOT", Value: installDir}})
+		}
+		if slices.ContainsFunc(c.Env, func(e corev1.EnvVar) bool { return e.Name == "MPS_ROOT" }) {
+			c.Env = mergeEnv(c.Env, []corev1.EnvVar{{Name: "MPS_ROOT", Value: mpsRoot}})
 		}
 		for j := range c.VolumeMounts {
 			if c.VolumeMounts[j].Name == volumeToolkitInstall {

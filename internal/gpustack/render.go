@@ -114,6 +114,9 @@ func Render(policy *nvidiav1.ClusterPolicy, facts Facts, assets fs.FS) ([]client
 			return nil, fmt.Errorf("component %s: %w", c.Key, err)
 		}
 		for _, o := range objs {
+			if !wanted(o, &policy.Spec) {
+				continue
+			}
 			o.SetNamespace(facts.Namespace)
 			if isClusterScoped(o) {
 				o.SetNamespace("")
@@ -132,6 +135,11 @@ func Render(policy *nvidiav1.ClusterPolicy, facts Facts, assets fs.FS) ([]client
 					return nil, fmt.Errorf("component %s: %w", c.Key, err)
 				}
 				out = append(out, dss...)
+			case *corev1.Service:
+				if c.Key == DCGMExporter {
+					dcgmExporterService(obj, &policy.Spec)
+				}
+				out = append(out, obj)
 			default:
 				out = append(out, o)
 			}
@@ -246,6 +254,12 @@ func daemonSets(base *appsv1.DaemonSet, policy *nvidiav1.ClusterPolicy, facts Fa
 	}
 	customise(base, policy, c, spec, image)
 	switch c.Key {
+	case DCGMExporter:
+		dcgmExporterPod(base, &policy.Spec)
+		return []client.Object{base}, nil
+	case DCGM:
+		dcgmPod(base, &policy.Spec)
+		return []client.Object{base}, nil
 	case Driver:
 		if err := driverPod(base, &policy.Spec.Driver); err != nil {
 			return nil, err
@@ -473,6 +487,7 @@ func customise(ds *appsv1.DaemonSet, policy *nvidiav1.ClusterPolicy, c Component
 	if spec.Resources != nil {
 		ctr.Resources = *spec.Resources.DeepCopy()
 	}
+	applySecurityContext(ctr, c, spec.SecurityContext)
 	if common.PodSecurityContext != nil {
 		ps.SecurityContext = common.PodSecurityContext.DeepCopy()
 	}
@@ -511,6 +526,8 @@ func componentEnv(policy *nvidiav1.ClusterPolicy, key string) []corev1.EnvVar {
 		if d := policy.Spec.Toolkit.InstallDir; d != "" {
 			return []corev1.EnvVar{{Name: "ROOT", Value: d}}
 		}
+	case DCGMExporter:
+		return dcgmExporterEnv(&policy.Spec)
 	case Validator:
 		// The validator's container runs the CUDA check (gpu-operator's
 		// cuda-validation); validator.env comes after, for the same names.

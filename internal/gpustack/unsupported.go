@@ -3,6 +3,8 @@ package gpustack
 import (
 	"strings"
 
+	corev1 "k8s.io/api/core/v1"
+
 	nvidiav1 "github.com/gpufleet/gpufleet/api/nvidia/v1"
 )
 
@@ -67,6 +69,14 @@ func UnsupportedFields(spec *nvidiav1.ClusterPolicySpec) []UnsupportedField {
 	add(sandbox && mode == "kata" && isTrue(spec.KataSandboxDevicePlugin.Enabled), "kataSandboxDevicePlugin.enabled", "Kata sandbox device plugin")
 	add(isTrue(spec.KataManager.Enabled), "kataManager.enabled", "Kata manager")
 	add(sandbox && mode == "kata" && isTrue(spec.CCManager.Enabled), "ccManager.enabled", "confidential computing manager")
+	out = append(out, securityContextUnsupported(spec)...)
+	add(spec.DCGMExporter.Service != nil && spec.DCGMExporter.Service.Type == corev1.ServiceTypeExternalName,
+		"dcgmExporter.service.type", "an ExternalName Service for dcgm-exporter (an alias without the exporters as endpoints): it stays ClusterIP")
+	add(isTrue(spec.PSP.Enabled), "psp.enabled", "PodSecurityPolicies (removed in Kubernetes 1.25)")
+	add(len(spec.Operator.Labels) > 0, "operator.labels", "labels of the operator's own pods: set them in gpufleet's Helm chart (podLabels)")
+	add(len(spec.Operator.Annotations) > 0, "operator.annotations", "annotations of the operator's own pods: set them in gpufleet's Helm chart (podAnnotations)")
+	add(spec.Operator.InitContainer != nil && (spec.Operator.InitContainer.Image != "" || spec.Operator.InitContainer.Repository != "" || spec.Operator.InitContainer.Version != ""),
+		"operator.initContainer", "the deprecated init container image: the validation init containers use the validator's image")
 	return out
 }
 
