@@ -227,13 +227,15 @@ func checkLeastPrivilege(t *testing.T, cluster *devcluster.Cluster, saCfg *rest.
 }
 
 // createStackRBAC creates, as dry runs, every ClusterRole the GPU stack
-// renders (the driver manager's, mig-manager's) under a name of its own:
+// renders (the driver manager's, mig-manager's, dcgm-exporter's pod
+// reader) under a name of its own:
 // the API server refuses a role that grants what its creator does not hold
 // (a binding to such a role is then allowed for the same reason; it cannot
 // be checked as a dry run, the role being stored never).
 func createStackRBAC(ctx context.Context, op kubernetes.Interface, dry metav1.CreateOptions) error {
 	policy := &nvidiav1.ClusterPolicy{ObjectMeta: metav1.ObjectMeta{Name: "cluster-policy", UID: "u"}}
 	policy.Spec.MIGManager.Enabled = ptr.To(true)
+	policy.Spec.DCGMExporter.EnablePodLabels = ptr.To(true)
 	objs, err := gpustack.Render(policy, gpustack.Facts{Namespace: "gpufleet-system",
 		OSFlavours: []gpustack.OSFlavour{{ID: "ubuntu", Version: "22.04"}}, Runtimes: []string{"containerd"}}, gpustack.Assets)
 	if err != nil {
@@ -249,8 +251,8 @@ func createStackRBAC(ctx context.Context, op kubernetes.Interface, dry metav1.Cr
 			}
 		}
 	}
-	if roles < 2 {
-		return fmt.Errorf("rendered %d ClusterRoles, want the driver manager's and mig-manager's", roles)
+	if roles < 3 {
+		return fmt.Errorf("rendered %d ClusterRoles, want the driver manager's, mig-manager's and dcgm-exporter's", roles)
 	}
 	return nil
 }
