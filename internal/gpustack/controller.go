@@ -105,9 +105,13 @@ const (
 func (r *Reconciler) reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, string, error) {
 	policy := &nvidiav1.ClusterPolicy{}
 	if err := r.Client.Get(ctx, req.NamespacedName, policy); err != nil {
+		if apierrors.IsNotFound(err) {
+			nodesDegraded.forget(req.Name)
+		}
 		return reconcile.Result{}, passConverged, client.IgnoreNotFound(err)
 	}
 	if policy.DeletionTimestamp != nil {
+		nodesDegraded.forget(policy.Name)
 		return reconcile.Result{}, passConverged, nil // owner references garbage-collect the stack
 	}
 	if r.own.Behind(req.NamespacedName, policy.ResourceVersion) {
@@ -132,7 +136,7 @@ func (r *Reconciler) reconcile(ctx context.Context, req reconcile.Request) (reco
 		return reconcile.Result{}, "", err
 	}
 	if active != policy.Name {
-		nodesDegraded.DeleteLabelValues(policy.Name)
+		nodesDegraded.forget(policy.Name)
 		held, err := r.ignore(ctx, policy, active, ev)
 		return reconcile.Result{RequeueAfter: held}, result(held), err
 	}
@@ -507,7 +511,7 @@ func (r *Reconciler) computeStatus(policy *nvidiav1.ClusterPolicy, status *nvidi
 		}
 		status.Components = append(status.Components, cs)
 	}
-	nodesDegraded.WithLabelValues(policy.Name).Set(float64(len(degradedNodes)))
+	nodesDegraded.set(policy.Name, float64(len(degradedNodes)))
 	sort.Strings(degraded)
 	switch {
 	case allReady:
