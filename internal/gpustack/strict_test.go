@@ -137,8 +137,9 @@ func createPolicyFile(t *testing.T, path string) *nvidiav1.ClusterPolicy {
 
 // The policies written for today's gpu-operator deploy the stack gpufleet
 // provides: the API server takes every rendered object (rolling update,
-// probes, pod security context), a second pass rewrites none of them, and
-// the status names the one enabled field gpufleet does not act on.
+// probes, pod security context), a second pass rewrites none of them, no
+// enabled field is unsupported, and the ServiceMonitor they ask for is
+// reported as not created (this cluster has no ServiceMonitor CRD).
 func TestReconcileGPUOperatorPolicies(t *testing.T) {
 	for _, f := range []string{"testdata/clusterpolicy-chart-default.yaml", "testdata/clusterpolicy-common-options.yaml"} {
 		t.Run(filepath.Base(f), func(t *testing.T) {
@@ -156,10 +157,13 @@ func TestReconcileGPUOperatorPolicies(t *testing.T) {
 				t.Errorf("second reconcile rewrote rendered objects (a field the API server stores differently): %s", second)
 			}
 			got := getPolicy(t, p.Name)
-			c := meta.FindStatusCondition(got.Status.Conditions, nvidiav1.ConditionUnsupportedFields)
-			want := "not supported by gpufleet, accepted and not deployed: spec.dcgmExporter.serviceMonitor.enabled (a ServiceMonitor for dcgm-exporter)"
-			if c == nil || c.Status != metav1.ConditionTrue || c.Message != want {
-				t.Errorf("UnsupportedFields condition %+v, want True %q", c, want)
+			if c := meta.FindStatusCondition(got.Status.Conditions, nvidiav1.ConditionUnsupportedFields); c == nil || c.Status != metav1.ConditionFalse {
+				t.Errorf("UnsupportedFields condition %+v, want False", c)
+			}
+			c := meta.FindStatusCondition(got.Status.Conditions, nvidiav1.ConditionServiceMonitor)
+			if c == nil || c.Status != metav1.ConditionFalse || c.Reason != gpustack.ReasonServiceMonitorNotServed ||
+				!strings.Contains(c.Message, "monitoring.coreos.com/v1 ServiceMonitor (CustomResourceDefinition servicemonitors.monitoring.coreos.com is not installed)") {
+				t.Errorf("ServiceMonitor condition %+v, want False: not served, the CRD is not installed", c)
 			}
 		})
 	}

@@ -126,13 +126,14 @@ func TestUnsupportedFields(t *testing.T) {
 				s.DCGMExporter.HPCJobMapping = &nvidiav1.HPCJobMappingSpec{Enabled: on}
 				s.Operator.UseOpenShiftDriverToolkit = on
 			},
-			want: []string{"spec.psa.enabled", "spec.cdi.nriPluginEnabled", "spec.dcgmExporter.serviceMonitor.enabled",
+			// dcgmExporter.serviceMonitor is provided (servicemonitor.go).
+			want: []string{"spec.psa.enabled", "spec.cdi.nriPluginEnabled",
 				"spec.dcgmExporter.hpcJobMapping.enabled", "spec.operator.use_ocp_driver_toolkit"},
 		},
 		"features gpufleet provides are not reported": {
 			spec: func(s *nvidiav1.ClusterPolicySpec) {
 				s.CDI.Enabled, s.MIGManager.Enabled, s.DCGM.Enabled, s.NodeStatusExporter.Enabled = on, on, on, on
-				s.DCGMExporter.ServiceMonitor = &nvidiav1.ServiceMonitorSpec{Enabled: ptr.To(false)}
+				s.DCGMExporter.ServiceMonitor = &nvidiav1.ServiceMonitorSpec{Enabled: on}
 			},
 		},
 	}
@@ -157,12 +158,11 @@ func TestUnsupportedFieldsOfThePolicyFiles(t *testing.T) {
 		wantMsg string
 	}{
 		"seed":           {policy: seedPolicy, wantMsg: ""},
-		"chart defaults": {policy: chartDefaultPolicy, wantMsg: "not supported by gpufleet, accepted and not deployed: spec.dcgmExporter.serviceMonitor.enabled (a ServiceMonitor for dcgm-exporter)"},
-		"common options": {policy: commonOptionsPolicy, wantMsg: "not supported by gpufleet, accepted and not deployed: spec.dcgmExporter.serviceMonitor.enabled (a ServiceMonitor for dcgm-exporter)"},
+		"chart defaults": {policy: chartDefaultPolicy, wantMsg: ""},
+		"common options": {policy: commonOptionsPolicy, wantMsg: ""},
 		"chart defaults with vGPU": {policy: func(t *testing.T) *nvidiav1.ClusterPolicy {
 			p := chartDefaultPolicy(t)
 			p.Spec.VGPUManager.Enabled = ptr.To(true)
-			p.Spec.DCGMExporter.ServiceMonitor.Enabled = ptr.To(false)
 			return p
 		}, wantMsg: "not supported by gpufleet, accepted and not deployed: spec.vgpuManager.enabled (NVIDIA vGPU host driver)"},
 	}
