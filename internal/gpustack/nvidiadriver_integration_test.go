@@ -11,12 +11,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/kubectl/pkg/util/podutils"
 	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
@@ -223,6 +225,7 @@ func TestNVIDIADriverDisabledWithoutTheCRDSwitch(t *testing.T) {
 // nodes and becomes ready when they all run it Ready.
 func TestNVIDIADriversThroughTheOperator(t *testing.T) {
 	devtest.NeedCluster(t)
+	quietClients.Do(func() { ctrl.SetLogger(logr.Discard()) })
 	cleanSlate(t)
 	nodes := listNodes(t)
 	startOperator(t, operatorCfg)

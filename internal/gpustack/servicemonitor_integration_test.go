@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -15,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 	"sigs.k8s.io/yaml"
@@ -34,6 +36,7 @@ import (
 // informer listing it.
 func TestServiceMonitorThroughTheOperator(t *testing.T) {
 	devtest.NeedCluster(t)
+	quietClients.Do(func() { ctrl.SetLogger(logr.Discard()) })
 	cleanSlate(t)
 	deleteServiceMonitorCRD(t) // none left by an earlier run
 	t.Cleanup(func() { deleteServiceMonitorCRD(t) })
@@ -45,7 +48,7 @@ func TestServiceMonitorThroughTheOperator(t *testing.T) {
 		p.Spec.DCGMExporter.ServiceMonitor = &nvidiav1.ServiceMonitorSpec{
 			Enabled: ptr.To(true), Interval: "30s", HonorLabels: ptr.To(true),
 			AdditionalLabels: map[string]string{"release": "prometheus"},
-			Relabelings: []nvidiav1.RelabelConfig{{SourceLabels: []string{"__meta_kubernetes_pod_node_name"}, TargetLabel: "instance"}},
+			Relabelings:      []nvidiav1.RelabelConfig{{SourceLabels: []string{"__meta_kubernetes_pod_node_name"}, TargetLabel: "instance"}},
 		}
 	})
 
@@ -62,6 +65,9 @@ func TestServiceMonitorThroughTheOperator(t *testing.T) {
 	if cond.Status != metav1.ConditionFalse || cond.Reason != gpustack.ReasonServiceMonitorNotServed || !strings.Contains(cond.Message, wantMsg) {
 		t.Errorf("ServiceMonitor condition %+v, want False %s %q", cond, gpustack.ReasonServiceMonitorNotServed, wantMsg)
 	}
+	// Once the stack has settled nothing brings the policy back but the
+	// CRD (below).
+	waitIdle(t)
 	before := counter.Snapshot()
 	time.Sleep(3 * time.Second)
 	for k, n := range counter.Since(before) {
@@ -183,6 +189,22 @@ func TestServiceMonitorThroughTheOperator(t *testing.T) {
 	}
 	if n := reconcileErrors(t) - errorsBefore; n != 0 {
 		t.Errorf("%v reconcile errors", n)
+	}
+}
+
+// waitIdle waits until the ClusterPolicy controller has made no pass for
+// two seconds.
+func waitIdle(t *testing.T) {
+	t.Helper()
+	last, since := reconcilePasses(t), time.Now()
+	err := wait.PollUntilContextTimeout(t.Context(), 200*time.Millisecond, 2*time.Minute, true, func(context.Context) (bool, error) {
+		if n := reconcilePasses(t); n != last {
+			last, since = n, time.Now()
+		}
+		return time.Since(since) >= 2*time.Second, nil
+	})
+	if err != nil {
+		t.Fatalf("the ClusterPolicy controller never settled: %v", err)
 	}
 }
 
