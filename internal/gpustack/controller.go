@@ -175,10 +175,6 @@ func (r *Reconciler) reconcile(ctx context.Context, req reconcile.Request) (reco
 	if err := r.prune(ctx, objs); err != nil {
 		return reconcile.Result{}, "", err
 	}
-	monitorRequeue, err := r.syncServiceMonitor(ctx, policy, status, ev)
-	if err != nil {
-		return reconcile.Result{}, "", err
-	}
 	if err := r.labelNodes(ctx, &nodes, policy, assign); err != nil {
 		return reconcile.Result{}, "", err
 	}
@@ -187,6 +183,10 @@ func (r *Reconciler) reconcile(ctx context.Context, req reconcile.Request) (reco
 		return reconcile.Result{}, "", err
 	}
 	upgradeRequeue, err := r.upgradeDrivers(ctx, policy, &nodes, driverImages(objs), stackPods, drivers, assign)
+	if err != nil {
+		return reconcile.Result{}, "", err
+	}
+	monitorRequeue, err := r.syncServiceMonitor(ctx, policy, status, ev)
 	if err != nil {
 		return reconcile.Result{}, "", err
 	}

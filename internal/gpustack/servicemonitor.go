@@ -47,7 +47,11 @@ const dcgmExporterName = "nvidia-dcgm-exporter"
 // a Warning event).
 const (
 	ReasonServiceMonitorNotServed = "ServiceMonitorNotServed"
-	reasonServiceMonitorCreated   = "ServiceMonitorCreated"
+	// ReasonServiceMonitorRejected: the API server refused the rendered
+	// ServiceMonitor (e.g. a relabeling's source label that the Prometheus
+	// operator's schema does not allow, or no RBAC to write it).
+	ReasonServiceMonitorRejected = "ServiceMonitorRejected"
+	reasonServiceMonitorCreated  = "ServiceMonitorCreated"
 )
 
 // notServedRetry: how soon to look again when the CRD says it serves v1
@@ -336,22 +340,36 @@ func (r *Reconciler) syncServiceMonitor(ctx context.Context, policy *nvidiav1.Cl
 		}
 		return 0, nil
 	case state == notServed:
-		msg := fmt.Sprintf("dcgmExporter.serviceMonitor.enabled: ServiceMonitor %s/%s not created: the API server does not serve %s %s (%s); it is created once that CRD is installed",
-			r.Namespace, dcgmExporterName, ServiceMonitorGVK.GroupVersion(), ServiceMonitorGVK.Kind, why)
-		if c := meta.FindStatusCondition(policy.Status.Conditions, nvidiav1.ConditionServiceMonitor); c == nil || c.Message != msg {
-			ev.Eventf(policy, nil, corev1.EventTypeWarning, ReasonServiceMonitorNotServed, actionDeploy, "%s", msg)
-		}
-		r.setServiceMonitorCondition(policy, status, metav1.ConditionFalse, ReasonServiceMonitorNotServed, msg)
+		r.serviceMonitorFailed(policy, status, ev, ReasonServiceMonitorNotServed, fmt.Sprintf(
+			"dcgmExporter.serviceMonitor.enabled: ServiceMonitor %s/%s not created: the API server does not serve %s %s (%s); it is created once that CRD is installed",
+			r.Namespace, dcgmExporterName, ServiceMonitorGVK.GroupVersion(), ServiceMonitorGVK.Kind, why))
 		return 0, nil
 	}
 	readCtx, cancel := context.WithTimeout(ctx, serviceMonitorRead)
 	defer cancel()
-	if err := r.applyFrom(readCtx, r.Monitors.Reader, []client.Object{want}); err != nil {
+	err = r.applyFrom(readCtx, r.Monitors.Reader, []client.Object{want})
+	switch {
+	case apierrors.IsInvalid(err) || apierrors.IsBadRequest(err) || apierrors.IsForbidden(err):
+		// Retrying would fail the same way: said in the condition, tried
+		// again when something changes.
+		r.serviceMonitorFailed(policy, status, ev, ReasonServiceMonitorRejected, fmt.Sprintf(
+			"dcgmExporter.serviceMonitor: ServiceMonitor %s/%s rejected by the API server: %v", r.Namespace, dcgmExporterName, err))
+		return 0, nil
+	case err != nil:
 		return 0, err
 	}
 	r.setServiceMonitorCondition(policy, status, metav1.ConditionTrue, reasonServiceMonitorCreated,
 		fmt.Sprintf("ServiceMonitor %s/%s selects the dcgm-exporter Service", r.Namespace, dcgmExporterName))
 	return 0, nil
+}
+
+// serviceMonitorFailed sets the ServiceMonitor condition False, with a
+// Warning event when its message changes.
+func (r *Reconciler) serviceMonitorFailed(policy *nvidiav1.ClusterPolicy, status *nvidiav1.ClusterPolicyStatus, ev *pendingevents.Recorder, reason, msg string) {
+	if c := meta.FindStatusCondition(policy.Status.Conditions, nvidiav1.ConditionServiceMonitor); c == nil || c.Message != msg {
+		ev.Eventf(policy, nil, corev1.EventTypeWarning, reason, actionDeploy, "%s", msg)
+	}
+	r.setServiceMonitorCondition(policy, status, metav1.ConditionFalse, reason, msg)
 }
 
 // deleteServiceMonitor deletes gpufleet's dcgm-exporter ServiceMonitor if
