@@ -137,11 +137,15 @@ func createPolicyFile(t *testing.T, path string) *nvidiav1.ClusterPolicy {
 
 // The policies written for today's gpu-operator deploy the stack gpufleet
 // provides: the API server takes every rendered object (rolling update,
-// probes, pod security context), a second pass rewrites none of them, no
-// enabled field is unsupported, and the ServiceMonitor they ask for is
-// reported as not created (this cluster has no ServiceMonitor CRD).
+// probes, pod security context, the driver manager, ConfigMap volumes), a
+// second pass rewrites none of them, the status names each enabled field
+// gpufleet does not act on, and the ServiceMonitor they ask for is reported
+// as not created (this cluster has no ServiceMonitor CRD).
 func TestReconcileGPUOperatorPolicies(t *testing.T) {
-	for _, f := range []string{"testdata/clusterpolicy-chart-default.yaml", "testdata/clusterpolicy-common-options.yaml"} {
+	for f, want := range map[string]string{
+		"testdata/clusterpolicy-chart-default.yaml":  "",
+		"testdata/clusterpolicy-common-options.yaml": gpustack.CommonOptionsUnsupported,
+	} {
 		t.Run(filepath.Base(f), func(t *testing.T) {
 			d := newDirect(t)
 			p := createPolicyFile(t, f)
@@ -157,10 +161,14 @@ func TestReconcileGPUOperatorPolicies(t *testing.T) {
 				t.Errorf("second reconcile rewrote rendered objects (a field the API server stores differently): %s", second)
 			}
 			got := getPolicy(t, p.Name)
-			if c := meta.FindStatusCondition(got.Status.Conditions, nvidiav1.ConditionUnsupportedFields); c == nil || c.Status != metav1.ConditionFalse {
+			c := meta.FindStatusCondition(got.Status.Conditions, nvidiav1.ConditionUnsupportedFields)
+			if want == "" && (c == nil || c.Status != metav1.ConditionFalse) {
 				t.Errorf("UnsupportedFields condition %+v, want False", c)
 			}
-			c := meta.FindStatusCondition(got.Status.Conditions, nvidiav1.ConditionServiceMonitor)
+			if want != "" && (c == nil || c.Status != metav1.ConditionTrue || c.Message != want) {
+				t.Errorf("UnsupportedFields condition %+v, want True %q", c, want)
+			}
+			c = meta.FindStatusCondition(got.Status.Conditions, nvidiav1.ConditionServiceMonitor)
 			if c == nil || c.Status != metav1.ConditionFalse || c.Reason != gpustack.ReasonServiceMonitorNotServed ||
 				!strings.Contains(c.Message, "monitoring.coreos.com/v1 ServiceMonitor (CustomResourceDefinition servicemonitors.monitoring.coreos.com is not installed)") {
 				t.Errorf("ServiceMonitor condition %+v, want False: not served, the CRD is not installed", c)
