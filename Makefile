@@ -59,8 +59,9 @@ test-rules: promtool ## promtool check and unit-test the alerting rules; check t
 	go test -count=1 -short ./test/monitoring/
 
 .PHONY: build
-build: ## Build bin/gpufleet.
+build: ## Build bin/gpufleet and bin/gpufleet-agent (the node agent alone, what the agent DaemonSet runs).
 	go build -trimpath -ldflags "$(LDFLAGS)" -o $(BIN)/gpufleet ./cmd/gpufleet
+	go build -trimpath -ldflags "$(LDFLAGS)" -o $(BIN)/gpufleet-agent ./cmd/gpufleet-agent
 
 .PHONY: dev
 dev: tools build ## Start the local cluster with simulated GPU nodes and the operator (Ctrl-C to stop).

@@ -14,6 +14,7 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/gpufleet/gpufleet/internal/agent"
+	"github.com/gpufleet/gpufleet/internal/cli"
 	"github.com/gpufleet/gpufleet/internal/devcluster"
 	"github.com/gpufleet/gpufleet/internal/operator"
 )
@@ -33,8 +34,8 @@ kube-controller-manager, kube-scheduler) with kwok simulating GPU nodes,
 installs gpufleet's CRDs, runs the operator in this process and waits for
 Ctrl-C. Everything it started is stopped and removed on exit.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			level := setupLogging(true, zapcore.DebugLevel)
-			ctx, cancel := signalContext()
+			level := cli.SetupLogging(true, zapcore.DebugLevel)
+			ctx, cancel := cli.SignalContext()
 			defer cancel()
 			return runDev(ctx, devParams{nodes: nodes, pools: pools, cpuNodes: cpuNodes, binDir: binDir, operator: !noOperator, logLevel: level})
 		},

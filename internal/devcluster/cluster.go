@@ -337,6 +337,13 @@ func (c *Cluster) writeKubeconfig(path, user string, kp keyPair) error {
 	return nil
 }
 
+// KubeconfigFor writes a kubeconfig authenticated as user (with groups),
+// for running a component as its own process under its own RBAC (file
+// names the kubeconfig in the cluster's directory).
+func (c *Cluster) KubeconfigFor(file, user string, groups ...string) (string, error) {
+	return c.componentKubeconfig(file, user, groups...)
+}
+
 // ConfigFor returns a REST config authenticated as user (with groups), for
 // running a component under its own RBAC rather than as admin.
 func (c *Cluster) ConfigFor(user string, groups ...string) (*rest.Config, error) {

@@ -32,7 +32,7 @@ func TestAgentRunsItsNodesActionsUnderItsOwnRBAC(t *testing.T) {
 	if err := yaml.UnmarshalStrict(agentconfig.DaemonSet, ds); err != nil {
 		t.Fatalf("config/agent/daemonset.yaml: %v", err)
 	}
-	if c := ds.Spec.Template.Spec.Containers[0]; !ds.Spec.Template.Spec.HostPID || c.Command[1] != "agent" || c.Env[0].ValueFrom.FieldRef.FieldPath != "spec.nodeName" {
+	if c := ds.Spec.Template.Spec.Containers[0]; !ds.Spec.Template.Spec.HostPID || len(c.Command) != 1 || c.Command[0] != "/gpufleet-agent" || c.Env[0].ValueFrom.FieldRef.FieldPath != "spec.nodeName" {
 		t.Errorf("agent DaemonSet: hostPID %t, command %v, env %v", ds.Spec.Template.Spec.HostPID, c.Command, c.Env)
 	}
 	cfg, err := env.ConfigFor("system:serviceaccount:"+ns+":gpufleet-agent", "system:serviceaccounts", "system:authenticated")
