@@ -13,7 +13,6 @@ import (
 	uzap "go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
-	"github.com/gpufleet/gpufleet/internal/agent"
 	"github.com/gpufleet/gpufleet/internal/cli"
 	"github.com/gpufleet/gpufleet/internal/devcluster"
 	"github.com/gpufleet/gpufleet/internal/operator"
@@ -111,7 +110,7 @@ func runDev(ctx context.Context, p devParams) error {
 		}
 		// The simulated nodes' agent, in this process: repair actions
 		// change the kwok nodes.
-		if err := agent.AddInProcess(mgr, devcluster.SimExecutor{Cluster: cluster}, nil); err != nil {
+		if err := devcluster.AddInProcessAgent(mgr, devcluster.SimExecutor{Cluster: cluster}, nil); err != nil {
 			return err
 		}
 		go func() { errc <- mgr.Start(opCtx) }()

@@ -2,7 +2,8 @@
 // and in the node agent's own binary (cmd/gpufleet-agent): the process's
 // logger, the cluster credentials and the signal context. It must stay
 // small: the agent binary links it, and everything it imports adds to the
-// agent's memory on every GPU node.
+// agent's memory on every GPU node (controller-runtime's log and config
+// packages, not its root package, which links the whole of it).
 package cli
 
 import (
@@ -17,7 +18,8 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2"
-	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client/config"
+	crlog "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 )
 
@@ -32,7 +34,7 @@ func SignalContext() (context.Context, context.CancelFunc) {
 func SetupLogging(development bool, level zapcore.Level) *uzap.AtomicLevel {
 	atomic := uzap.NewAtomicLevelAt(level)
 	logger := zap.New(zap.UseDevMode(development), zap.Level(atomic))
-	ctrl.SetLogger(logger)
+	crlog.SetLogger(logger)
 	klog.SetLogger(logger)
 	return &atomic
 }
@@ -45,7 +47,7 @@ func SetupLogging(development bool, level zapcore.Level) *uzap.AtomicLevel {
 // behind the limiter.
 func RestConfig(kubeconfig string) (*rest.Config, error) {
 	if kubeconfig == "" {
-		cfg, err := ctrl.GetConfig()
+		cfg, err := config.GetConfig()
 		if err != nil {
 			return nil, fmt.Errorf("finding cluster credentials: %w", err)
 		}

@@ -62,14 +62,14 @@ DaemonSet runs the second, which links nothing but the agent.`,
 			if podResources != "" {
 				gpus.PodResources = &agent.KubeletPodResources{Socket: podResources}
 			}
-			mgr, err := agent.NewManager(cfg, agent.Options{NodeName: nodeName, Executor: agent.HostExecutor{Runner: agent.ExecRunner{}},
+			d, err := agent.New(cfg, agent.Options{NodeName: nodeName, Executor: agent.HostExecutor{Runner: agent.ExecRunner{}},
 				GPUs: gpus})
 			if err != nil {
 				return err
 			}
 			ctx, cancel := cli.SignalContext()
 			defer cancel()
-			return mgr.Start(ctx)
+			return d.Start(ctx)
 		},
 	}
 	cmd.Flags().StringVar(&kubeconfig, "kubeconfig", "", "path to a kubeconfig (default: in-cluster)")
