@@ -97,6 +97,7 @@ bench: tools ## Planner micro-benchmarks and scale scenarios on the local cluste
 	  go test -count=1 -run '^$$' -bench 'BenchmarkClusterPolicyScale' -benchtime 1x -timeout 30m ./internal/gpustack/ -args -gpustack.nodes=100; \
 	  go test -count=1 -run '^$$' -bench 'BenchmarkHealthyFleet500' -benchtime 1x -timeout 30m ./internal/repair/; \
 	  go test -count=1 -run '^$$' -bench 'BenchmarkOperatorMemory' -benchtime 1x -timeout 60m ./test/chaos/ -args -chaos.heap-profile=$(CURDIR)/results/heap.pprof; \
+	  go test -count=1 -run '^$$' -bench 'BenchmarkAgentMemory' -benchtime 1x -timeout 20m ./test/chaos/; \
 	} 2>&1 | grep -v '^\s*>' | tee results/bench.txt
 
 .PHONY: chaos

@@ -32,7 +32,7 @@ import (
 // and removed by the test (the package's other tests count GPU nodes).
 const gpuHostNode = "gpuhost-000"
 
-// TestNodeAgentReportsSimulatedGPUFaults runs the node agent's manager (as
+// TestNodeAgentReportsSimulatedGPUFaults runs the node agent (as
 // `gpufleet agent` does, under the agent's own RBAC from config/agent) for
 // one simulated node, with the simulated GPU host as its source, and
 // injects faults through the node's annotations:

@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -130,13 +131,14 @@ func measureAgent(ctx context.Context, b *testing.B, env *devcluster.Env, kubeco
 
 	cmd := exec.Command(bin, append(args, "--kubeconfig", kubeconfig, "--node-name", node, "--kmsg-path", kmsg,
 		"--dcgm-url", dcgm.URL+"/metrics", "--dcgm-interval", "5s", "--pod-resources-socket", "")...)
-	var logs strings.Builder
-	cmd.Stdout, cmd.Stderr = &logs, &logs
+	logs := &lockedBuffer{}
+	cmd.Stdout, cmd.Stderr = logs, logs
 	if err := cmd.Start(); err != nil {
 		b.Fatal(err)
 	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
+	var waitErr error
+	exited := make(chan struct{})
+	go func() { waitErr = cmd.Wait(); close(exited) }()
 	defer func() {
 		_ = cmd.Process.Signal(syscall.SIGTERM)
 		select {
@@ -149,8 +151,8 @@ func measureAgent(ctx context.Context, b *testing.B, env *devcluster.Env, kubeco
 	began := time.Now()
 	at := func(d time.Duration) {
 		select {
-		case err := <-exited:
-			b.Fatalf("the agent exited: %v\n%s", err, logs.String())
+		case <-exited:
+			b.Fatalf("the agent exited: %v\n%s", waitErr, logs.String())
 		case <-time.After(time.Until(began.Add(d))):
 		}
 	}
@@ -248,4 +250,23 @@ func agentStatus(pid int) (rss, hwm, anon, file float64) {
 		}
 	}
 	return rss, hwm, anon, file
+}
+
+// lockedBuffer collects a process's output for the test to read at any
+// time.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf strings.Builder
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }

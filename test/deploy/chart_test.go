@@ -306,12 +306,12 @@ func TestChartAgent(t *testing.T) {
 	if !equality.Semantic.DeepEqual(mounts, []any{wantMount}) || !equality.Semantic.DeepEqual(vols, []any{wantVol}) {
 		t.Errorf("pod-resources: mounts %v, volumes %v", mounts, vols)
 	}
-	// Memory for the measured RSS of 52 MB (README): requested, with
+	// Memory for the measured RSS of 24 MB (README): requested, with
 	// headroom in the limit.
 	req, _, _ := unstructured.NestedString(c, "resources", "requests", "memory")
 	lim, _, _ := unstructured.NestedString(c, "resources", "limits", "memory")
-	if req != "64Mi" || lim != "128Mi" {
-		t.Errorf("agent memory request %q, limit %q; want 64Mi, 128Mi", req, lim)
+	if req != "32Mi" || lim != "64Mi" {
+		t.Errorf("agent memory request %q, limit %q; want 32Mi, 64Mi", req, lim)
 	}
 
 	ds, c, args = agentOf(renderChart(t, "gpufleet",
