@@ -594,6 +594,14 @@ func faultyGPUs(t *testing.T, node string, gpus ...int) {
 	}
 }
 
+func describeGPUs(gpus []repairv1.GPURef) string {
+	names := make([]string, len(gpus))
+	for i, g := range gpus {
+		names[i] = g.Describe()
+	}
+	return "[" + strings.Join(names, ", ") + "]"
+}
+
 // drainedPods returns which of pods are gone from node or being deleted.
 func drainedPods(t *testing.T, node string, pods map[string]int) map[string]bool {
 	t.Helper()
@@ -632,7 +640,7 @@ func TestDevicePluginNodeBelowWholeNodeAfterResetsGPUByGPU(t *testing.T) {
 		t.Errorf("3 of 8 GPUs under wholeNodeAfter 50%%: escalation %q, actions %v; want none and [ResetGPU Reboot]", r.Spec.Escalation, r.Spec.Actions)
 	}
 	if len(r.Spec.GPUs) != 3 {
-		t.Errorf("repair GPUs %+v, want GPUs 1, 3 and 5", r.Spec.GPUs)
+		t.Errorf("repair GPUs %s, want GPUs 1, 3 and 5", describeGPUs(r.Spec.GPUs))
 	}
 	steps := timelineSteps(r)
 	if !strings.Contains(steps, "ResetGPU:Succeeded") || strings.Contains(steps, "Reboot") || r.Status.MaintenanceName != "" {
@@ -685,7 +693,7 @@ func TestDevicePluginNodeAtWholeNodeAfterTakesTheWholeNode(t *testing.T) {
 		t.Errorf("escalation %q, want %q…", r.Spec.Escalation, want)
 	}
 	if !slices.Equal(r.Spec.Actions, []repairv1.Action{repairv1.ActionReboot}) || len(r.Spec.GPUs) != 2 {
-		t.Errorf("actions %v, GPUs %+v; want [Reboot] for GPUs 2 and 4", r.Spec.Actions, r.Spec.GPUs)
+		t.Errorf("actions %v, GPUs %s; want [Reboot] for GPUs 2 and 4", r.Spec.Actions, describeGPUs(r.Spec.GPUs))
 	}
 	r = repairOf(t, node, repairv1.PhaseSucceeded, 120*time.Second)
 	steps := timelineSteps(r)
