@@ -129,6 +129,9 @@ func (s *simInit) sync(ctx context.Context, node string) error {
 	if err != nil {
 		return err
 	}
+	if err := s.moduleInUse(ctx, n, objs); err != nil {
+		return err
+	}
 	ready := map[string]bool{}
 	for _, o := range objs {
 		p := o.(*corev1.Pod)

@@ -36,8 +36,9 @@ func CacheObjects(namespace string) map[client.Object]cache.ByObject {
 
 // stripPod is the cache transform of the stack's pods: it keeps only what
 // the controller reads (node, component label, containers' images, phase,
-// the Ready and Initialized conditions, creation and deletion, and for a pod not yet
-// scheduled its node affinity and the scheduler's reason), so a thousand GPU nodes'
+// the Ready and Initialized conditions, creation and deletion, for a pod not yet
+// scheduled its node affinity and the scheduler's reason, and for a driver
+// pod the line saying that the old kernel module is in use), so a thousand GPU nodes'
 // stack pods cost a fraction of their full size. The freshly decoded pod is
 // trimmed in place: no second copy is allocated.
 var stripPod toolscache.TransformFunc = func(obj any) (any, error) {
@@ -69,6 +70,15 @@ var stripPod toolscache.TransformFunc = func(obj any) (any, error) {
 			conditions = append(conditions, corev1.PodCondition{Type: c.Type, Status: c.Status, Reason: c.Reason, Message: c.Message})
 		}
 	}
-	p.Status = corev1.PodStatus{Phase: p.Status.Phase, Conditions: conditions}
+	var statuses []corev1.ContainerStatus
+	if p.Labels[LabelComponent] == Driver {
+		// A driver that cannot load while the old module is in use (the
+		// upgrade reboots the node): only the line that says so.
+		if name, line := moduleInUseStatus(p); line != "" {
+			statuses = []corev1.ContainerStatus{{Name: name,
+				LastTerminationState: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{Message: line}}}}
+		}
+	}
+	p.Status = corev1.PodStatus{Phase: p.Status.Phase, Conditions: conditions, ContainerStatuses: statuses}
 	return p, nil
 }

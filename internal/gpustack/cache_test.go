@@ -11,10 +11,10 @@ import (
 	"k8s.io/utils/ptr"
 )
 
-func fullPod(namespace, name string, now metav1.Time) *corev1.Pod {
+func fullPod(name string, now metav1.Time) *corev1.Pod {
 	return &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{
-			Name: name, Namespace: namespace, UID: "u", ResourceVersion: "7", CreationTimestamp: now, DeletionTimestamp: &now,
+			Name: name, Namespace: "gpufleet-system", UID: "u", ResourceVersion: "7", CreationTimestamp: now, DeletionTimestamp: &now,
 			DeletionGracePeriodSeconds: ptr.To[int64](30), GenerateName: "p-",
 			Labels:          map[string]string{"app": "x"},
 			Annotations:     map[string]string{corev1.MirrorPodAnnotationKey: "m", "big": "noise"},
@@ -44,7 +44,7 @@ func TestStripPodKeepsWhatTheControllerReads(t *testing.T) {
 		Status: corev1.PodStatus{Phase: corev1.PodRunning,
 			Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue, LastTransitionTime: now}}},
 	}
-	got, err := stripPod(fullPod("gpufleet-system", "p", now))
+	got, err := stripPod(fullPod("p", now))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -56,13 +56,40 @@ func TestStripPodKeepsWhatTheControllerReads(t *testing.T) {
 	}
 }
 
+// Regression: the transform dropped container statuses, so the upgrade
+// never saw a driver report that the old kernel module is in use and failed
+// the node instead of rebooting it.
+func TestStripPodKeepsADriversModuleInUseLine(t *testing.T) {
+	now := metav1.Now()
+	p := fullPod("drv", now)
+	p.Labels = map[string]string{LabelComponent: Driver}
+	p.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "nvidia-driver-ctr", RestartCount: 3,
+		State: corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: "CrashLoopBackOff"}},
+		LastTerminationState: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 1,
+			Message: "Unloading NVIDIA driver kernel modules...\nnvidia 56807424 113\nCould not unload NVIDIA driver kernel modules, driver is in use\n"}}}}
+	want := ModuleInUse(p)
+	got, err := stripPod(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m := ModuleInUse(got.(*corev1.Pod)); m != want || m == "" {
+		t.Errorf("after the transform: %q, want %q", m, want)
+	}
+	other := fullPod("dp", now)
+	other.Labels = map[string]string{LabelComponent: DevicePlugin}
+	other.Status.ContainerStatuses = p.Status.ContainerStatuses
+	if got, _ := stripPod(other); len(got.(*corev1.Pod).Status.ContainerStatuses) != 0 {
+		t.Errorf("another component's container statuses were kept")
+	}
+}
+
 // BenchmarkStrippedPodMemory reports the heap a cached stack pod keeps
 // after the transform; pods are decoded from protobuf as the informer does,
 // so every string is its own allocation.
 func BenchmarkStrippedPodMemory(b *testing.B) {
 	const n = 20000
 	now := metav1.Now()
-	p := fullPod("gpufleet-system", "nvidia-device-plugin-daemonset-x2k9p", now)
+	p := fullPod("nvidia-device-plugin-daemonset-x2k9p", now)
 	p.Labels = map[string]string{LabelComponent: "nvidia-device-plugin-daemonset", LabelManagedBy: managedBy, "controller-revision-hash": "5d8f9c7b6d"}
 	p.OwnerReferences = []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "DaemonSet", Name: "nvidia-device-plugin-daemonset", UID: "0d3c1f0e-1b7a-4a57-9b0e-3c1f0e1b7a4a", Controller: ptr.To(true)}}
 	wire, err := p.Marshal()

@@ -69,18 +69,30 @@ type Reconciler struct {
 	// that came meanwhile); a change of state or condition is written at
 	// once. 0 writes every change at once.
 	StatusInterval time.Duration
+	// PassInterval coalesces reconcile passes: a pass of a policy starts at
+	// most once per interval; the events that came meanwhile are served by
+	// the next one (each pass lists every node and stack pod, so on a large
+	// cluster a pass per pod event costs more than the events are worth).
+	// 0 runs a pass per request.
+	PassInterval time.Duration
 
 	// own records this process's status writes until the cache shows them.
 	own ownwrites.Record
 	mu  sync.Mutex
 	// lastWrite is when each policy's status was last written.
 	lastWrite map[string]time.Time
+	// lastPass is when each policy's last pass started.
+	lastPass map[string]time.Time
 }
 
 // Reconcile converges one ClusterPolicy: objects, node labels, status. A
 // conflict (someone changed an object since the cache read it) is
 // expected: the pass is retried with the newer version, quietly.
 func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+	if wait := r.passWait(req.Name); wait > 0 {
+		reconcilePasses.WithLabelValues(passDeferred).Inc()
+		return reconcile.Result{RequeueAfter: wait}, nil
+	}
 	res, result, err := r.reconcile(ctx, req)
 	switch {
 	case apierrors.IsConflict(err):
@@ -93,6 +105,25 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	}
 	reconcilePasses.WithLabelValues(result).Inc()
 	return res, nil
+}
+
+// passWait is how long a pass of the policy must wait for PassInterval
+// (0: start it now, and it counts from now).
+func (r *Reconciler) passWait(policy string) time.Duration {
+	if r.PassInterval <= 0 {
+		return 0
+	}
+	now := r.Clock.Now()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if wait := r.lastPass[policy].Add(r.PassInterval).Sub(now); wait > 0 {
+		return wait
+	}
+	if r.lastPass == nil {
+		r.lastPass = map[string]time.Time{}
+	}
+	r.lastPass[policy] = now
+	return 0
 }
 
 // conflictRetry and cacheRetry: how soon a pass is retried after a

@@ -111,5 +111,29 @@ func NodeLabels(node *corev1.Node, spec *nvidiav1.ClusterPolicySpec) map[string]
 			remove(c.DeployLabel)
 		}
 	}
+	if v := migConfigDefault(spec, labels); v != "" {
+		changes[LabelMIGConfig] = &v
+	}
 	return changes
+}
+
+// LabelMIGConfig names the MIG configuration mig-manager applies to a node.
+const LabelMIGConfig = "nvidia.com/mig.config"
+
+// migConfigDisabled is mig-parted's configuration with MIG off on every GPU.
+const migConfigDisabled = "all-disabled"
+
+// migConfigDefault is the MIG configuration label a node gets from
+// migManager.config.default ("" for none), as NVIDIA's GPU Operator labels
+// nodes: only the default "all-disabled" (the chart's), only on a
+// MIG-capable node where mig-manager runs, and only when the node has no
+// MIG configuration yet. Any other default would repartition GPUs under
+// running workloads; an administrator chooses those per node.
+func migConfigDefault(spec *nvidiav1.ClusterPolicySpec, labels map[string]string) string {
+	mig, _ := componentByKey(MIGManager)
+	if !mig.Enabled(spec) || !mig.RunsOn(labels) || labels[LabelMIGConfig] != "" ||
+		spec.MIGManager.Config == nil || spec.MIGManager.Config.Default != migConfigDisabled {
+		return ""
+	}
+	return migConfigDisabled
 }

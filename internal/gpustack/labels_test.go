@@ -143,3 +143,43 @@ func TestNodeLabelsConverge(t *testing.T) {
 	}
 	t.Fatalf("labels never converged: %v", n.Labels)
 }
+
+// migManager.config.default "all-disabled" labels MIG-capable nodes that
+// have no MIG configuration, as NVIDIA's GPU Operator does; nothing else.
+func TestMIGConfigDefaultLabel(t *testing.T) {
+	capable := map[string]string{LabelMIGCapable: "true"}
+	withConfig := map[string]string{LabelMIGCapable: "true", LabelMIGConfig: "all-1g.10gb"}
+	spec := func(enabled bool, def string) *nvidiav1.ClusterPolicySpec {
+		s := &nvidiav1.ClusterPolicySpec{}
+		s.MIGManager.Enabled = ptr.To(enabled)
+		if def != "" {
+			s.MIGManager.Config = &nvidiav1.MIGManagerConfigSpec{Default: def}
+		}
+		return s
+	}
+	tests := map[string]struct {
+		spec   *nvidiav1.ClusterPolicySpec
+		labels map[string]string
+		want   string // "" = no change of the label
+	}{
+		"chart default on a MIG-capable node":       {spec: spec(true, "all-disabled"), labels: capable, want: "all-disabled"},
+		"the node has a MIG configuration":          {spec: spec(true, "all-disabled"), labels: withConfig},
+		"not MIG-capable":                           {spec: spec(true, "all-disabled"), labels: map[string]string{}},
+		"mig-manager disabled":                      {spec: spec(false, "all-disabled"), labels: capable},
+		"another default is the administrator's":    {spec: spec(true, "all-1g.10gb"), labels: capable},
+		"no default":                                {spec: spec(true, ""), labels: capable},
+		"an empty label counts as no configuration": {spec: spec(true, "all-disabled"), labels: map[string]string{LabelMIGCapable: "true", LabelMIGConfig: ""}, want: "all-disabled"},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			n := gpuNode(tc.labels, "containerd://1.7")
+			got := ""
+			if v := NodeLabels(n, tc.spec)[LabelMIGConfig]; v != nil {
+				got = *v
+			}
+			if got != tc.want {
+				t.Errorf("mig.config change %q, want %q", got, tc.want)
+			}
+		})
+	}
+}

@@ -42,7 +42,7 @@ var policies = &policyCollector{}
 var (
 	reconcilePasses = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "gpufleet_gpustack_reconcile_passes_total",
-		Help: "Passes of the ClusterPolicy controller by result: converged (nothing written), wrote, coalesced (a status change held back to be written with the next ones), waiting_for_cache (the cache had not yet shown the controller's last status write), conflict (requeued), error.",
+		Help: "Passes of the ClusterPolicy controller by result: converged (nothing written), wrote, coalesced (a status change held back to be written with the next ones), waiting_for_cache (the cache had not yet shown the controller's last status write), conflict (requeued), error, deferred (not a pass: it came within the pass interval of the last one and is served by the next).",
 	}, []string{"result"})
 	writes = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "gpufleet_gpustack_writes_total",
@@ -64,6 +64,7 @@ const (
 	passWaiting   = "waiting_for_cache"
 	passConflict  = "conflict"
 	passError     = "error"
+	passDeferred  = "deferred" // within PassInterval of the last pass
 )
 
 // ServeMetrics makes the registered collector read ClusterPolicies from

@@ -200,6 +200,7 @@ func NVIDIADriverUnsupported(d *nvidiav1alpha1.NVIDIADriver) []UnsupportedField 
 	add(s.GDRCopy != nil && isTrue(s.GDRCopy.Enabled), "gdrcopy.enabled", "GDRCopy")
 	add(s.LicensingConfig != nil && (s.LicensingConfig.SecretName != "" || s.LicensingConfig.Name != ""), "licensingConfig", "vGPU licensing")
 	add(s.VirtualTopologyConfig != nil && s.VirtualTopologyConfig.Name != "", "virtualTopologyConfig", "vGPU virtual topology")
+	out = append(out, driverUnsupported("", s.LivenessProbe, "repoConfig.name", nameOf(s.RepoConfig), nameOf(s.CertConfig), &s.Manager)...)
 	return out
 }
 

@@ -852,7 +852,8 @@ func TestReconcileIgnoresTheYoungerPolicyOnce(t *testing.T) {
 func TestReconcileAfterARestartBetweenApplyAndStatus(t *testing.T) {
 	d := newDirect(t)
 	nodes := listNodes(t)
-	// With MIG manager, cluster-scoped objects (ClusterRole, binding) too.
+	// Cluster-scoped objects too: the driver manager's and (with MIG
+	// manager) mig-manager's ClusterRole and binding.
 	p := createPolicy(t, "cluster-policy", func(p *nvidiav1.ClusterPolicy) { p.Spec.MIGManager.Enabled = ptr.To(true) })
 
 	// The first pass applies the objects and labels the nodes; its status
@@ -863,7 +864,7 @@ func TestReconcileAfterARestartBetweenApplyAndStatus(t *testing.T) {
 		t.Fatalf("pass whose status write failed: want its error and no event: %s", crashed)
 	}
 	created := crashed.keys("Create")
-	if crashed.count("Create", "DaemonSet") == 0 || crashed.count("Create", "ClusterRoleBinding") != 1 || crashed.count("Patch", "Node") != len(nodes.gpu) {
+	if crashed.count("Create", "DaemonSet") == 0 || crashed.count("Create", "ClusterRoleBinding") != 2 || crashed.count("Patch", "Node") != len(nodes.gpu) {
 		t.Fatalf("the interrupted pass did not apply the objects and node labels: %s", crashed)
 	}
 	if s := getPolicy(t, p.Name).Status; s.State != "" || len(s.Conditions) != 0 {

@@ -79,6 +79,8 @@ var defaultImages = map[string][3]string{
 	GFD:                {"nvcr.io/nvidia", "k8s-device-plugin", "v0.17.0"},
 	MIGManager:         {"nvcr.io/nvidia/cloud-native", "k8s-mig-manager", "v0.10.0-ubuntu20.04"},
 	NodeStatusExporter: {"nvcr.io/nvidia/cloud-native", "gpu-operator-validator", "v24.9.0"},
+	// The driver pod's init container (driver.manager).
+	DriverManagerContainer: {"nvcr.io/nvidia/cloud-native", "k8s-driver-manager", "v0.7.0"},
 }
 
 // runtimePaths are the host paths and env of the toolkit per runtime.
@@ -124,7 +126,7 @@ func Render(policy *nvidiav1.ClusterPolicy, facts Facts, assets fs.FS) ([]client
 				}
 				out = append(out, obj)
 			case *appsv1.DaemonSet:
-				addValidations(&obj.Spec.Template.Spec, c, validator, pullPolicy(vspec))
+				addValidations(&obj.Spec.Template.Spec, c, validator, vspec, &policy.Spec.Validator)
 				dss, err := daemonSets(obj, policy, facts, c, spec, image)
 				if err != nil {
 					return nil, fmt.Errorf("component %s: %w", c.Key, err)
@@ -245,7 +247,9 @@ func daemonSets(base *appsv1.DaemonSet, policy *nvidiav1.ClusterPolicy, facts Fa
 	customise(base, policy, c, spec, image)
 	switch c.Key {
 	case Driver:
-		driverProbes(base, &policy.Spec.Driver)
+		if err := driverPod(base, &policy.Spec.Driver); err != nil {
+			return nil, err
+		}
 		return driverFlavours(base, "", facts, image), nil
 	case ContainerToolkit:
 		var out []client.Object
@@ -263,6 +267,7 @@ func daemonSets(base *appsv1.DaemonSet, policy *nvidiav1.ClusterPolicy, facts Fa
 				{Name: paths.configEnv, Value: paths.config},
 				{Name: paths.socketEnv, Value: paths.socket},
 			})
+			ctr.Env = mergeEnvUnder(ctr.Env, toolkitRuntimeEnv(&policy.Spec, rt), spec.Env)
 			for i := range ds.Spec.Template.Spec.Volumes {
 				v := &ds.Spec.Template.Spec.Volumes[i]
 				switch v.Name {
@@ -320,7 +325,9 @@ func nvidiaDriverDaemonSets(base *appsv1.DaemonSet, policy *nvidiav1.ClusterPoli
 		}
 		ds := base.DeepCopy()
 		customise(ds, p, c, spec, image)
-		driverProbes(ds, &p.Spec.Driver)
+		if err := driverPod(ds, &p.Spec.Driver); err != nil {
+			return nil, fmt.Errorf("NVIDIADriver %s: %w", d.Name, err)
+		}
 		tpl := &ds.Spec.Template
 		for k, v := range driverLabelsOf(d) { // never over gpufleet's own labels
 			if _, ours := tpl.Labels[k]; !ours || k == LabelNVIDIADriver {
@@ -354,8 +361,14 @@ func nvidiaDriverDaemonSets(base *appsv1.DaemonSet, policy *nvidiav1.ClusterPoli
 // validator image, COMPONENT=driver|toolkit|plugin, WITH_WAIT=true — it
 // waits until that component works on the node and records it in
 // /run/nvidia/validations. Every component of a node is deployed at once;
-// these keep the order on each node.
-func addValidations(ps *corev1.PodSpec, c Component, image string, pull corev1.PullPolicy) {
+// these keep the order on each node. As in gpu-operator, they take the
+// validator's pull policy, resources and pull secrets, and the env of
+// validator.driver, validator.toolkit and validator.plugin (the
+// validations of the same name; validator.cuda's goes to the validator's
+// own container, which runs the CUDA check: componentEnv); a
+// driver-validation also reads the host's root, the driver's root and
+// /dev/char (driverValidationMounts).
+func addValidations(ps *corev1.PodSpec, c Component, image string, vspec *nvidiav1.ComponentSpec, v *nvidiav1.ValidatorSpec) {
 	if len(c.After) == 0 {
 		return
 	}
@@ -364,12 +377,13 @@ func addValidations(ps *corev1.PodSpec, c Component, image string, pull corev1.P
 		ps.Volumes = append(ps.Volumes, corev1.Volume{Name: volume, VolumeSource: corev1.VolumeSource{
 			HostPath: &corev1.HostPathVolumeSource{Path: "/run/nvidia", Type: ptr.To(corev1.HostPathDirectoryOrCreate)}}})
 	}
+	userEnv := map[string]*nvidiav1.EnvSpec{Driver: v.Driver, ContainerToolkit: v.Toolkit, DevicePlugin: v.Plugin}
 	var inits []corev1.Container
 	for _, dep := range c.After {
-		inits = append(inits, corev1.Container{
+		ctr := corev1.Container{
 			Name:            validationNames[dep],
 			Image:           image,
-			ImagePullPolicy: pull,
+			ImagePullPolicy: pullPolicy(vspec),
 			Command:         []string{"sh", "-c"},
 			Args:            []string{"nvidia-validator"},
 			Env: []corev1.EnvVar{
@@ -379,9 +393,29 @@ func addValidations(ps *corev1.PodSpec, c Component, image string, pull corev1.P
 			SecurityContext: &corev1.SecurityContext{Privileged: ptr.To(true)},
 			VolumeMounts: []corev1.VolumeMount{{Name: volume, MountPath: "/run/nvidia",
 				MountPropagation: ptr.To(corev1.MountPropagationBidirectional)}},
-		})
+		}
+		if vspec.Resources != nil {
+			ctr.Resources = *vspec.Resources.DeepCopy()
+		}
+		if dep == Driver {
+			driverValidationMounts(ps, &ctr)
+		}
+		if e := userEnv[dep]; e != nil {
+			ctr.Env = mergeEnv(ctr.Env, envVars(e.Env))
+		}
+		inits = append(inits, ctr)
 	}
 	ps.InitContainers = append(inits, ps.InitContainers...)
+	addPullSecrets(ps, vspec.ImagePullSecrets)
+}
+
+// envVars converts the policy's name/value env to the core type.
+func envVars(env []nvidiav1.EnvVar) []corev1.EnvVar {
+	var out []corev1.EnvVar
+	for _, e := range env {
+		out = append(out, corev1.EnvVar{Name: e.Name, Value: e.Value})
+	}
+	return out
 }
 
 // customise applies the policy's settings for the component.
@@ -417,12 +451,10 @@ func customise(ds *appsv1.DaemonSet, policy *nvidiav1.ClusterPolicy, c Component
 	if common.PriorityClassName != "" {
 		ps.PriorityClassName = common.PriorityClassName
 	}
-	for _, s := range spec.ImagePullSecrets {
-		ps.ImagePullSecrets = append(ps.ImagePullSecrets, corev1.LocalObjectReference{Name: s})
-	}
+	addPullSecrets(ps, spec.ImagePullSecrets)
 	for i := range ps.InitContainers {
-		if isValidation(ps.InitContainers[i].Name) {
-			continue // the validator's image (addValidations)
+		if isValidation(ps.InitContainers[i].Name) || ps.InitContainers[i].Name == DriverManagerContainer {
+			continue // the validator's image (addValidations), driver.manager's (driverPod)
 		}
 		ps.InitContainers[i].Image = image
 		ps.InitContainers[i].ImagePullPolicy = pullPolicy(spec)
@@ -433,7 +465,9 @@ func customise(ds *appsv1.DaemonSet, policy *nvidiav1.ClusterPolicy, c Component
 	if len(spec.Args) > 0 {
 		ctr.Args = slices.Clone(spec.Args)
 	}
+	applyHostPaths(ps, &policy.Spec)
 	ctr.Env = mergeEnv(ctr.Env, componentEnv(policy, c.Key))
+	ctr.Env = mergeEnv(ctr.Env, cdiEnv(&policy.Spec, c.Key))
 	configMaps(ps, policy, c.Key)
 	ctr.Env = mergeEnv(ctr.Env, spec.Env)
 	if spec.Resources != nil {
@@ -441,6 +475,9 @@ func customise(ds *appsv1.DaemonSet, policy *nvidiav1.ClusterPolicy, c Component
 	}
 	if common.PodSecurityContext != nil {
 		ps.SecurityContext = common.PodSecurityContext.DeepCopy()
+	}
+	if isTrue(spec.HostNetwork) { // as gpu-operator's applyHostNetworkConfig
+		ps.HostNetwork, ps.DNSPolicy = true, corev1.DNSClusterFirstWithHostNet
 	}
 	switch {
 	case common.UpdateStrategy == string(appsv1.OnDeleteDaemonSetStrategyType):
@@ -473,6 +510,12 @@ func componentEnv(policy *nvidiav1.ClusterPolicy, key string) []corev1.EnvVar {
 	case ContainerToolkit:
 		if d := policy.Spec.Toolkit.InstallDir; d != "" {
 			return []corev1.EnvVar{{Name: "ROOT", Value: d}}
+		}
+	case Validator:
+		// The validator's container runs the CUDA check (gpu-operator's
+		// cuda-validation); validator.env comes after, for the same names.
+		if e := policy.Spec.Validator.CUDA; e != nil {
+			return envVars(e.Env)
 		}
 	}
 	return nil
@@ -512,26 +555,6 @@ func migStrategy(s *nvidiav1.ClusterPolicySpec) string {
 		return s.GFD.MigStrategy
 	}
 	return s.MIG.Strategy
-}
-
-// driverProbes applies driver.startupProbe's settings to the driver
-// container's startup probe (the probe's check stays the asset's).
-func driverProbes(ds *appsv1.DaemonSet, d *nvidiav1.DriverSpec) {
-	probe := ds.Spec.Template.Spec.Containers[0].StartupProbe
-	spec := d.StartupProbe
-	if probe == nil || spec == nil {
-		return
-	}
-	set := func(dst *int32, v int32) {
-		if v != 0 {
-			*dst = v
-		}
-	}
-	set(&probe.InitialDelaySeconds, spec.InitialDelaySeconds)
-	set(&probe.TimeoutSeconds, spec.TimeoutSeconds)
-	set(&probe.PeriodSeconds, spec.PeriodSeconds)
-	set(&probe.SuccessThreshold, spec.SuccessThreshold)
-	set(&probe.FailureThreshold, spec.FailureThreshold)
 }
 
 func isValidation(name string) bool {

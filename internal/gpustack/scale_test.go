@@ -140,15 +140,24 @@ func BenchmarkClusterPolicyScale(b *testing.B) {
 
 func waitPolicy(b *testing.B, timeout time.Duration, done func(*nvidiav1.ClusterPolicy) bool) {
 	b.Helper()
+	p := &nvidiav1.ClusterPolicy{}
 	err := wait.PollUntilContextTimeout(context.Background(), 100*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
-		p := &nvidiav1.ClusterPolicy{}
 		if err := k8s.Get(ctx, keyOf("bench-policy"), p); err != nil {
 			return false, nil //nolint:nilerr // keep polling
 		}
 		return done(p), nil
 	})
 	if err != nil {
-		b.Fatalf("bench-policy: condition not reached within %s", timeout)
+		pods, _ := cluster.Client.CoreV1().Pods(ns).List(context.Background(), metav1.ListOptions{})
+		phases := map[string]int{}
+		for _, pod := range pods.Items {
+			phase := string(pod.Status.Phase)
+			if pod.Spec.NodeName == "" {
+				phase += "/unscheduled"
+			}
+			phases[phase]++
+		}
+		b.Fatalf("bench-policy: condition not reached within %s; stack pods by phase %v; status %+v", timeout, phases, p.Status)
 	}
 }
 
@@ -172,11 +181,11 @@ func reconcilePasses(b *testing.B) float64 {
 	}
 	total := 0.0
 	for _, f := range families {
-		if f.GetName() != "controller_runtime_reconcile_total" {
+		if f.GetName() != "gpufleet_gpustack_reconcile_passes_total" {
 			continue
 		}
 		for _, m := range f.GetMetric() {
-			if labelValue(m, "controller") == "clusterpolicy" {
+			if labelValue(m, "result") != "deferred" { // not a pass
 				total += m.GetCounter().GetValue()
 			}
 		}

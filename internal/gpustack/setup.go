@@ -11,6 +11,7 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/kubectl/pkg/util/podutils"
 	"k8s.io/utils/clock"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
@@ -25,6 +26,7 @@ import (
 	maintenancev1 "github.com/gpufleet/gpufleet/api/maintenance/v1alpha1"
 	nvidiav1 "github.com/gpufleet/gpufleet/api/nvidia/v1"
 	nvidiav1alpha1 "github.com/gpufleet/gpufleet/api/nvidia/v1alpha1"
+	repairv1 "github.com/gpufleet/gpufleet/api/repair/v1alpha1"
 	"github.com/gpufleet/gpufleet/internal/maintenance/requestor"
 )
 
@@ -34,10 +36,11 @@ import (
 // +kubebuilder:rbac:groups="",resources=serviceaccounts;services,verbs=get;list;watch;create;update;patch;delete,namespace=gpufleet-system
 // +kubebuilder:rbac:groups="",resources=pods,verbs=delete,namespace=gpufleet-system
 // +kubebuilder:rbac:groups=rbac.authorization.k8s.io,resources=clusterroles;clusterrolebindings,verbs=get;list;watch;create
-// +kubebuilder:rbac:groups=rbac.authorization.k8s.io,resources=clusterroles;clusterrolebindings,verbs=update;patch;delete,resourceNames=nvidia-mig-manager
+// +kubebuilder:rbac:groups=rbac.authorization.k8s.io,resources=clusterroles;clusterrolebindings,verbs=update;patch;delete,resourceNames=nvidia-mig-manager;nvidia-driver
 // +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch;patch
 // +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch
 // +kubebuilder:rbac:groups=maintenance.nvidia.com,resources=nodemaintenances,verbs=get;list;watch;delete;patch
+// +kubebuilder:rbac:groups=repair.gpufleet.dev,resources=noderepairs,verbs=get;list;watch;create
 
 // Options configure the GPU stack controller.
 type Options struct {
@@ -48,6 +51,9 @@ type Options struct {
 	// StatusInterval: component counts are written at most this often
 	// (default 2s; state and condition changes are written at once).
 	StatusInterval time.Duration
+	// PassInterval: a ClusterPolicy's reconcile pass starts at most this
+	// often (default 200ms; negative: a pass per event).
+	PassInterval time.Duration
 }
 
 // Setup registers the ClusterPolicy controller with mgr.
@@ -61,15 +67,18 @@ func Setup(mgr manager.Manager, opts Options) error {
 	if opts.StatusInterval == 0 {
 		opts.StatusInterval = 2 * time.Second
 	}
+	if opts.PassInterval == 0 {
+		opts.PassInterval = 200 * time.Millisecond
+	}
 	r := &Reconciler{
 		Client: countingWrites(mgr.GetClient()), StatusInterval: opts.StatusInterval, Live: mgr.GetAPIReader(), Namespace: opts.Namespace, Clock: opts.Clock, Assets: Assets,
-		DegradedAfter: opts.DegradedAfter, UpgradeTimeout: opts.UpgradeTimeout, Recorder: mgr.GetEventRecorder("gpufleet-gpustack"),
+		DegradedAfter: opts.DegradedAfter, UpgradeTimeout: opts.UpgradeTimeout, PassInterval: opts.PassInterval, Recorder: mgr.GetEventRecorder("gpufleet-gpustack"),
 	}
 	allPolicies := enqueueAll(mgr, func() client.ObjectList { return &nvidiav1.ClusterPolicyList{} }, "ClusterPolicies")
 	stackPod := predicate.NewPredicateFuncs(func(o client.Object) bool {
 		return o.GetNamespace() == opts.Namespace && o.GetLabels()[LabelManagedBy] == managedBy
 	})
-	err := builder.ControllerManagedBy(mgr).
+	b := builder.ControllerManagedBy(mgr).
 		Named("clusterpolicy").
 		For(&nvidiav1.ClusterPolicy{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		Owns(&appsv1.DaemonSet{}).
@@ -82,9 +91,16 @@ func Setup(mgr manager.Manager, opts Options) error {
 		Watches(&maintenancev1.NodeMaintenance{}, allPolicies,
 			builder.WithPredicates(requestor.OfRequestor(UpgradeRequestor), requestor.Transitions)).
 		Watches(&nvidiav1alpha1.NVIDIADriver{}, allPolicies, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
-		WithOptions(controller.Options{MaxConcurrentReconciles: 1}).
-		Complete(r)
-	if err != nil {
+		WithOptions(controller.Options{MaxConcurrentReconciles: 1})
+	if _, err := mgr.GetRESTMapper().RESTMapping(schema.GroupKind{Group: repairv1.GroupVersion.Group, Kind: "NodeRepair"}, repairv1.GroupVersion.Version); err == nil {
+		// The reboots that driver upgrades ask for (a kernel module in use).
+		b = b.Watches(&repairv1.NodeRepair{}, allPolicies, builder.WithPredicates(
+			predicate.NewPredicateFuncs(func(o client.Object) bool { return o.GetLabels()[LabelRebootOf] != "" }),
+			predicate.Funcs{UpdateFunc: func(e event.UpdateEvent) bool {
+				return e.ObjectOld.(*repairv1.NodeRepair).Status.Phase != e.ObjectNew.(*repairv1.NodeRepair).Status.Phase
+			}}))
+	}
+	if err := b.Complete(r); err != nil {
 		return fmt.Errorf("setting up the ClusterPolicy controller: %w", err)
 	}
 	return setupDriverStatus(mgr, opts, stackPod)
@@ -146,6 +162,7 @@ var podReadinessChanged = predicate.Funcs{
 	UpdateFunc: func(e event.UpdateEvent) bool {
 		o, n := e.ObjectOld.(*corev1.Pod), e.ObjectNew.(*corev1.Pod)
 		return podutils.IsPodReady(o) != podutils.IsPodReady(n) || o.Spec.NodeName != n.Spec.NodeName ||
-			(o.DeletionTimestamp == nil) != (n.DeletionTimestamp == nil) || unschedulableReason(o) != unschedulableReason(n)
+			(o.DeletionTimestamp == nil) != (n.DeletionTimestamp == nil) || unschedulableReason(o) != unschedulableReason(n) ||
+			(o.Labels[LabelComponent] == Driver && (ModuleInUse(o) == "") != (ModuleInUse(n) == ""))
 	},
 }

@@ -137,10 +137,15 @@ func createPolicyFile(t *testing.T, path string) *nvidiav1.ClusterPolicy {
 
 // The policies written for today's gpu-operator deploy the stack gpufleet
 // provides: the API server takes every rendered object (rolling update,
-// probes, pod security context), a second pass rewrites none of them, and
-// the status names the one enabled field gpufleet does not act on.
+// probes, pod security context, the driver manager, ConfigMap volumes), a
+// second pass rewrites none of them, and the status names each enabled
+// field gpufleet does not act on.
 func TestReconcileGPUOperatorPolicies(t *testing.T) {
-	for _, f := range []string{"testdata/clusterpolicy-chart-default.yaml", "testdata/clusterpolicy-common-options.yaml"} {
+	chartDefault := "not supported by gpufleet, accepted and not deployed: spec.dcgmExporter.serviceMonitor.enabled (a ServiceMonitor for dcgm-exporter)"
+	for f, want := range map[string]string{
+		"testdata/clusterpolicy-chart-default.yaml":  chartDefault,
+		"testdata/clusterpolicy-common-options.yaml": gpustack.CommonOptionsUnsupported,
+	} {
 		t.Run(filepath.Base(f), func(t *testing.T) {
 			d := newDirect(t)
 			p := createPolicyFile(t, f)
@@ -157,7 +162,6 @@ func TestReconcileGPUOperatorPolicies(t *testing.T) {
 			}
 			got := getPolicy(t, p.Name)
 			c := meta.FindStatusCondition(got.Status.Conditions, nvidiav1.ConditionUnsupportedFields)
-			want := "not supported by gpufleet, accepted and not deployed: spec.dcgmExporter.serviceMonitor.enabled (a ServiceMonitor for dcgm-exporter)"
 			if c == nil || c.Status != metav1.ConditionTrue || c.Message != want {
 				t.Errorf("UnsupportedFields condition %+v, want True %q", c, want)
 			}

@@ -42,6 +42,14 @@ func UnsupportedFields(spec *nvidiav1.ClusterPolicySpec) []UnsupportedField {
 	d := &spec.Driver
 	add(isTrue(d.UsePrecompiled), "driver.usePrecompiled", "precompiled driver modules")
 	add(d.RDMA != nil && isTrue(d.RDMA.Enabled), "driver.rdma.enabled", "GPUDirect RDMA")
+	out = append(out, driverUnsupported("driver.", d.LivenessProbe, "repoConfig.configMapName", repoConfigName(d.RepoConfig), nameOf(d.CertConfig), d.Manager)...)
+	add(d.LicensingConfig != nil && (d.LicensingConfig.ConfigMapName != "" || d.LicensingConfig.SecretName != ""),
+		"driver.licensingConfig", "vGPU guest driver licensing")
+	add(d.VirtualTopology != nil && d.VirtualTopology.Config != "", "driver.virtualTopology.config", "vGPU virtual topology")
+	add(spec.DevicePlugin.Config != nil && spec.DevicePlugin.Config.Name != "", "devicePlugin.config.name",
+		"device plugin configurations from a ConfigMap, e.g. time-slicing")
+	add(spec.MIGManager.GPUClientsConfig != nil && spec.MIGManager.GPUClientsConfig.Name != "", "migManager.gpuClientsConfig.name",
+		"the GPU clients mig-manager restarts around a MIG change")
 	add(isTrue(spec.PSA.Enabled), "psa.enabled", "Pod Security Admission labels")
 	add(isTrue(spec.CDI.NRIPluginEnabled), "cdi.nriPluginEnabled", "CDI injection through an NRI plugin")
 	add(spec.DCGMExporter.ServiceMonitor != nil && isTrue(spec.DCGMExporter.ServiceMonitor.Enabled),
@@ -76,3 +84,40 @@ func UnsupportedMessage(fields []UnsupportedField) string {
 }
 
 func isTrue(b *bool) bool { return b != nil && *b }
+
+// driverUnsupported lists the fields of a driver section (the policy's
+// driver, prefix "driver.", or an NVIDIADriver's spec, prefix "") that the
+// renderer leaves out on purpose: the liveness probe (driverProbes), the
+// repository and certificate ConfigMaps (NVIDIA's GPU Operator mounts each
+// key of them, which a renderer without a client cannot list), and
+// k8s-driver-manager env that would turn on its eviction or drain
+// (rendered as "false": managerForcedOff).
+func driverUnsupported(prefix string, liveness *nvidiav1.ContainerProbeSpec, repoPath, repoConfig, certConfig string, m *nvidiav1.DriverManagerSpec) []UnsupportedField {
+	var out []UnsupportedField
+	add := func(on bool, path, feature string) {
+		if on {
+			out = append(out, UnsupportedField{Path: "spec." + prefix + path, Feature: feature})
+		}
+	}
+	add(liveness != nil, "livenessProbe", "a driver liveness probe, whose failure would restart the driver outside maintenance")
+	add(repoConfig != "", repoPath, "package repositories from a ConfigMap in the driver container")
+	add(certConfig != "", "certConfig.name", "CA certificates from a ConfigMap in the driver container")
+	for _, name := range ManagerEnvOverrides(m) {
+		add(true, "manager.env["+name+"]", "eviction or drain by k8s-driver-manager, rendered as false: gpufleet drains through NodeMaintenance")
+	}
+	return out
+}
+
+func repoConfigName(r *nvidiav1.ConfigMapRef) string {
+	if r == nil {
+		return ""
+	}
+	return r.ConfigMapName
+}
+
+func nameOf(r *nvidiav1.NameRef) string {
+	if r == nil {
+		return ""
+	}
+	return r.Name
+}

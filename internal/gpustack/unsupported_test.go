@@ -129,10 +129,47 @@ func TestUnsupportedFields(t *testing.T) {
 			want: []string{"spec.psa.enabled", "spec.cdi.nriPluginEnabled", "spec.dcgmExporter.serviceMonitor.enabled",
 				"spec.dcgmExporter.hpcJobMapping.enabled", "spec.operator.use_ocp_driver_toolkit"},
 		},
+		"driver options left out on purpose": {
+			spec: func(s *nvidiav1.ClusterPolicySpec) {
+				s.Driver.LivenessProbe = &nvidiav1.ContainerProbeSpec{PeriodSeconds: 30}
+				s.Driver.RepoConfig = &nvidiav1.ConfigMapRef{ConfigMapName: "repos"}
+				s.Driver.CertConfig = &nvidiav1.NameRef{Name: "certs"}
+				s.Driver.Manager = &nvidiav1.DriverManagerSpec{Env: []nvidiav1.EnvVar{
+					{Name: EnvGPUPodEviction, Value: "true"}, {Name: EnvAutoDrain, Value: "1"}, {Name: "DRAIN_USE_FORCE", Value: "true"}}}
+				s.Driver.LicensingConfig = &nvidiav1.LicensingConfigSpec{SecretName: "licence"}
+				s.Driver.VirtualTopology = &nvidiav1.VirtualTopologySpec{Config: "topology"}
+			},
+			want: []string{"spec.driver.livenessProbe", "spec.driver.repoConfig.configMapName", "spec.driver.certConfig.name",
+				"spec.driver.manager.env[ENABLE_AUTO_DRAIN]", "spec.driver.manager.env[ENABLE_GPU_POD_EVICTION]",
+				"spec.driver.licensingConfig", "spec.driver.virtualTopology.config"},
+		},
+		"the chart's empty driver ConfigMap names and licensing turn nothing on": {
+			spec: func(s *nvidiav1.ClusterPolicySpec) {
+				s.Driver.RepoConfig = &nvidiav1.ConfigMapRef{}
+				s.Driver.CertConfig = &nvidiav1.NameRef{}
+				s.Driver.LicensingConfig = &nvidiav1.LicensingConfigSpec{NLSEnabled: ptr.To(true)}
+				s.Driver.VirtualTopology = &nvidiav1.VirtualTopologySpec{}
+				s.Driver.Manager = &nvidiav1.DriverManagerSpec{Env: []nvidiav1.EnvVar{{Name: EnvGPUPodEviction, Value: "false"}}}
+				s.DevicePlugin.Config = &nvidiav1.DevicePluginConfig{Default: "any"}
+				s.MIGManager.GPUClientsConfig = &nvidiav1.NameRef{}
+			},
+		},
+		"device plugin and mig-manager ConfigMaps": {
+			spec: func(s *nvidiav1.ClusterPolicySpec) {
+				s.DevicePlugin.Config = &nvidiav1.DevicePluginConfig{Name: "time-slicing", Default: "any"}
+				s.MIGManager.GPUClientsConfig = &nvidiav1.NameRef{Name: "gpu-clients"}
+			},
+			want: []string{"spec.devicePlugin.config.name", "spec.migManager.gpuClientsConfig.name"},
+		},
 		"features gpufleet provides are not reported": {
 			spec: func(s *nvidiav1.ClusterPolicySpec) {
 				s.CDI.Enabled, s.MIGManager.Enabled, s.DCGM.Enabled, s.NodeStatusExporter.Enabled = on, on, on, on
 				s.DCGMExporter.ServiceMonitor = &nvidiav1.ServiceMonitorSpec{Enabled: ptr.To(false)}
+				s.Driver.StartupProbe = &nvidiav1.ContainerProbeSpec{PeriodSeconds: 5}
+				s.Driver.ReadinessProbe = &nvidiav1.ContainerProbeSpec{PeriodSeconds: 5}
+				s.Driver.KernelModuleConfig = &nvidiav1.NameRef{Name: "params"}
+				s.Driver.Manager = &nvidiav1.DriverManagerSpec{Env: []nvidiav1.EnvVar{{Name: "DRAIN_USE_FORCE", Value: "true"}}}
+				s.HostPaths = nvidiav1.HostPathsSpec{RootFS: "/host-root", DriverInstallDir: "/opt/nvidia/driver", KubeletRootDir: "/var/lib/k0s/kubelet"}
 			},
 		},
 	}
@@ -151,6 +188,18 @@ func TestUnsupportedFields(t *testing.T) {
 	}
 }
 
+// CommonOptionsUnsupported is the UnsupportedFields message of
+// testdata/clusterpolicy-common-options.yaml (also checked against the API
+// server by TestReconcileGPUOperatorPolicies).
+const CommonOptionsUnsupported = "not supported by gpufleet, accepted and not deployed: " +
+	"spec.driver.livenessProbe (a driver liveness probe, whose failure would restart the driver outside maintenance), " +
+	"spec.driver.repoConfig.configMapName (package repositories from a ConfigMap in the driver container), " +
+	"spec.driver.certConfig.name (CA certificates from a ConfigMap in the driver container), " +
+	"spec.driver.manager.env[ENABLE_GPU_POD_EVICTION] (eviction or drain by k8s-driver-manager, rendered as false: gpufleet drains through NodeMaintenance), " +
+	"spec.devicePlugin.config.name (device plugin configurations from a ConfigMap, e.g. time-slicing), " +
+	"spec.migManager.gpuClientsConfig.name (the GPU clients mig-manager restarts around a MIG change), " +
+	"spec.dcgmExporter.serviceMonitor.enabled (a ServiceMonitor for dcgm-exporter)"
+
 func TestUnsupportedFieldsOfThePolicyFiles(t *testing.T) {
 	tests := map[string]struct {
 		policy  func(*testing.T) *nvidiav1.ClusterPolicy
@@ -158,7 +207,7 @@ func TestUnsupportedFieldsOfThePolicyFiles(t *testing.T) {
 	}{
 		"seed":           {policy: seedPolicy, wantMsg: ""},
 		"chart defaults": {policy: chartDefaultPolicy, wantMsg: "not supported by gpufleet, accepted and not deployed: spec.dcgmExporter.serviceMonitor.enabled (a ServiceMonitor for dcgm-exporter)"},
-		"common options": {policy: commonOptionsPolicy, wantMsg: "not supported by gpufleet, accepted and not deployed: spec.dcgmExporter.serviceMonitor.enabled (a ServiceMonitor for dcgm-exporter)"},
+		"common options": {policy: commonOptionsPolicy, wantMsg: CommonOptionsUnsupported},
 		"chart defaults with vGPU": {policy: func(t *testing.T) *nvidiav1.ClusterPolicy {
 			p := chartDefaultPolicy(t)
 			p.Spec.VGPUManager.Enabled = ptr.To(true)

@@ -3,19 +3,25 @@ package gpustack
 import (
 	"context"
 	"fmt"
+	"regexp"
 	"sort"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/kubectl/pkg/util/podutils"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	maintenancev1 "github.com/gpufleet/gpufleet/api/maintenance/v1alpha1"
 	nvidiav1 "github.com/gpufleet/gpufleet/api/nvidia/v1"
 	nvidiav1alpha1 "github.com/gpufleet/gpufleet/api/nvidia/v1alpha1"
+	repairv1 "github.com/gpufleet/gpufleet/api/repair/v1alpha1"
 	"github.com/gpufleet/gpufleet/internal/maintenance/requestor"
 )
 
@@ -33,11 +39,18 @@ const (
 	annotationRestartedAt = "gpufleet.dev/driver-pod-restarted-at"
 
 	upgradeStateUpgrading = "upgrading"
+	upgradeStateRebooting = "rebooting"
 	upgradeStateFailed    = "failed"
+	// LabelRebootOf marks the NodeRepair a driver upgrade asked for, with
+	// the node as its value.
+	LabelRebootOf = "gpufleet.dev/driver-upgrade-reboot"
+	// RuleModuleInUse is the fault of the reboot a driver upgrade asks for.
+	RuleModuleInUse = "driver-module-in-use"
 
 	ReasonUpgradeStarted  = "DriverUpgradeStarted"
 	ReasonUpgradeDone     = "DriverUpgraded"
 	ReasonUpgradeFailed   = "DriverUpgradeFailed" // Warning
+	ReasonModuleInUse     = "DriverModuleInUse"   // Warning
 	actionUpgrade         = "UpgradeDriver"
 	defaultUpgradeTimeout = 10 * time.Minute
 )
@@ -55,11 +68,30 @@ type UpgradeNode struct {
 	Failed            bool // labelled failed by an earlier attempt
 	Maintenance       *maintenancev1.NodeMaintenance
 	MaintenanceIsOurs bool
+	// ModuleInUse is the driver pod's report that the old kernel module
+	// could not be unloaded ("" = none): only a reboot frees it.
+	ModuleInUse string
+	// Reboot is the reboot this upgrade asked for (nil = none).
+	Reboot *UpgradeReboot
+}
+
+// UpgradeReboot is the state of the NodeRepair a driver upgrade asked for.
+type UpgradeReboot struct {
+	Name    string
+	Phase   repairv1.Phase // "" until the repair controller starts it
+	Message string
+	Created time.Time
+	// Ended is when it finished (the repair's last timeline entry).
+	Ended time.Time
+}
+
+func (b *UpgradeReboot) done() bool {
+	return b.Phase != "" && b.Phase != repairv1.PhaseRepairing
 }
 
 // UpgradeAction is one step the controller takes.
 type UpgradeAction struct {
-	Kind string // Request, RestartDriver, Finish, Fail, ClearFailed
+	Kind string // Request, RestartDriver, Reboot, Finish, Fail, ClearFailed
 	Node string
 }
 
@@ -67,6 +99,7 @@ type UpgradeAction struct {
 const (
 	ActRequest       = "Request"       // create the NodeMaintenance
 	ActRestartDriver = "RestartDriver" // delete the old driver pod
+	ActReboot        = "Reboot"        // ask the repair engine for a reboot
 	ActFinish        = "Finish"        // delete the NodeMaintenance
 	ActFail          = "Fail"          // mark failed, release the node
 	ActClearFailed   = "ClearFailed"   // a failed node is fine again
@@ -75,6 +108,10 @@ const (
 // PlanUpgrades decides the next step of every node's driver upgrade. At
 // most limit nodes are in an upgrade at once (failed ones do not count);
 // a node whose new driver is not Ready within timeout of its restart fails.
+// A new driver that cannot load because the old kernel module is still in
+// use gets one reboot, inside the upgrade's NodeMaintenance; the timeout
+// then counts from the end of the reboot, whose own wait is bounded by the
+// repair engine.
 func PlanUpgrades(nodes []UpgradeNode, limit int, timeout time.Duration, now time.Time) []UpgradeAction {
 	sort.Slice(nodes, func(i, j int) bool { return nodes[i].Name < nodes[j].Name })
 	var acts []UpgradeAction
@@ -106,8 +143,19 @@ func PlanUpgrades(nodes []UpgradeNode, limit int, timeout time.Duration, now tim
 				// again. A pod created since the restart is left alone.
 				acts = append(acts, UpgradeAction{ActRestartDriver, n.Name})
 			}
-		case n.MaintenanceIsOurs && n.Ready && n.ValidatorReady:
+		case n.MaintenanceIsOurs && n.Ready && n.ValidatorReady && (n.Reboot == nil || n.Reboot.done()):
 			acts = append(acts, UpgradeAction{ActFinish, n.Name})
+		case n.MaintenanceIsOurs && n.Reboot != nil:
+			b := n.Reboot
+			switch {
+			case b.Phase == repairv1.PhaseSucceeded && now.Sub(b.Ended) >= timeout,
+				b.done() && b.Phase != repairv1.PhaseSucceeded,
+				// Never started (is the repair capability running?).
+				b.Phase == "" && now.Sub(b.Created) >= timeout:
+				acts = append(acts, UpgradeAction{ActFail, n.Name})
+			}
+		case n.MaintenanceIsOurs && n.ModuleInUse != "" && nm.Annotations[annotationRestartedAt] != "":
+			acts = append(acts, UpgradeAction{ActReboot, n.Name})
 		case n.MaintenanceIsOurs:
 			if restarted, err := time.Parse(time.RFC3339, nm.Annotations[annotationRestartedAt]); err == nil && now.Sub(restarted) >= timeout {
 				acts = append(acts, UpgradeAction{ActFail, n.Name})
@@ -184,6 +232,7 @@ func upgradeNodes(spec *nvidiav1.ClusterPolicySpec, nodes *corev1.NodeList, desi
 		n.DriverPod, n.DriverPodCreated = p.Name, p.CreationTimestamp.Time
 		n.Current = p.Spec.Containers[0].Image == want
 		n.Ready = podutils.IsPodReady(p)
+		n.ModuleInUse = ModuleInUse(p)
 	}
 	for node, nm := range ours {
 		if n := byNode[node]; n != nil {
@@ -216,6 +265,9 @@ func (r *Reconciler) upgradeDrivers(ctx context.Context, policy *nvidiav1.Cluste
 		return 0, err
 	}
 	byNode, _ := upgradeNodes(&policy.Spec, nodes, desiredImages, stackPods, ours)
+	if err := r.readReboots(ctx, byNode); err != nil {
+		return 0, err
+	}
 	groups := map[string][]UpgradeNode{}
 	for _, n := range byNode {
 		g := ""
@@ -251,6 +303,85 @@ func (r *Reconciler) upgradeDrivers(ctx context.Context, policy *nvidiav1.Cluste
 	return requeue, nil
 }
 
+// readReboots adds the reboots that the nodes' upgrades asked for. It reads
+// NodeRepairs only while an upgrade holds a node, and an API server without
+// them (the repair CRDs not installed) means no reboot was asked for.
+func (r *Reconciler) readReboots(ctx context.Context, byNode map[string]*UpgradeNode) error {
+	var list *repairv1.NodeRepairList
+	for _, n := range byNode {
+		if !n.MaintenanceIsOurs {
+			continue
+		}
+		if list == nil {
+			list = &repairv1.NodeRepairList{}
+			if err := r.Client.List(ctx, list, client.HasLabels{LabelRebootOf}); err != nil {
+				if meta.IsNoMatchError(err) {
+					return nil
+				}
+				return fmt.Errorf("listing the reboots of driver upgrades: %w", err)
+			}
+		}
+		name := rebootName(n.Maintenance)
+		for i := range list.Items {
+			if nr := &list.Items[i]; nr.Name == name {
+				b := &UpgradeReboot{Name: nr.Name, Phase: nr.Status.Phase, Message: nr.Status.Message, Created: nr.CreationTimestamp.Time}
+				if t := nr.Status.Timeline; len(t) > 0 && b.done() {
+					b.Ended = t[len(t)-1].Time.Time
+				}
+				n.Reboot = b
+			}
+		}
+	}
+	return nil
+}
+
+// rebootName names the reboot of one upgrade attempt (one NodeMaintenance):
+// a later upgrade of the node may ask for its own.
+func rebootName(nm *maintenancev1.NodeMaintenance) string {
+	uid := string(nm.UID)
+	if len(uid) > 8 {
+		uid = uid[:8]
+	}
+	return "driver-reboot-" + nm.Spec.NodeName + "-" + uid
+}
+
+// moduleInUse matches what the NVIDIA driver container and the
+// k8s-driver-manager print when the loaded kernel module cannot be
+// unloaded (a process on the host still holds the GPUs).
+var moduleInUse = regexp.MustCompile(`(?i)(could not unload nvidia driver kernel modules[^\n]{0,100}|module nvidia\S{0,40} is in use|failed to unload kernel module nvidia\S{0,40}[^\n]{0,100})`)
+
+// ModuleInUse returns the line of a driver pod's container status saying
+// that the old kernel module is still in use ("" if none): the container's
+// termination message (the driver DaemonSet keeps the log's tail there) or
+// its waiting message, current or from its last run.
+func ModuleInUse(p *corev1.Pod) string {
+	if name, line := moduleInUseStatus(p); line != "" {
+		return name + ": " + line
+	}
+	return ""
+}
+
+// moduleInUseStatus returns the container and the line of ModuleInUse.
+func moduleInUseStatus(p *corev1.Pod) (container, line string) {
+	for _, list := range [][]corev1.ContainerStatus{p.Status.InitContainerStatuses, p.Status.ContainerStatuses} {
+		for _, cs := range list {
+			for _, st := range []corev1.ContainerState{cs.State, cs.LastTerminationState} {
+				var msg string
+				switch {
+				case st.Terminated != nil:
+					msg = st.Terminated.Message
+				case st.Waiting != nil:
+					msg = st.Waiting.Message
+				}
+				if m := moduleInUse.FindString(msg); m != "" {
+					return cs.Name, strings.TrimSpace(m)
+				}
+			}
+		}
+	}
+	return "", ""
+}
+
 func (r *Reconciler) act(ctx context.Context, policy *nvidiav1.ClusterPolicy, up *nvidiav1.DriverUpgradePolicySpec, a UpgradeAction, n *UpgradeNode, now time.Time) error {
 	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: a.Node}}
 	switch a.Kind {
@@ -280,15 +411,31 @@ func (r *Reconciler) act(ctx context.Context, policy *nvidiav1.ClusterPolicy, up
 			return fmt.Errorf("deleting the old driver pod on %s: %w", a.Node, err)
 		}
 		return nil
+	case ActReboot:
+		return r.askReboot(ctx, policy, n, now)
 	case ActFinish:
 		if err := requestor.Release(ctx, r.Client, n.Maintenance.Namespace, n.Maintenance.Name); err != nil {
 			return fmt.Errorf("driver upgrade of %s done: %w", a.Node, err)
 		}
-		r.Recorder.Eventf(policy, node, corev1.EventTypeNormal, ReasonUpgradeDone, actionUpgrade, "Driver of node %s upgraded", a.Node)
+		how := ""
+		if n.Reboot != nil {
+			how = " (after a reboot freed the old kernel module)"
+		}
+		r.Recorder.Eventf(policy, node, corev1.EventTypeNormal, ReasonUpgradeDone, actionUpgrade, "Driver of node %s upgraded%s", a.Node, how)
 		return r.setUpgradeLabel(ctx, a.Node, "")
 	case ActFail:
+		why := "New driver on node %s not Ready in time"
+		switch b := n.Reboot; {
+		case b == nil:
+		case b.Phase == repairv1.PhaseSucceeded:
+			why = "New driver on node %s not Ready in time after the reboot"
+		case b.Phase == "":
+			why = "Reboot of node %s (NodeRepair " + b.Name + ") never started: is gpufleet's repair capability running?"
+		default:
+			why = "Reboot of node %s (NodeRepair " + b.Name + ") failed: " + strings.ReplaceAll(b.Message, "%", "%%")
+		}
 		r.Recorder.Eventf(policy, node, corev1.EventTypeWarning, ReasonUpgradeFailed, actionUpgrade,
-			"New driver on node %s not Ready in time; node marked %s=%s and released so the rollout continues", a.Node, LabelUpgradeState, upgradeStateFailed)
+			why+"; node marked %s=%s and released so the rollout continues", a.Node, LabelUpgradeState, upgradeStateFailed)
 		if err := r.setUpgradeLabel(ctx, a.Node, upgradeStateFailed); err != nil {
 			return err
 		}
@@ -300,6 +447,40 @@ func (r *Reconciler) act(ctx context.Context, policy *nvidiav1.ClusterPolicy, up
 		return r.setUpgradeLabel(ctx, a.Node, "")
 	}
 	return nil
+}
+
+// askReboot asks the repair engine to reboot a node whose new driver cannot
+// load while the old kernel module is in use: a NodeRepair that reboots
+// inside the upgrade's NodeMaintenance (the node stays cordoned, the
+// cluster's limits already count it), created complete so that nothing
+// can start it half-written.
+func (r *Reconciler) askReboot(ctx context.Context, policy *nvidiav1.ClusterPolicy, n *UpgradeNode, now time.Time) error {
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n.Name}}
+	nr := &repairv1.NodeRepair{
+		ObjectMeta: metav1.ObjectMeta{Name: rebootName(n.Maintenance),
+			Labels: map[string]string{LabelManagedBy: managedBy, LabelComponent: Driver, LabelRebootOf: n.Name}},
+		Spec: repairv1.NodeRepairSpec{
+			NodeName: n.Name, Requestor: UpgradeRequestor, Maintenance: n.Maintenance.Name,
+			Actions: []repairv1.Action{repairv1.ActionReboot},
+			Fault: repairv1.Fault{Rule: RuleModuleInUse, ConditionType: "DriverUpgrade", Status: "True",
+				Reason: "KernelModuleInUse", Message: n.ModuleInUse, Since: metav1.NewTime(now)},
+		},
+	}
+	if err := controllerutil.SetControllerReference(policy, nr, r.Client.Scheme()); err != nil {
+		return err
+	}
+	if err := r.Client.Create(ctx, nr); err != nil && !apierrors.IsAlreadyExists(err) {
+		if meta.IsNoMatchError(err) {
+			r.Recorder.Eventf(policy, node, corev1.EventTypeWarning, ReasonModuleInUse, actionUpgrade,
+				"New driver on node %s cannot load (%s) and this cluster has no NodeRepair API to reboot it: reboot the node by hand", n.Name, n.ModuleInUse)
+			return nil
+		}
+		return fmt.Errorf("asking for a reboot of %s: %w", n.Name, err)
+	}
+	r.Recorder.Eventf(policy, node, corev1.EventTypeWarning, ReasonModuleInUse, actionUpgrade,
+		"New driver on node %s cannot load: %s; rebooting the node (NodeRepair %s) inside NodeMaintenance %s/%s",
+		n.Name, n.ModuleInUse, nr.Name, n.Maintenance.Namespace, n.Maintenance.Name)
+	return r.setUpgradeLabel(ctx, n.Name, upgradeStateRebooting)
 }
 
 func (r *Reconciler) setUpgradeLabel(ctx context.Context, node, value string) error {

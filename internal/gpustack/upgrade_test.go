@@ -11,6 +11,7 @@ import (
 
 	maintenancev1 "github.com/gpufleet/gpufleet/api/maintenance/v1alpha1"
 	nvidiav1 "github.com/gpufleet/gpufleet/api/nvidia/v1"
+	repairv1 "github.com/gpufleet/gpufleet/api/repair/v1alpha1"
 )
 
 var t0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
@@ -99,6 +100,75 @@ func TestPlanUpgrades(t *testing.T) {
 		"another requestor's maintenance on the node: wait": {
 			nodes: []UpgradeNode{func() UpgradeNode { n := old("a"); n.Maintenance = nm(true, ""); return n }()}, limit: 1,
 			want: nil,
+		},
+		"the new driver cannot load, the old module is in use: ask for a reboot": {
+			nodes: []UpgradeNode{func() UpgradeNode {
+				n := withNM(cur("a"), nm(true, t0.Add(-time.Minute).Format(time.RFC3339)))
+				n.Ready, n.ModuleInUse = false, "nvidia-driver-ctr: Could not unload NVIDIA driver kernel modules, driver is in use"
+				return n
+			}()}, limit: 1,
+			want: []UpgradeAction{{ActReboot, "a"}},
+		},
+		"module in use but the restart is not ours (no restart recorded): no reboot": {
+			nodes: []UpgradeNode{func() UpgradeNode {
+				n := withNM(cur("a"), nm(true, ""))
+				n.Ready, n.ModuleInUse = false, "x: module nvidia is in use"
+				return n
+			}()}, limit: 1,
+			want: nil,
+		},
+		"rebooting: no timeout of the upgrade's own, nothing asked twice": {
+			nodes: []UpgradeNode{func() UpgradeNode {
+				n := withNM(cur("a"), nm(true, t0.Add(-time.Hour).Format(time.RFC3339)))
+				n.Ready, n.ModuleInUse = false, "x: module nvidia is in use"
+				n.Reboot = &UpgradeReboot{Name: "r", Phase: repairv1.PhaseRepairing, Created: t0.Add(-50 * time.Minute)}
+				return n
+			}()}, limit: 1, timeout: 10 * time.Minute,
+			want: nil,
+		},
+		"a reboot the repair controller never starts is bounded": {
+			nodes: []UpgradeNode{func() UpgradeNode {
+				n := withNM(cur("a"), nm(true, t0.Add(-time.Hour).Format(time.RFC3339)))
+				n.Ready = false
+				n.Reboot = &UpgradeReboot{Name: "r", Created: t0.Add(-10 * time.Minute)}
+				return n
+			}()}, limit: 1, timeout: 10 * time.Minute,
+			want: []UpgradeAction{{ActFail, "a"}},
+		},
+		"the reboot failed: the upgrade fails and releases the node": {
+			nodes: []UpgradeNode{func() UpgradeNode {
+				n := withNM(cur("a"), nm(true, t0.Add(-time.Hour).Format(time.RFC3339)))
+				n.Ready = false
+				n.Reboot = &UpgradeReboot{Name: "r", Phase: repairv1.PhaseRecoveryFailed, Created: t0.Add(-30 * time.Minute), Ended: t0}
+				return n
+			}()}, limit: 1, timeout: 10 * time.Minute,
+			want: []UpgradeAction{{ActFail, "a"}},
+		},
+		"rebooted, the new driver Ready: release the node": {
+			nodes: []UpgradeNode{func() UpgradeNode {
+				n := withNM(cur("a"), nm(true, t0.Add(-time.Hour).Format(time.RFC3339)))
+				n.Reboot = &UpgradeReboot{Name: "r", Phase: repairv1.PhaseSucceeded, Created: t0.Add(-30 * time.Minute), Ended: t0.Add(-time.Minute)}
+				return n
+			}()}, limit: 1, timeout: 10 * time.Minute,
+			want: []UpgradeAction{{ActFinish, "a"}},
+		},
+		"rebooted, still not Ready: the timeout counts from the reboot's end, and no second reboot": {
+			nodes: []UpgradeNode{func() UpgradeNode {
+				n := withNM(cur("a"), nm(true, t0.Add(-time.Hour).Format(time.RFC3339)))
+				n.Ready, n.ModuleInUse = false, "x: module nvidia is in use"
+				n.Reboot = &UpgradeReboot{Name: "r", Phase: repairv1.PhaseSucceeded, Created: t0.Add(-30 * time.Minute), Ended: t0.Add(-9 * time.Minute)}
+				return n
+			}()}, limit: 1, timeout: 10 * time.Minute,
+			want: nil,
+		},
+		"rebooted, still not Ready past the timeout: fail": {
+			nodes: []UpgradeNode{func() UpgradeNode {
+				n := withNM(cur("a"), nm(true, t0.Add(-time.Hour).Format(time.RFC3339)))
+				n.Ready = false
+				n.Reboot = &UpgradeReboot{Name: "r", Phase: repairv1.PhaseSucceeded, Created: t0.Add(-30 * time.Minute), Ended: t0.Add(-10 * time.Minute)}
+				return n
+			}()}, limit: 1, timeout: 10 * time.Minute,
+			want: []UpgradeAction{{ActFail, "a"}},
 		},
 		"limit 0 pauses the rollout": {
 			nodes: []UpgradeNode{old("a")}, limit: 0, want: nil,
@@ -210,4 +280,54 @@ func TestUpgradeRequestFollowsTheUpgradePolicy(t *testing.T) {
 			}
 		})
 	}
+}
+
+func TestModuleInUse(t *testing.T) {
+	term := func(msg string) corev1.ContainerState {
+		return corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 1, Message: msg}}
+	}
+	tests := map[string]struct {
+		init, main []corev1.ContainerStatus
+		want       string
+	}{
+		"the driver container's last run (the NVIDIA driver's own words)": {
+			main: []corev1.ContainerStatus{{Name: "nvidia-driver-ctr", LastTerminationState: term("Unloading NVIDIA driver kernel modules...\nnvidia 56807424 113\nCould not unload NVIDIA driver kernel modules, driver is in use\n")}},
+			want: "nvidia-driver-ctr: Could not unload NVIDIA driver kernel modules, driver is in use",
+		},
+		"the k8s-driver-manager init container, letter case aside": {
+			init: []corev1.ContainerStatus{{Name: "k8s-driver-manager", State: term("Failed to unload kernel module nvidia_uvm: resource temporarily unavailable\nmore")}},
+			want: "k8s-driver-manager: Failed to unload kernel module nvidia_uvm: resource temporarily unavailable",
+		},
+		"rmmod's words": {
+			main: []corev1.ContainerStatus{{Name: "c", State: term("rmmod: ERROR: Module nvidia_drm is in use")}},
+			want: "c: Module nvidia_drm is in use",
+		},
+		"another failure is not a module in use": {
+			main: []corev1.ContainerStatus{{Name: "c", LastTerminationState: term("Could not resolve Linux kernel version")}},
+		},
+		"another module in use is not the driver's": {
+			main: []corev1.ContainerStatus{{Name: "c", LastTerminationState: term("rmmod: ERROR: Module i2c_core is in use")}},
+		},
+		"no status yet": {},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			p := &corev1.Pod{Status: corev1.PodStatus{InitContainerStatuses: tc.init, ContainerStatuses: tc.main}}
+			if got := ModuleInUse(p); got != tc.want {
+				t.Errorf("got %q, want %q", got, tc.want)
+			}
+		})
+	}
+}
+
+func FuzzModuleInUse(f *testing.F) {
+	f.Add("Could not unload NVIDIA driver kernel modules, driver is in use")
+	f.Add("rmmod: ERROR: Module nvidia is in use\x00\xff")
+	f.Fuzz(func(t *testing.T, msg string) {
+		p := &corev1.Pod{Status: corev1.PodStatus{ContainerStatuses: []corev1.ContainerStatus{{Name: "c",
+			State: corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Message: msg}}}}}}
+		if got := ModuleInUse(p); len(got) > 300 {
+			t.Errorf("%d characters reported", len(got))
+		}
+	})
 }

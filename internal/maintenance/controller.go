@@ -264,7 +264,7 @@ func (r *Reconciler) waitForPods(nm *maintenancev1.NodeMaintenance, node *corev1
 		if p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed || !sel.Matches(labels.Set(p.Labels)) {
 			continue
 		}
-		if isDaemonSetPod(p) || isMirrorPod(p) {
+		if SurvivesDrain(p) {
 			continue // they never complete on their own
 		}
 		waiting = append(waiting, p.Namespace+"/"+p.Name)
@@ -457,6 +457,12 @@ func (r *Reconciler) invalidSpec(nm *maintenancev1.NodeMaintenance, msg string, 
 		ev.Eventf(nm, nil, corev1.EventTypeWarning, ReasonInvalidSpec, actionValidate, "%s; nothing is evicted until it is fixed", msg)
 	}
 	setCondition(nm, maintenancev1.ConditionTypeInvalidSpec, metav1.ConditionTrue, ReasonInvalidSpec, msg, r.Clock.Now())
+}
+
+// SurvivesDrain reports whether a drain leaves the pod on its node (a
+// DaemonSet's or a static pod's mirror).
+func SurvivesDrain(p *corev1.Pod) bool {
+	return isDaemonSetPod(p) || isMirrorPod(p)
 }
 
 func isDaemonSetPod(p *corev1.Pod) bool {

@@ -77,6 +77,9 @@ type Options struct {
 	// DriverUpgradeTimeout: a node whose new driver is not Ready this long
 	// after the restart fails its upgrade (0 = 10 minutes).
 	DriverUpgradeTimeout time.Duration
+	// GPUStackPassInterval: a ClusterPolicy's reconcile pass starts at most
+	// this often (0 = 200ms; negative: a pass per event).
+	GPUStackPassInterval time.Duration
 	// Profiling serves Go's pprof handlers under /debug/pprof/ on the
 	// metrics address.
 	Profiling bool
@@ -135,7 +138,7 @@ var registry = []Capability{
 		Cache: func(o Options) map[client.Object]cache.ByObject { return gpustack.CacheObjects(o.Namespace) },
 		Setup: func(mgr manager.Manager, o Options) error {
 			if err := gpustack.Setup(mgr, gpustack.Options{Namespace: o.Namespace, Clock: o.Clock,
-				DegradedAfter: o.GPUStackDegradedAfter, UpgradeTimeout: o.DriverUpgradeTimeout}); err != nil {
+				DegradedAfter: o.GPUStackDegradedAfter, UpgradeTimeout: o.DriverUpgradeTimeout, PassInterval: o.GPUStackPassInterval}); err != nil {
 				return err
 			}
 			gpustack.ServeMetrics(mgr.GetCache(), mgr.Elected())

@@ -83,7 +83,9 @@ func Detect(in DetectInput) Detection {
 			recorded[kind+":"+occurrence(r.Spec.NodeName, r.Spec.Fault.Rule, r.Spec.Fault.Since.Time)] = true
 		case r.Status.Phase == repairv1.PhaseRepairing || r.Status.Phase == "":
 			active[r.Spec.NodeName] = true
-		case r.Status.Phase == repairv1.PhaseRecoveryFailed && r.Labels[labelResolved] != "true":
+		case r.Status.Phase == repairv1.PhaseRecoveryFailed && r.Labels[labelResolved] != "true" && !r.Requested():
+			// (A reboot another controller asked for that failed is that
+			// controller's failure to report, not a suspect pool.)
 			failed[r.Spec.NodeName] = r
 		}
 	}

@@ -156,6 +156,21 @@ func TestDetect(t *testing.T) {
 			nodes:   []corev1.Node{faultyNode("a-0", "a", since)},
 			repairs: []repairv1.NodeRepair{record("a-0", since, func(r *repairv1.NodeRepair) { r.Status.Phase = repairv1.PhaseRepairing })},
 		},
+		"a reboot another controller asked for holds its node and pool like a repair": {
+			policy: testPolicy(nil),
+			nodes:  []corev1.Node{faultyNode("a-0", "a", since), faultyNode("a-1", "a", since)},
+			repairs: []repairv1.NodeRepair{record("a-0", since, func(r *repairv1.NodeRepair) {
+				r.Spec.Policy, r.Spec.Requestor, r.Status.Phase = "", "driver-upgrade.gpufleet.nvidia.com", repairv1.PhaseRepairing
+			})},
+		},
+		"a failed reboot another controller asked for suspends no pool": {
+			policy: testPolicy(nil),
+			nodes:  []corev1.Node{healthyNode("x-0", "x"), faultyNode("a-1", "a", since)},
+			repairs: []repairv1.NodeRepair{record("b-9", since, func(r *repairv1.NodeRepair) {
+				r.Spec.Policy, r.Spec.Requestor, r.Spec.Pool, r.Status.Phase = "", "driver-upgrade.gpufleet.nvidia.com", "a", repairv1.PhaseRecoveryFailed
+			})},
+			want: []string{"a-1=repair"},
+		},
 		"a paused policy starts nothing but still ignores": {
 			policy:       testPolicy(func(s *repairv1.NodeRepairPolicySpec) { s.Paused = true }),
 			nodes:        []corev1.Node{faultyNode("a-1", "a", since), faultyNode("b-0", "b", since)},

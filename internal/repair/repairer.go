@@ -22,6 +22,7 @@ import (
 
 	maintenancev1 "github.com/gpufleet/gpufleet/api/maintenance/v1alpha1"
 	repairv1 "github.com/gpufleet/gpufleet/api/repair/v1alpha1"
+	"github.com/gpufleet/gpufleet/internal/maintenance"
 	"github.com/gpufleet/gpufleet/internal/maintenance/requestor"
 	"github.com/gpufleet/gpufleet/internal/pendingevents"
 )
@@ -105,7 +106,9 @@ func (r *Repairer) advance(ctx context.Context, l *ladder) (reconcile.Result, er
 		return reconcile.Result{}, nil
 	}
 	l.policy = &repairv1.NodeRepairPolicy{}
-	if err := r.Client.Get(ctx, types.NamespacedName{Name: l.nr.Spec.Policy}, l.policy); err != nil {
+	if l.nr.Requested() {
+		// Asked for by another gpufleet controller: the default bounds apply.
+	} else if err := r.Client.Get(ctx, types.NamespacedName{Name: l.nr.Spec.Policy}, l.policy); err != nil {
 		if apierrors.IsNotFound(err) {
 			return reconcile.Result{}, r.end(ctx, l, repairv1.PhaseIgnored, fmt.Sprintf("policy %s was deleted", l.nr.Spec.Policy))
 		}
@@ -130,6 +133,9 @@ func (r *Repairer) step(ctx context.Context, l *ladder) (reconcile.Result, error
 		if nr.Spec.Escalation != "" {
 			msg += "; " + nr.Spec.Escalation
 		}
+		if nr.Requested() {
+			msg = fmt.Sprintf("%s asked for a reboot: %s", nr.Spec.Requestor, nr.Spec.Fault.Message)
+		}
 		l.record("Start", "Started", msg)
 		return reconcile.Result{}, nil
 	}
@@ -148,6 +154,9 @@ func (r *Repairer) step(ctx context.Context, l *ladder) (reconcile.Result, error
 	}
 	if nr.Status.BootIDBefore != "" {
 		return r.awaitReboot(ctx, l)
+	}
+	if nr.Requested() {
+		return r.heldReboot(ctx, l)
 	}
 	if nr.Spec.Recommendation != "" {
 		// Nothing automatic can help: report it to a person, on the node too.
@@ -237,6 +246,51 @@ func (r *Repairer) rebootRung(ctx context.Context, l *ladder) (reconcile.Result,
 	}
 	t := metav1.NewTime(l.now)
 	nr.Status.BootIDBefore = l.node.Status.NodeInfo.BootID
+	nr.Status.RebootRequestedAt = &t
+	r.request(l, repairv1.ActionReboot)
+	return reconcile.Result{RequeueAfter: seconds(l.policy.Spec.RebootTimeoutSeconds, defaultRebootTimeout)}, nil
+}
+
+// heldReboot reboots a node inside the NodeMaintenance of the controller
+// that asked for it (spec.maintenance): that object already holds the node
+// (cordoned and drained as its requestor chose), counts against the
+// cluster's limits, and is released by its requestor, not by the repair.
+// The reboot waits for nothing else: an object that does not hold the node
+// ends the repair at once, with the reason.
+func (r *Repairer) heldReboot(ctx context.Context, l *ladder) (reconcile.Result, error) {
+	nr, node := l.nr, l.node
+	nm, err := requestor.Get(ctx, r.Client, r.Namespace, nr.Spec.Maintenance)
+	if err != nil {
+		return reconcile.Result{}, err
+	}
+	switch {
+	case nm == nil || nm.DeletionTimestamp != nil:
+		return reconcile.Result{}, r.end(ctx, l, repairv1.PhaseRecoveryFailed,
+			fmt.Sprintf("NodeMaintenance %s/%s, which was to hold the node, is gone; not rebooting", r.Namespace, nr.Spec.Maintenance))
+	case nm.Spec.NodeName != node.Name:
+		return reconcile.Result{}, r.end(ctx, l, repairv1.PhaseRecoveryFailed,
+			fmt.Sprintf("NodeMaintenance %s/%s holds node %s, not %s; not rebooting", r.Namespace, nm.Name, nm.Spec.NodeName, node.Name))
+	case !nm.IsReady():
+		return reconcile.Result{}, r.end(ctx, l, repairv1.PhaseRecoveryFailed,
+			fmt.Sprintf("NodeMaintenance %s/%s does not hold the node yet (%s); not rebooting", r.Namespace, nm.Name, maintenanceWait(nm)))
+	}
+	var pods corev1.PodList
+	if err := r.Live.List(ctx, &pods, client.MatchingFields{"spec.nodeName": node.Name}); err != nil {
+		return reconcile.Result{}, fmt.Errorf("listing pods on node %s: %w", node.Name, err)
+	}
+	left := 0
+	for i := range pods.Items {
+		if p := &pods.Items[i]; p.DeletionTimestamp == nil && !maintenance.SurvivesDrain(p) && p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed {
+			left++
+		}
+	}
+	msg := fmt.Sprintf("rebooting inside NodeMaintenance %s/%s of %s", r.Namespace, nm.Name, nm.Spec.RequestorID)
+	if left > 0 {
+		msg += fmt.Sprintf("; %d pod(s) it did not drain end with the reboot", left)
+	}
+	l.record("Maintenance", "Held", msg)
+	t := metav1.NewTime(l.now)
+	nr.Status.BootIDBefore = node.Status.NodeInfo.BootID
 	nr.Status.RebootRequestedAt = &t
 	r.request(l, repairv1.ActionReboot)
 	return reconcile.Result{RequeueAfter: seconds(l.policy.Spec.RebootTimeoutSeconds, defaultRebootTimeout)}, nil
@@ -335,6 +389,11 @@ func (r *Repairer) end(ctx context.Context, l *ladder, phase repairv1.Phase, msg
 				"Node %s needs a person: %s (not repaired automatically; the GPU stays isolated)", l.node.Name, msg)
 			break
 		}
+		if l.nr.Requested() {
+			l.events.Eventf(l.node, l.nr, corev1.EventTypeWarning, ReasonFailed, actionRepair,
+				"Reboot of node %s asked for by %s failed: %s", l.node.Name, l.nr.Spec.Requestor, msg)
+			break
+		}
 		l.events.Eventf(l.node, l.nr, corev1.EventTypeWarning, ReasonFailed, actionRepair,
 			"Repair of node %s failed: %s; its pool %q is suspended until the fault clears", l.node.Name, msg, l.nr.Spec.Pool)
 	}
@@ -346,8 +405,8 @@ func (r *Repairer) finished(ctx context.Context, l *ladder) error {
 	repairsFinished.WithLabelValues(l.nr.Spec.Fault.Rule, string(l.final)).Inc()
 	repairDuration.WithLabelValues(string(l.final)).Observe(l.now.Sub(l.nr.CreationTimestamp.Time).Seconds())
 	ctrl.LoggerFrom(ctx).Info("repair finished", "phase", l.final, "message", l.nr.Status.Message)
-	if l.node == nil {
-		return nil
+	if l.node == nil || l.nr.Requested() {
+		return nil // a requested reboot's outcome is shown by its requestor
 	}
 	var state any // nil removes the label
 	if l.final == repairv1.PhaseRecoveryFailed {

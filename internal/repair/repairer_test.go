@@ -11,6 +11,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/tools/events"
 	clocktesting "k8s.io/utils/clock/testing"
 	"k8s.io/utils/ptr"
@@ -403,5 +404,155 @@ func TestDetectorReportsAnUnusableNodeSelector(t *testing.T) {
 		if c.Type == "InvalidSpec" {
 			t.Errorf("InvalidSpec still set after the selector was fixed: %+v", c)
 		}
+	}
+}
+
+// A reboot another gpufleet controller asks for (a driver upgrade whose new
+// driver cannot load while the old kernel module is in use) runs inside that
+// controller's NodeMaintenance, never without it, and leaves releasing it to
+// its requestor.
+func TestRequestedRebootRunsOnlyInsideItsRequestorsMaintenance(t *testing.T) {
+	d := newDirect(t)
+	const node, other = "b-2", "b-1"
+	const upgrader = "driver-upgrade.gpufleet.nvidia.com"
+	requested := func(name, nmName string) *repairv1.NodeRepair {
+		t.Helper()
+		nr := &repairv1.NodeRepair{ObjectMeta: metav1.ObjectMeta{Name: name},
+			Spec: repairv1.NodeRepairSpec{NodeName: node, Requestor: upgrader, Maintenance: nmName, Actions: []repairv1.Action{repairv1.ActionReboot},
+				Fault: repairv1.Fault{Rule: "driver-module-in-use", ConditionType: "DriverUpgrade", Status: "True",
+					Message: "nvidia-driver-ctr: Could not unload NVIDIA driver kernel modules, driver is in use", Since: metav1.NewTime(d.clock.Now())}}}
+		if err := env.Kube.Create(t.Context(), nr); err != nil {
+			t.Fatal(err)
+		}
+		if _, got := d.reconcile(name); got.Status.Phase != repairv1.PhaseRepairing || !strings.Contains(got.Status.Timeline[0].Message, upgrader+" asked for a reboot") {
+			t.Fatalf("first step: phase %s timeline %+v", got.Status.Phase, got.Status.Timeline)
+		}
+		return nr
+	}
+	hold := func(name, on string, ready bool) {
+		t.Helper()
+		req := requestor.Request{RequestorID: upgrader, Namespace: ns, Name: name, NodeName: on, Cordon: ptr.To(true)}
+		nm, err := requestor.Ensure(t.Context(), env.Kube, req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = requestor.Release(context.Background(), env.Kube, ns, name) })
+		if ready {
+			nm.Status.Conditions = []metav1.Condition{{Type: maintenancev1.ConditionTypeReady, Status: metav1.ConditionTrue, Reason: "Ready", LastTransitionTime: metav1.Now()}}
+			if err := env.Kube.Status().Update(t.Context(), nm); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	bootOf := func(n string) string {
+		t.Helper()
+		got, err := env.Client.CoreV1().Nodes().Get(t.Context(), n, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return got.Status.NodeInfo.BootID
+	}
+	fails := map[string]struct {
+		setup string // the NodeMaintenance it names: missing, not yet Ready, or another node's
+		want  string
+	}{
+		"gone":        {"", "is gone; not rebooting"},
+		"not-ready":   {"not-ready", "does not hold the node yet"},
+		"other-nodes": {"other", "holds node " + other + ", not " + node},
+	}
+	for name, tc := range fails {
+		t.Run("refused when the maintenance is "+name, func(t *testing.T) {
+			nmName := "upgrade-" + name
+			switch tc.setup {
+			case "not-ready":
+				hold(nmName, node, false)
+			case "other":
+				hold(nmName, other, true)
+			}
+			nr := requested("requested-"+name, nmName)
+			_, got := d.reconcile(nr.Name)
+			if got.Status.Phase != repairv1.PhaseRecoveryFailed || !strings.Contains(got.Status.Message, tc.want) || got.Status.Pending != nil {
+				t.Fatalf("phase %s message %q pending %+v; want RecoveryFailed %q and no reboot asked", got.Status.Phase, got.Status.Message, got.Status.Pending, tc.want)
+			}
+			evs := strings.Join(d.events(), "\n")
+			if !strings.Contains(evs, "Warning "+repair.ReasonFailed) || !strings.Contains(evs, "asked for by "+upgrader) {
+				t.Errorf("events %q: want a Warning naming the requestor", evs)
+			}
+		})
+	}
+
+	t.Run("inside a Ready maintenance of the node: reboot, and the node stays held", func(t *testing.T) {
+		hold("upgrade-ok", node, true)
+		nr := requested("requested-ok", "upgrade-ok")
+		before := bootOf(node)
+		_, got := d.reconcile(nr.Name)
+		if p := got.Status.Pending; p == nil || p.Action != repairv1.ActionReboot || got.Status.BootIDBefore != before {
+			t.Fatalf("pending %+v bootIDBefore %q; want a Reboot asked with boot ID %s", p, got.Status.BootIDBefore, before)
+		}
+		if got.Status.MaintenanceName != "" {
+			t.Errorf("the repair requested a maintenance of its own: %s", got.Status.MaintenanceName)
+		}
+		held := false
+		for _, e := range got.Status.Timeline {
+			held = held || (e.Outcome == "Held" && strings.Contains(e.Message, "upgrade-ok of "+upgrader))
+		}
+		if !held {
+			t.Errorf("timeline %+v does not say which maintenance holds the node", got.Status.Timeline)
+		}
+		// The agent reboots the node.
+		if err := env.Reboot(t.Context(), node, 0); err != nil {
+			t.Fatal(err)
+		}
+		got.Status.Pending = nil
+		if err := env.Kube.Status().Update(t.Context(), got); err != nil {
+			t.Fatal(err)
+		}
+		if err := wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
+			_, got = d.reconcile(nr.Name)
+			return got.Status.Phase != repairv1.PhaseRepairing, nil
+		}); err != nil || got.Status.Phase != repairv1.PhaseSucceeded {
+			t.Fatalf("after the reboot: phase %s message %q (%v)", got.Status.Phase, got.Status.Message, err)
+		}
+		if m, err := requestor.Get(t.Context(), env.Kube, ns, "upgrade-ok"); err != nil || m == nil || m.DeletionTimestamp != nil {
+			t.Errorf("the requestor's NodeMaintenance was released by the repair (%v)", err)
+		}
+	})
+}
+
+// TestRequestedRepairValidation: the schema keeps a requested repair to a
+// reboot inside a named maintenance, and every repair to one origin.
+func TestRequestedRepairValidation(t *testing.T) {
+	devtest.NeedCluster(t)
+	base := func(mut func(*repairv1.NodeRepairSpec)) *repairv1.NodeRepair {
+		nr := &repairv1.NodeRepair{ObjectMeta: metav1.ObjectMeta{GenerateName: "validation-"},
+			Spec: repairv1.NodeRepairSpec{NodeName: "a-0", Requestor: "driver-upgrade.gpufleet.nvidia.com", Maintenance: "m",
+				Actions: []repairv1.Action{repairv1.ActionReboot},
+				Fault:   repairv1.Fault{Rule: "r", ConditionType: "X", Status: "True", Since: metav1.Now()}}}
+		mut(&nr.Spec)
+		return nr
+	}
+	tests := map[string]struct {
+		mut     func(*repairv1.NodeRepairSpec)
+		wantErr string
+	}{
+		"a requested reboot":             {func(*repairv1.NodeRepairSpec) {}, ""},
+		"a policy's repair":              {func(s *repairv1.NodeRepairSpec) { s.Requestor, s.Maintenance, s.Policy = "", "", "p" }, ""},
+		"neither policy nor requestor":   {func(s *repairv1.NodeRepairSpec) { s.Requestor = "" }, "either a policy"},
+		"both policy and requestor":      {func(s *repairv1.NodeRepairSpec) { s.Policy = "p" }, "either a policy"},
+		"requested, without maintenance": {func(s *repairv1.NodeRepairSpec) { s.Maintenance = "" }, "names the requestor's NodeMaintenance"},
+		"requested, not a reboot": {func(s *repairv1.NodeRepairSpec) {
+			s.Actions = []repairv1.Action{repairv1.ActionRestartKubelet, repairv1.ActionReboot}
+		}, "has actions [Reboot]"},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			err := env.Kube.Create(t.Context(), base(tc.mut), client.DryRunAll)
+			switch {
+			case tc.wantErr == "" && err != nil:
+				t.Errorf("rejected: %v", err)
+			case tc.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tc.wantErr)):
+				t.Errorf("error %v, want one containing %q", err, tc.wantErr)
+			}
+		})
 	}
 }

@@ -2,6 +2,7 @@ package deploy
 
 import (
 	"context"
+	"fmt"
 	"testing"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -13,8 +14,11 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+	"k8s.io/utils/ptr"
 
+	nvidiav1 "github.com/gpufleet/gpufleet/api/nvidia/v1"
 	"github.com/gpufleet/gpufleet/internal/devcluster"
+	"github.com/gpufleet/gpufleet/internal/gpustack"
 )
 
 // otherNS is a namespace that is not the operator's.
@@ -139,6 +143,9 @@ func checkLeastPrivilege(t *testing.T, cluster *devcluster.Cluster, saCfg *rest.
 		{"delete the GPU stack's ClusterRoleBinding", func() error {
 			return op.RbacV1().ClusterRoleBindings().Delete(ctx, "nvidia-mig-manager", dryDelete)
 		}},
+		{"create the GPU stack's ClusterRoles (RBAC lets it grant only rules it holds)", func() error {
+			return createStackRBAC(ctx, op, dry)
+		}},
 	}
 	forbidden := []check{
 		{"list Secrets in its namespace", func() error {
@@ -217,6 +224,35 @@ func checkLeastPrivilege(t *testing.T, cluster *devcluster.Cluster, saCfg *rest.
 			t.Errorf("the operator may %s (want Forbidden, got %v)", c.name, err)
 		}
 	}
+}
+
+// createStackRBAC creates, as dry runs, every ClusterRole the GPU stack
+// renders (the driver manager's, mig-manager's) under a name of its own:
+// the API server refuses a role that grants what its creator does not hold
+// (a binding to such a role is then allowed for the same reason; it cannot
+// be checked as a dry run, the role being stored never).
+func createStackRBAC(ctx context.Context, op kubernetes.Interface, dry metav1.CreateOptions) error {
+	policy := &nvidiav1.ClusterPolicy{ObjectMeta: metav1.ObjectMeta{Name: "cluster-policy", UID: "u"}}
+	policy.Spec.MIGManager.Enabled = ptr.To(true)
+	objs, err := gpustack.Render(policy, gpustack.Facts{Namespace: "gpufleet-system",
+		OSFlavours: []gpustack.OSFlavour{{ID: "ubuntu", Version: "22.04"}}, Runtimes: []string{"containerd"}}, gpustack.Assets)
+	if err != nil {
+		return err
+	}
+	roles := 0
+	for _, o := range objs {
+		if role, ok := o.(*rbacv1.ClusterRole); ok {
+			roles++
+			role.OwnerReferences, role.Name = nil, "gpufleet-rbac-check-"+role.Name
+			if _, err := op.RbacV1().ClusterRoles().Create(ctx, role, dry); err != nil {
+				return fmt.Errorf("ClusterRole %s: %w", role.Name, err)
+			}
+		}
+	}
+	if roles < 2 {
+		return fmt.Errorf("rendered %d ClusterRoles, want the driver manager's and mig-manager's", roles)
+	}
+	return nil
 }
 
 func daemonSet(namespace, name string) *appsv1.DaemonSet {

@@ -66,7 +66,7 @@ type ComponentSpec struct {
 	// +optional
 	SecurityContext *corev1.SecurityContext `json:"securityContext,omitempty"`
 	// HostNetwork runs the component's pods in the host's network namespace
-	// (accepted for compatibility with the NVIDIA GPU Operator).
+	// (with dnsPolicy ClusterFirstWithHostNet, as the NVIDIA GPU Operator).
 	// +optional
 	HostNetwork *bool `json:"hostNetwork,omitempty"`
 }
@@ -115,7 +115,11 @@ type ImageSpec struct {
 }
 
 // DriverManagerSpec configures the k8s-driver-manager init container that
-// prepares a node for a driver (re)install.
+// prepares a node for a driver (re)install. Its env is merged over the
+// defaults, except ENABLE_GPU_POD_EVICTION and ENABLE_AUTO_DRAIN, which
+// gpufleet always sets to false (driver upgrades drain the node through
+// NodeMaintenance); env that tries to turn them on is reported in the
+// UnsupportedFields condition.
 type DriverManagerSpec struct {
 	ImageSpec `json:",inline"`
 	// +optional
@@ -160,17 +164,24 @@ type DriverSpec struct {
 	// UsePrecompiled installs precompiled kernel modules.
 	// +optional
 	UsePrecompiled *bool `json:"usePrecompiled,omitempty"`
-	// UseOpenKernelModules is deprecated in favour of kernelModuleType.
+	// UseOpenKernelModules is deprecated in favour of kernelModuleType; true
+	// means kernelModuleType open when kernelModuleType is not set.
 	// +optional
 	UseOpenKernelModules *bool `json:"useOpenKernelModules,omitempty"`
 	// KernelModuleType: auto, open or proprietary.
 	// +optional
 	// +kubebuilder:validation:Enum=auto;open;proprietary
 	KernelModuleType string `json:"kernelModuleType,omitempty"`
+	// StartupProbe tunes the driver container's startup probe.
 	// +optional
 	StartupProbe *ContainerProbeSpec `json:"startupProbe,omitempty"`
+	// LivenessProbe is accepted and not rendered (a failing liveness probe
+	// would restart the driver outside maintenance); reported in the
+	// UnsupportedFields condition when set.
 	// +optional
 	LivenessProbe *ContainerProbeSpec `json:"livenessProbe,omitempty"`
+	// ReadinessProbe adds a readiness probe (nvidia-smi) to the driver
+	// container, with these settings.
 	// +optional
 	ReadinessProbe *ContainerProbeSpec `json:"readinessProbe,omitempty"`
 	// RDMA configures GPUDirect RDMA.
@@ -182,9 +193,12 @@ type DriverSpec struct {
 	// UpgradePolicy governs driver upgrades.
 	// +optional
 	UpgradePolicy *DriverUpgradePolicySpec `json:"upgradePolicy,omitempty"`
+	// RepoConfig names a ConfigMap of package repositories (not provided
+	// by gpufleet: reported in the UnsupportedFields condition when set).
 	// +optional
 	RepoConfig *ConfigMapRef `json:"repoConfig,omitempty"`
-	// CertConfig names a ConfigMap of custom certificates.
+	// CertConfig names a ConfigMap of custom certificates (not provided by
+	// gpufleet: reported in the UnsupportedFields condition when set).
 	// +optional
 	CertConfig *NameRef `json:"certConfig,omitempty"`
 	// LicensingConfig is the vGPU guest driver licensing.
@@ -193,7 +207,9 @@ type DriverSpec struct {
 	// VirtualTopology is the vGPU topology daemon configuration.
 	// +optional
 	VirtualTopology *VirtualTopologySpec `json:"virtualTopology,omitempty"`
-	// KernelModuleConfig names a ConfigMap of kernel module parameters.
+	// KernelModuleConfig names a ConfigMap of kernel module parameters:
+	// its keys nvidia.conf, nvidia-modeset.conf, nvidia-peermem.conf and
+	// nvidia-uvm.conf are mounted where the driver container reads them.
 	// +optional
 	KernelModuleConfig *NameRef `json:"kernelModuleConfig,omitempty"`
 	// SecretEnv names a Secret whose entries become driver env variables.
@@ -490,7 +506,9 @@ type OperatorSpec struct {
 	// +optional
 	// +kubebuilder:validation:Enum=docker;containerd;crio
 	DefaultRuntime string `json:"defaultRuntime,omitempty"`
-	// RuntimeClass is the name of the NVIDIA RuntimeClass.
+	// RuntimeClass is the NVIDIA runtime's handler name the toolkit
+	// configures in containerd (default "nvidia"). gpufleet creates no
+	// RuntimeClass object.
 	// +optional
 	RuntimeClass string `json:"runtimeClass,omitempty"`
 	// InitContainer is deprecated in the NVIDIA GPU Operator.
@@ -559,7 +577,8 @@ type CDISpec struct {
 	// Enabled generates CDI specifications for the GPUs. Default true.
 	// +optional
 	Enabled *bool `json:"enabled,omitempty"`
-	// Default makes CDI the default mode of injecting GPUs.
+	// Default is deprecated in the NVIDIA GPU Operator and has no effect
+	// there nor here: with CDI enabled, CDI is the default mode.
 	// +optional
 	Default *bool `json:"default,omitempty"`
 	// NRIPluginEnabled injects CDI devices through an NRI plugin.

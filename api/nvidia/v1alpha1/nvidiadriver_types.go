@@ -68,6 +68,7 @@ type NVIDIADriverSpec struct {
 	KernelModuleType string `json:"kernelModuleType,omitempty"`
 	// +optional
 	StartupProbe *nvidiav1.ContainerProbeSpec `json:"startupProbe,omitempty"`
+	// LivenessProbe is accepted and not rendered (reported when set).
 	// +optional
 	LivenessProbe *nvidiav1.ContainerProbeSpec `json:"livenessProbe,omitempty"`
 	// +optional
@@ -94,6 +95,8 @@ type NVIDIADriverSpec struct {
 	ImagePullPolicy corev1.PullPolicy `json:"imagePullPolicy,omitempty"`
 	// +optional
 	ImagePullSecrets []string `json:"imagePullSecrets,omitempty"`
+	// Manager is the k8s-driver-manager init container (its eviction and
+	// drain are always off: upgrades drain through NodeMaintenance).
 	// +optional
 	Manager nvidiav1.DriverManagerSpec `json:"manager,omitempty"`
 	// +optional
@@ -102,6 +105,8 @@ type NVIDIADriverSpec struct {
 	Args []string `json:"args,omitempty"`
 	// +optional
 	Env []nvidiav1.EnvVar `json:"env,omitempty"`
+	// RepoConfig and CertConfig are accepted and not rendered (reported
+	// when set).
 	// +optional
 	RepoConfig *nvidiav1.NameRef `json:"repoConfig,omitempty"`
 	// +optional

@@ -237,15 +237,34 @@ type Fault struct {
 }
 
 // NodeRepairSpec is one repair.
+//
+// +kubebuilder:validation:XValidation:rule="(has(self.policy) && size(self.policy) > 0) != (has(self.requestor) && size(self.requestor) > 0)",message="a NodeRepair has either a policy (found by a NodeRepairPolicy) or a requestor (asked for by a gpufleet controller)"
+// +kubebuilder:validation:XValidation:rule="!has(self.requestor) || size(self.requestor) == 0 || (has(self.maintenance) && size(self.maintenance) > 0 && has(self.actions) && self.actions == ['Reboot'])",message="a requested repair names the requestor's NodeMaintenance (maintenance) and has actions [Reboot]"
 type NodeRepairSpec struct {
 	// NodeName is the node being repaired.
 	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="nodeName is immutable"
 	NodeName string `json:"nodeName"`
 	// +optional
 	Pool string `json:"pool,omitempty"`
-	// Policy that started it.
-	Policy string `json:"policy"`
-	Fault  Fault  `json:"fault"`
+	// Policy that started it; empty for a repair another gpufleet
+	// controller requested (requestor).
+	// +optional
+	Policy string `json:"policy,omitempty"`
+	// Requestor, when set, is the gpufleet controller that asked for this
+	// repair instead of a NodeRepairPolicy (e.g. a driver upgrade whose new
+	// driver cannot load while the old kernel module is in use). Such a
+	// repair reboots the node inside the requestor's own NodeMaintenance
+	// (maintenance), which already holds the node, and leaves releasing it
+	// to the requestor.
+	// +optional
+	// +kubebuilder:validation:MaxLength=63
+	Requestor string `json:"requestor,omitempty"`
+	// Maintenance is the requestor's NodeMaintenance (in gpufleet's
+	// namespace) that holds the node; the reboot waits until it is Ready.
+	// +optional
+	// +kubebuilder:validation:MaxLength=253
+	Maintenance string `json:"maintenance,omitempty"`
+	Fault       Fault  `json:"fault"`
 	// Actions to run, in order (Reboot only when allowed); empty when the
 	// only remedy is a reboot the policy does not allow.
 	// +optional
@@ -279,6 +298,12 @@ type NodeRepairSpec struct {
 	// +optional
 	// +kubebuilder:validation:MaxLength=1024
 	Escalation string `json:"escalation,omitempty"`
+}
+
+// Requested reports whether another gpufleet controller asked for the
+// repair (a reboot inside its own NodeMaintenance), not a NodeRepairPolicy.
+func (nr *NodeRepair) Requested() bool {
+	return nr.Spec.Requestor != ""
 }
 
 // Recorded reports whether the NodeRepair only records a fault (dry run, or
