@@ -59,8 +59,9 @@ test-rules: promtool ## promtool check and unit-test the alerting rules; check t
 	go test -count=1 -short ./test/monitoring/
 
 .PHONY: build
-build: ## Build bin/gpufleet.
+build: ## Build bin/gpufleet and bin/gpufleet-agent (the node agent alone, what the agent DaemonSet runs).
 	go build -trimpath -ldflags "$(LDFLAGS)" -o $(BIN)/gpufleet ./cmd/gpufleet
+	go build -trimpath -ldflags "$(LDFLAGS)" -o $(BIN)/gpufleet-agent ./cmd/gpufleet-agent
 
 .PHONY: dev
 dev: tools build ## Start the local cluster with simulated GPU nodes and the operator (Ctrl-C to stop).
@@ -96,6 +97,7 @@ bench: tools ## Planner micro-benchmarks and scale scenarios on the local cluste
 	  go test -count=1 -run '^$$' -bench 'BenchmarkClusterPolicyScale' -benchtime 1x -timeout 30m ./internal/gpustack/ -args -gpustack.nodes=100; \
 	  go test -count=1 -run '^$$' -bench 'BenchmarkHealthyFleet500' -benchtime 1x -timeout 30m ./internal/repair/; \
 	  go test -count=1 -run '^$$' -bench 'BenchmarkOperatorMemory' -benchtime 1x -timeout 60m ./test/chaos/ -args -chaos.heap-profile=$(CURDIR)/results/heap.pprof; \
+	  go test -count=1 -run '^$$' -bench 'BenchmarkAgentMemory' -benchtime 1x -timeout 20m ./test/chaos/; \
 	} 2>&1 | grep -v '^\s*>' | tee results/bench.txt
 
 .PHONY: chaos

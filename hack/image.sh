@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Builds gpufleet's container image as an OCI archive, without a container
 # engine, a daemon or a registry (make image): the host's Go cross-compiles
-# the static binaries (gpufleet and cmd/nsenter) for each platform, and
-# hack/tools/image (go-containerregistry) puts them on an empty base with the
+# the static binaries (gpufleet, the node agent's own gpufleet-agent and
+# cmd/nsenter) for each platform, and hack/tools/image
+# (go-containerregistry) puts them on an empty base with the
 # CA certificates and the nonroot user (65532). The root Containerfile
 # describes the same image for `docker build` / `podman build`.
 #
@@ -48,9 +49,11 @@ for p in $platforms; do
   # and lines); static: CGO_ENABLED=0.
   CGO_ENABLED=0 GOOS=$os GOARCH=$arch go build -trimpath -buildvcs=false -ldflags "-s -w $ldflags" \
     -o "$stage/${os}_${arch}/gpufleet" ./cmd/gpufleet
+  CGO_ENABLED=0 GOOS=$os GOARCH=$arch go build -trimpath -buildvcs=false -ldflags "-s -w $ldflags" \
+    -o "$stage/${os}_${arch}/gpufleet-agent" ./cmd/gpufleet-agent
   CGO_ENABLED=0 GOOS=$os GOARCH=$arch go build -trimpath -buildvcs=false -ldflags "-s -w" \
     -o "$stage/${os}_${arch}/nsenter" ./cmd/nsenter
-  echo ">> built gpufleet and nsenter for $p in $((SECONDS - t))s" >&2
+  echo ">> built gpufleet, gpufleet-agent and nsenter for $p in $((SECONDS - t))s" >&2
   platform_flags+=(-platform "$p")
 done
 

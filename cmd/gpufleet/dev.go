@@ -13,7 +13,7 @@ import (
 	uzap "go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
-	"github.com/gpufleet/gpufleet/internal/agent"
+	"github.com/gpufleet/gpufleet/internal/cli"
 	"github.com/gpufleet/gpufleet/internal/devcluster"
 	"github.com/gpufleet/gpufleet/internal/operator"
 )
@@ -22,6 +22,7 @@ func newDevCommand() *cobra.Command {
 	var (
 		nodes, pools int
 		cpuNodes     int
+		dpNodes      int
 		binDir       string
 		noOperator   bool
 	)
@@ -33,16 +34,18 @@ kube-controller-manager, kube-scheduler) with kwok simulating GPU nodes,
 installs gpufleet's CRDs, runs the operator in this process and waits for
 Ctrl-C. Everything it started is stopped and removed on exit.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			level := setupLogging(true, zapcore.DebugLevel)
-			ctx, cancel := signalContext()
+			level := cli.SetupLogging(true, zapcore.DebugLevel)
+			ctx, cancel := cli.SignalContext()
 			defer cancel()
-			return runDev(ctx, devParams{nodes: nodes, pools: pools, cpuNodes: cpuNodes, binDir: binDir, operator: !noOperator, logLevel: level})
+			return runDev(ctx, devParams{nodes: nodes, pools: pools, cpuNodes: cpuNodes, dpNodes: dpNodes, binDir: binDir,
+				operator: !noOperator, logLevel: level})
 		},
 	}
 	f := cmd.Flags()
 	f.IntVar(&nodes, "nodes", 8, "number of simulated GPU nodes")
 	f.IntVar(&pools, "pools", 2, "number of node pools the GPU nodes are spread over")
 	f.IntVar(&cpuNodes, "cpu-nodes", 0, "number of simulated nodes without GPUs")
+	f.IntVar(&dpNodes, "device-plugin-nodes", 0, "number of simulated GPU nodes (dp-000, …, pool dp) whose GPUs only the device plugin gives out (nvidia.com/gpu, no DRA)")
 	f.StringVar(&binDir, "bin-dir", "", "directory of the control-plane binaries (default: $GPUFLEET_BIN_DIR or bin/ of the source tree)")
 	f.BoolVar(&noOperator, "no-operator", false, "start only the cluster, not the operator")
 	return cmd
@@ -50,8 +53,10 @@ Ctrl-C. Everything it started is stopped and removed on exit.`,
 
 type devParams struct {
 	nodes, pools, cpuNodes int
-	binDir                 string
-	operator               bool
+	// dpNodes are GPU nodes of the device plugin only (no ResourceSlice).
+	dpNodes  int
+	binDir   string
+	operator bool
 	// logLevel follows the MaintenanceOperatorConfig's spec.logLevel.
 	logLevel *uzap.AtomicLevel
 }
@@ -79,6 +84,9 @@ func runDev(ctx context.Context, p devParams) error {
 	specs := devcluster.GPUNodes(p.nodes, p.pools)
 	for i := range p.cpuNodes {
 		specs = append(specs, devcluster.NodeSpec{Name: fmt.Sprintf("cpu-%03d", i), Pool: "cpu"})
+	}
+	for i := range p.dpNodes {
+		specs = append(specs, devcluster.NodeSpec{Name: fmt.Sprintf("dp-%03d", i), Pool: "dp", GPUs: 8, DevicePluginOnly: true})
 	}
 	began := time.Now()
 	if err := cluster.AddNodes(ctx, specs...); err != nil {
@@ -110,7 +118,7 @@ func runDev(ctx context.Context, p devParams) error {
 		}
 		// The simulated nodes' agent, in this process: repair actions
 		// change the kwok nodes.
-		if err := agent.AddInProcess(mgr, devcluster.SimExecutor{Cluster: cluster}, nil); err != nil {
+		if err := devcluster.AddInProcessAgent(mgr, devcluster.SimExecutor{Cluster: cluster}, nil); err != nil {
 			return err
 		}
 		go func() { errc <- mgr.Start(opCtx) }()
@@ -136,14 +144,14 @@ GPU faults (auto-repair with DRA; the simulated nodes publish their GPUs in Reso
   kubectl get noderepairs -w                    # only the pods on GPU 3 drained (NodeMaintenance, no cordon), reset, back in service
   %[2]s/gpufleet sim gpu gpu-001 2 --dbe 4 --reset-fails   # a reset that fails: the node is rebooted
   %[2]s/gpufleet sim xid gpu-002 1 13          # an application's error: recorded, not repaired
-
+%[4]s
 See the fleet (every node's pool, GPUs, GPU stack, maintenance and repair):
   %[2]s/gpufleet status                         # or, with ln -s gpufleet kubectl-gpufleet on the PATH: kubectl gpufleet status
   %[2]s/gpufleet status --problems -o wide; %[2]s/gpufleet explain gpu-000
   %[2]s/gpufleet ui                             # the live view in the browser: http://127.0.0.1:8090/
 
 Logs of the control plane are in %[3]s. Press Ctrl-C to stop and clean up.
-`, cluster.Kubeconfig, binDirOf(p.binDir), cluster.Dir)
+`, cluster.Kubeconfig, binDirOf(p.binDir), cluster.Dir, devicePluginHelp(p.dpNodes, binDirOf(p.binDir)))
 
 	select {
 	case <-ctx.Done():
@@ -166,6 +174,25 @@ Logs of the control plane are in %[3]s. Press Ctrl-C to stop and clean up.
 		}
 	}
 	return nil
+}
+
+// devicePluginHelp is the device-plugin walkthrough of the start-up
+// message (README, "Try it on gpufleet dev").
+func devicePluginHelp(dpNodes int, binDir string) string {
+	if dpNodes == 0 {
+		return `
+GPU faults with the device plugin (nvidia.com/gpu, no DRA): start with --device-plugin-nodes 1
+`
+	}
+	return fmt.Sprintf(`
+GPU faults with the device plugin (nvidia.com/gpu, no DRA) on dp-000:
+  kubectl apply -f examples/repair-gpu-device-plugin.yaml   # the NodeRepairPolicy and 6 pods with nvidia.com/gpu: 1 on pool dp
+  kubectl get pods -l app=dp-training -o custom-columns='POD:.metadata.name,NODE:.spec.nodeName,GPUS:.metadata.annotations.sim\.gpufleet\.dev/gpus'
+  %[1]s/gpufleet sim xid dp-000 3 48           # uncorrectable ECC error on GPU 3: only the pod given GPU 3 is drained (no cordon), GPU 3 reset
+  kubectl get gpufaults -w; kubectl get noderepairs -w
+  for i in 0 1 2 4; do %[1]s/gpufleet sim xid dp-000 $i 48; done   # 4 of 8 GPUs (gpu.wholeNodeAfter 50%%): the whole node is cordoned, drained, rebooted
+  kubectl get noderepairs -o custom-columns='NAME:.metadata.name,PHASE:.status.phase,ESCALATION:.spec.escalation'
+`, binDir)
 }
 
 func binDirOf(dir string) string {

@@ -19,6 +19,7 @@ import (
 	"k8s.io/klog/v2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/gpufleet/gpufleet/internal/cli"
 	"github.com/gpufleet/gpufleet/internal/fleet"
 	"github.com/gpufleet/gpufleet/internal/fleet/ui"
 )
@@ -222,11 +223,11 @@ has no write actions.`,
 			if err != nil {
 				return err
 			}
-			setupLogging(false, zapcore.ErrorLevel) // a long-running view logs its watches' errors
+			cli.SetupLogging(false, zapcore.ErrorLevel) // a long-running view logs its watches' errors
 			if os.Getenv("GOGC") == "" {
 				debug.SetGCPercent(50) // the heap is mostly the watch caches
 			}
-			ctx, cancel := signalContext()
+			ctx, cancel := cli.SignalContext()
 			defer cancel()
 			srv, err := ui.New(cfg, ui.Options{PoolLabel: poolLabel})
 			if err != nil {

@@ -1,28 +1,21 @@
 // Command gpufleet is the one binary of gpufleet: the operator, the local
-// development cluster and (later) the node agent.
+// development cluster, the node agent (also built alone as
+// cmd/gpufleet-agent, which the agent DaemonSet runs) and the fleet view.
 package main
 
 import (
-	"context"
 	"fmt"
 	"math"
 	"os"
-	"os/signal"
 	"runtime/debug"
-	"syscall"
-	"time"
 
 	"github.com/KimMachineGun/automemlimit/memlimit"
 	"github.com/spf13/cobra"
-	uzap "go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
-	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
-	"k8s.io/klog/v2"
 	ctrl "sigs.k8s.io/controller-runtime"
-	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
-	"github.com/gpufleet/gpufleet/internal/agent"
+	"github.com/gpufleet/gpufleet/internal/agent/agentcmd"
+	"github.com/gpufleet/gpufleet/internal/cli"
 	"github.com/gpufleet/gpufleet/internal/operator"
 	"github.com/gpufleet/gpufleet/internal/version"
 )
@@ -45,25 +38,9 @@ func newRootCommand() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newOperatorCommand(), newDevCommand(), newAgentCommand(), newSimCommand(), newVersionCommand(),
+	root.AddCommand(newOperatorCommand(), newDevCommand(), agentcmd.NewCommand("agent"), newSimCommand(), newVersionCommand(),
 		newStatusCommand(), newExplainCommand(), newUICommand(), newUninstallCommand())
 	return root
-}
-
-// signalContext is cancelled on SIGINT or SIGTERM.
-func signalContext() (context.Context, context.CancelFunc) {
-	return signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-}
-
-// setupLogging installs the process's logger (human-readable with
-// development) at level and returns the level, which may change while the
-// process runs.
-func setupLogging(development bool, level zapcore.Level) *uzap.AtomicLevel {
-	atomic := uzap.NewAtomicLevelAt(level)
-	logger := zap.New(zap.UseDevMode(development), zap.Level(atomic))
-	ctrl.SetLogger(logger)
-	klog.SetLogger(logger)
-	return &atomic
 }
 
 // logLevel is the --log-level flag's level: name, or with no name debug
@@ -94,9 +71,9 @@ func newOperatorCommand() *cobra.Command {
 			if err != nil {
 				return fmt.Errorf("--log-level: %w", err)
 			}
-			opts.LogLevel = setupLogging(development, level)
+			opts.LogLevel = cli.SetupLogging(development, level)
 			tuneMemory()
-			cfg, err := restConfig(kubeconfig)
+			cfg, err := cli.RestConfig(kubeconfig)
 			if err != nil {
 				return err
 			}
@@ -110,7 +87,7 @@ func newOperatorCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			ctx, cancel := signalContext()
+			ctx, cancel := cli.SignalContext()
 			defer cancel()
 			return mgr.Start(ctx)
 		},
@@ -157,28 +134,6 @@ func tuneMemory() {
 	}
 }
 
-// restConfig loads the credentials. Like controller-runtime's own loader,
-// it turns client-go's client-side rate limit (5 requests/s) off and relies
-// on the API server's priority and fairness: a 5/s limit would serialize a
-// large cluster's maintenance behind the limiter.
-func restConfig(kubeconfig string) (*rest.Config, error) {
-	if kubeconfig == "" {
-		cfg, err := ctrl.GetConfig()
-		if err != nil {
-			return nil, fmt.Errorf("finding cluster credentials: %w", err)
-		}
-		return cfg, nil
-	}
-	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
-	if err != nil {
-		return nil, fmt.Errorf("loading kubeconfig %s: %w", kubeconfig, err)
-	}
-	if cfg.QPS == 0 {
-		cfg.QPS = -1
-	}
-	return cfg, nil
-}
-
 func newVersionCommand() *cobra.Command {
 	return &cobra.Command{
 		Use:   "version",
@@ -188,64 +143,4 @@ func newVersionCommand() *cobra.Command {
 			return err
 		},
 	}
-}
-
-func newAgentCommand() *cobra.Command {
-	var kubeconfig, nodeName, kmsgPath, dcgmURL, podResources string
-	var dcgmInterval time.Duration
-	cmd := &cobra.Command{
-		Use:   "agent",
-		Short: "Run the node agent: execute repair actions requested for this node, report its GPU faults",
-		Long: `agent runs on every node (a privileged DaemonSet with hostPID) and executes
-the repair actions that NodeRepair objects request for its node: restart the
-kubelet, the container runtime or the NTP daemon (systemd units, through
-nsenter into PID 1), delete broken pod sandboxes (crictl), reset GPUs
-(nvidia-smi), reboot. The set of actions is fixed; nothing from the API is
-run as a command.
-
-It also watches the node's GPUs: NVIDIA XIDs in the kernel log (--kmsg-path)
-and health counters of dcgm-exporter (--dcgm-url), and writes one GPUFault
-record per faulty GPU and the node's GPUProblem condition. While a GPU is out
-of service it asks the kubelet's pod-resources API (--pod-resources-socket)
-which pods were given it (nvidia.com/gpu, device plugin) and records them, so
-that the repair drains only those pods.`,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			if nodeName == "" {
-				nodeName = os.Getenv("NODE_NAME")
-			}
-			if nodeName == "" {
-				return fmt.Errorf("--node-name or $NODE_NAME is required")
-			}
-			if dcgmInterval <= 0 {
-				return fmt.Errorf("--dcgm-interval must be positive, not %s", dcgmInterval)
-			}
-			// After the input checks: the logger is process-wide, and bad
-			// input must change nothing (the tests run these in-process).
-			setupLogging(false, zapcore.InfoLevel)
-			cfg, err := restConfig(kubeconfig)
-			if err != nil {
-				return err
-			}
-			gpus := agent.NewHostGPUSource(nodeName, kmsgPath, dcgmURL, dcgmInterval)
-			if podResources != "" {
-				gpus.PodResources = &agent.KubeletPodResources{Socket: podResources}
-			}
-			mgr, err := agent.NewManager(cfg, agent.Options{NodeName: nodeName, Executor: agent.HostExecutor{Runner: agent.ExecRunner{}},
-				GPUs: gpus})
-			if err != nil {
-				return err
-			}
-			ctx, cancel := signalContext()
-			defer cancel()
-			return mgr.Start(ctx)
-		},
-	}
-	cmd.Flags().StringVar(&kubeconfig, "kubeconfig", "", "path to a kubeconfig (default: in-cluster)")
-	cmd.Flags().StringVar(&nodeName, "node-name", "", "this node's name (default: $NODE_NAME)")
-	cmd.Flags().StringVar(&kmsgPath, "kmsg-path", "/dev/kmsg", `kernel log to follow for NVIDIA XIDs ("" reads none)`)
-	cmd.Flags().StringVar(&dcgmURL, "dcgm-url", "", `dcgm-exporter's metrics URL, e.g. http://localhost:9400/metrics ("" reads no counters)`)
-	cmd.Flags().DurationVar(&dcgmInterval, "dcgm-interval", 30*time.Second, "how often dcgm-exporter is read")
-	cmd.Flags().StringVar(&podResources, "pod-resources-socket", agent.DefaultPodResourcesSocket,
-		`the kubelet's pod-resources socket, asked which pods hold a faulty GPU ("" asks nothing: the repair drains every GPU pod of the node)`)
-	return cmd
 }

@@ -10,12 +10,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
-	ctrl "sigs.k8s.io/controller-runtime"
-	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	crlog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	repairv1 "github.com/gpufleet/gpufleet/api/repair/v1alpha1"
 )
@@ -29,7 +26,7 @@ type Executor interface {
 // Agent runs pending actions of the NodeRepairs of its node (NodeName; empty
 // means every node, for the simulation).
 type Agent struct {
-	Client   client.Client
+	Client   API
 	NodeName string
 	Executor Executor
 	Clock    clock.PassiveClock
@@ -39,18 +36,21 @@ type Agent struct {
 // records "Started" before running it, and after a restart it does not run
 // an action whose start is recorded (the repair controller verifies the
 // effect instead). The executor logs the action; the context's logger
-// carries the NodeRepair ("repair").
-func (a *Agent) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
-	nr := &repairv1.NodeRepair{}
-	if err := a.Client.Get(ctx, req.NamespacedName, nr); err != nil {
-		return reconcile.Result{}, client.IgnoreNotFound(err)
+// carries the NodeRepair ("repair"). An error is retried with backoff.
+func (a *Agent) Reconcile(ctx context.Context, name string) error {
+	nr, err := a.Client.NodeRepair(ctx, name)
+	if err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil
+		}
+		return err
 	}
 	p := nr.Status.Pending
 	if p == nil || (a.NodeName != "" && nr.Spec.NodeName != a.NodeName) || ended(nr) {
-		return reconcile.Result{}, nil
+		return nil
 	}
-	log := ctrl.LoggerFrom(ctx).WithValues("repair", klog.KObj(nr))
-	ctx = ctrl.LoggerInto(ctx, log)
+	log := crlog.FromContext(ctx).WithValues("repair", klog.KObj(nr))
+	ctx = crlog.IntoContext(ctx, log)
 	outcome, msg := "Succeeded", ""
 	if last := lastEntry(nr); last != nil && last.Step == string(p.Action) && last.Outcome == "Started" {
 		outcome, msg = "Interrupted", "the agent restarted while running it; not run again"
@@ -60,14 +60,14 @@ func (a *Agent) Reconcile(ctx context.Context, req reconcile.Request) (reconcile
 		// Read the node before recording the start: a start is recorded
 		// only when the action is about to run, so a failed read is
 		// retried instead of being taken for an interrupted action.
-		node := &corev1.Node{}
-		if err := a.Client.Get(ctx, types.NamespacedName{Name: nr.Spec.NodeName}, node); err != nil {
-			return reconcile.Result{}, fmt.Errorf("reading node %s before %s: %w", nr.Spec.NodeName, p.Action, err)
+		node, err := a.Client.Node(ctx, nr.Spec.NodeName)
+		if err != nil {
+			return fmt.Errorf("reading node %s before %s: %w", nr.Spec.NodeName, p.Action, err)
 		}
 		before := nr.DeepCopy()
 		nr.Status.Timeline = append(nr.Status.Timeline, entry(a.Clock, string(p.Action), "Started", ""))
-		if err := patchStatus(ctx, a.Client, before, nr); err != nil {
-			return reconcile.Result{}, fmt.Errorf("recording the start of %s: %w", p.Action, err)
+		if err := a.Client.PatchNodeRepairStatus(ctx, before, nr); err != nil {
+			return fmt.Errorf("recording the start of %s: %w", p.Action, err)
 		}
 		if err := a.Executor.Execute(ctx, node, p.Action, nr.Spec.GPUs); err != nil {
 			outcome, msg = "Failed", err.Error()
@@ -84,15 +84,15 @@ func (a *Agent) Reconcile(ctx context.Context, req reconcile.Request) (reconcile
 	nr.Status.Timeline = append(nr.Status.Timeline, entry(a.Clock, string(p.Action), outcome, msg))
 	nr.Status.Pending = nil
 	nr.Status.NextAction++
-	if err := patchStatus(ctx, a.Client, before, nr); err != nil {
+	if err := a.Client.PatchNodeRepairStatus(ctx, before, nr); err != nil {
 		if apierrors.IsConflict(err) && outcome == "Interrupted" {
 			// The update event of our own start, read before our outcome
 			// reached the cache: the outcome is already recorded.
-			return reconcile.Result{}, nil
+			return nil
 		}
-		return reconcile.Result{}, fmt.Errorf("recording the outcome of %s: %w", p.Action, err)
+		return fmt.Errorf("recording the outcome of %s: %w", p.Action, err)
 	}
-	return reconcile.Result{}, nil
+	return nil
 }
 
 // ended reports whether the repair is over: its pending action is moot.
@@ -102,13 +102,6 @@ func ended(nr *repairv1.NodeRepair) bool {
 		return true
 	}
 	return false
-}
-
-// patchStatus writes the NodeRepair's status as a merge patch that fails
-// with a conflict if the object changed since before was read: a start or
-// an outcome is recorded on the version the agent acted on, or not at all.
-func patchStatus(ctx context.Context, c client.Client, before, after *repairv1.NodeRepair) error {
-	return c.Status().Patch(ctx, after, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{}))
 }
 
 func lastEntry(nr *repairv1.NodeRepair) *repairv1.TimelineEntry {

@@ -19,7 +19,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
-	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	repairv1 "github.com/gpufleet/gpufleet/api/repair/v1alpha1"
 )
@@ -94,22 +93,18 @@ func newTestAgent(t *testing.T, node string, exec Executor, funcs *interceptor.F
 	if funcs != nil {
 		b = b.WithInterceptorFuncs(*funcs)
 	}
-	return &Agent{Client: b.Build(), NodeName: node, Executor: exec, Clock: clocktesting.NewFakePassiveClock(agentNow)}
+	return &Agent{Client: clientAPI{b.Build()}, NodeName: node, Executor: exec, Clock: clocktesting.NewFakePassiveClock(agentNow)}
 }
 
 func reconcileRepair(t *testing.T, a *Agent, name string) error {
 	t.Helper()
-	res, err := a.Reconcile(t.Context(), reconcile.Request{NamespacedName: types.NamespacedName{Name: name}})
-	if res != (reconcile.Result{}) {
-		t.Errorf("result %+v, want none (the agent never requeues by itself)", res)
-	}
-	return err
+	return a.Reconcile(t.Context(), name)
 }
 
 func getRepair(t *testing.T, a *Agent) *repairv1.NodeRepair {
 	t.Helper()
 	nr := &repairv1.NodeRepair{}
-	if err := a.Client.Get(t.Context(), types.NamespacedName{Name: repairName}, nr); err != nil {
+	if err := a.Client.(clientAPI).Get(t.Context(), types.NamespacedName{Name: repairName}, nr); err != nil {
 		t.Fatal(err)
 	}
 	return nr

@@ -11,16 +11,11 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/util/retry"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
-	ctrl "sigs.k8s.io/controller-runtime"
-	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/event"
-	"sigs.k8s.io/controller-runtime/pkg/predicate"
-	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	crlog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	repairv1 "github.com/gpufleet/gpufleet/api/repair/v1alpha1"
 )
@@ -40,7 +35,7 @@ type GPUSource interface {
 // node's condition (a status patch of that condition only). Nothing
 // changed, nothing written.
 type GPUMonitor struct {
-	Client client.Client
+	Client API
 	Source GPUSource
 	Clock  clock.PassiveClock
 	// NodeName is the agent's node; empty: every node (the simulation).
@@ -51,31 +46,35 @@ type GPUMonitor struct {
 	podResourcesDown atomic.Bool
 }
 
-// Reconcile looks at one node's GPUs.
-func (m *GPUMonitor) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
-	if m.NodeName != "" && req.Name != m.NodeName {
-		return reconcile.Result{}, nil
+// Reconcile looks at one node's GPUs. requeueAfter > 0: look again then
+// (an error is retried with backoff).
+func (m *GPUMonitor) Reconcile(ctx context.Context, nodeName string) (requeueAfter time.Duration, err error) {
+	if m.NodeName != "" && nodeName != m.NodeName {
+		return 0, nil
 	}
-	node := &corev1.Node{}
-	if err := m.Client.Get(ctx, req.NamespacedName, node); err != nil {
-		return reconcile.Result{}, client.IgnoreNotFound(err)
+	node, err := m.Client.Node(ctx, nodeName)
+	if err != nil {
+		if apierrors.IsNotFound(err) {
+			return 0, nil
+		}
+		return 0, err
 	}
 	records, err := nodeRecords(ctx, m.Client, node.Name)
 	if err != nil {
-		return reconcile.Result{}, err
+		return 0, err
 	}
-	var policies repairv1.NodeRepairPolicyList
-	if err := m.Client.List(ctx, &policies); err != nil {
-		return reconcile.Result{}, fmt.Errorf("listing repair policies: %w", err)
+	policies, err := m.Client.NodeRepairPolicies(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("listing repair policies: %w", err)
 	}
 	obs, err := m.Source.ObserveGPUs(ctx, node)
 	if err != nil {
-		return reconcile.Result{}, fmt.Errorf("observing the GPUs of node %s: %w", node.Name, err)
+		return 0, fmt.Errorf("observing the GPUs of node %s: %w", node.Name, err)
 	}
 	now := m.Clock.Now()
 	writes := DetectGPUFaults(GPUState{
 		Node: node.Name, BootID: node.Status.NodeInfo.BootID, Capacity: gpuCapacity(node),
-		Records: records, Observed: obs, XIDClasses: XIDClassesFor(node, policies.Items),
+		Records: records, Observed: obs, XIDClasses: XIDClassesFor(node, policies),
 	}, now)
 	writes, poll := m.withAllocations(ctx, node, records, writes)
 	after, err := writeRecords(ctx, m.Client, records, writes)
@@ -85,16 +84,16 @@ func (m *GPUMonitor) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	if apierrors.IsConflict(err) || apierrors.IsAlreadyExists(err) {
 		// Written on a version older than the stored one (the cache had
 		// not seen a write yet): look again on fresh objects.
-		ctrl.LoggerFrom(ctx).V(1).Info("looking again: an object changed since it was read", "error", err.Error())
-		return reconcile.Result{RequeueAfter: conflictRetry}, nil
+		crlog.FromContext(ctx).V(1).Info("looking again: an object changed since it was read", "error", err.Error())
+		return conflictRetry, nil
 	}
 	if err != nil {
-		return reconcile.Result{}, err
+		return 0, err
 	}
 	if poll {
-		return reconcile.Result{RequeueAfter: podResourcesPoll}, nil
+		return podResourcesPoll, nil
 	}
-	return reconcile.Result{}, nil
+	return 0, nil
 }
 
 // withAllocations records, on the records of out-of-service GPUs, which
@@ -113,13 +112,13 @@ func (m *GPUMonitor) withAllocations(ctx context.Context, node *corev1.Node, rec
 		return WithAllocations(records, writes, nil, false), false
 	case err != nil:
 		if m.podResourcesDown.CompareAndSwap(false, true) {
-			ctrl.LoggerFrom(ctx).Info("cannot tell which pods hold the faulty GPUs; the repair drains every GPU pod of the node",
+			crlog.FromContext(ctx).Info("cannot tell which pods hold the faulty GPUs; the repair drains every GPU pod of the node",
 				"node", klog.KObj(node), "error", err.Error())
 		}
 		return WithAllocations(records, writes, nil, false), true
 	}
 	if m.podResourcesDown.CompareAndSwap(true, false) {
-		ctrl.LoggerFrom(ctx).Info("pod-resources API readable again", "node", klog.KObj(node))
+		crlog.FromContext(ctx).Info("pod-resources API readable again", "node", klog.KObj(node))
 	}
 	return WithAllocations(records, writes, allocs, true), true
 }
@@ -150,7 +149,7 @@ const conflictRetry = 100 * time.Millisecond
 // (ResetDone on the node's records), then updates the node's GPUProblem
 // condition. A write that conflicts with the monitor's is done again on
 // fresh records.
-func ClearResetGPUs(ctx context.Context, c client.Client, clk clock.PassiveClock, nodeName string, gpus []repairv1.GPURef) error {
+func ClearResetGPUs(ctx context.Context, c API, clk clock.PassiveClock, nodeName string, gpus []repairv1.GPURef) error {
 	backoff := wait.Backoff{Steps: 6, Duration: 50 * time.Millisecond, Factor: 2, Jitter: 0.1}
 	return retry.OnError(backoff, apierrors.IsConflict, func() error {
 		records, err := nodeRecords(ctx, c, nodeName)
@@ -165,8 +164,8 @@ func ClearResetGPUs(ctx context.Context, c client.Client, clk clock.PassiveClock
 		if err != nil {
 			return err
 		}
-		node := &corev1.Node{}
-		if err := c.Get(ctx, types.NamespacedName{Name: nodeName}, node); err != nil {
+		node, err := c.Node(ctx, nodeName)
+		if err != nil {
 			return fmt.Errorf("reading node %s: %w", nodeName, err)
 		}
 		return writeCondition(ctx, c, node, after, clk.Now())
@@ -174,13 +173,13 @@ func ClearResetGPUs(ctx context.Context, c client.Client, clk clock.PassiveClock
 }
 
 // nodeRecords returns the node's GPUFault records by name.
-func nodeRecords(ctx context.Context, c client.Client, node string) (map[string]repairv1.GPUFault, error) {
-	var list repairv1.GPUFaultList
-	if err := c.List(ctx, &list); err != nil {
+func nodeRecords(ctx context.Context, c API, node string) (map[string]repairv1.GPUFault, error) {
+	list, err := c.GPUFaults(ctx)
+	if err != nil {
 		return nil, fmt.Errorf("listing GPU fault records: %w", err)
 	}
 	out := map[string]repairv1.GPUFault{}
-	for _, r := range list.Items {
+	for _, r := range list {
 		if r.Spec.NodeName == node {
 			out[r.Name] = r
 		}
@@ -193,19 +192,18 @@ func nodeRecords(ctx context.Context, c client.Client, node string) (map[string]
 // then its status written (create ignores the status subresource); a
 // changed one gets a spec patch and/or a status patch, each failing with a
 // conflict if the record changed since it was read.
-func writeRecords(ctx context.Context, c client.Client, old map[string]repairv1.GPUFault, writes []repairv1.GPUFault) (map[string]repairv1.GPUFault, error) {
-	log := ctrl.LoggerFrom(ctx)
+func writeRecords(ctx context.Context, c API, old map[string]repairv1.GPUFault, writes []repairv1.GPUFault) (map[string]repairv1.GPUFault, error) {
+	log := crlog.FromContext(ctx)
 	after := make(map[string]repairv1.GPUFault, len(old)+len(writes))
 	for k, v := range old {
 		after[k] = v
 	}
-	lock := client.MergeFromWithOptimisticLock{}
 	for _, w := range writes {
 		cur, existed := old[w.Name]
 		if !existed {
 			obj := w.DeepCopy()
 			obj.Status = repairv1.GPUFaultStatus{}
-			if err := c.Create(ctx, obj); err != nil {
+			if err := c.CreateGPUFault(ctx, obj); err != nil {
 				return after, fmt.Errorf("creating GPU fault record %s: %w", w.Name, err)
 			}
 			cur = *obj
@@ -213,7 +211,7 @@ func writeRecords(ctx context.Context, c client.Client, old map[string]repairv1.
 		if !equality.Semantic.DeepEqual(cur.Spec, w.Spec) {
 			upd := cur.DeepCopy()
 			upd.Spec = w.Spec
-			if err := c.Patch(ctx, upd, client.MergeFromWithOptions(&cur, lock)); err != nil {
+			if err := c.PatchGPUFault(ctx, &cur, upd); err != nil {
 				return after, fmt.Errorf("updating the GPU of record %s: %w", w.Name, err)
 			}
 			cur = *upd
@@ -221,7 +219,7 @@ func writeRecords(ctx context.Context, c client.Client, old map[string]repairv1.
 		if !equality.Semantic.DeepEqual(cur.Status, w.Status) {
 			upd := cur.DeepCopy()
 			upd.Status = w.Status
-			if err := c.Status().Patch(ctx, upd, client.MergeFromWithOptions(&cur, lock)); err != nil {
+			if err := c.PatchGPUFaultStatus(ctx, &cur, upd); err != nil {
 				return after, fmt.Errorf("writing the status of GPU fault record %s: %w", w.Name, err)
 			}
 			cur = *upd
@@ -239,7 +237,7 @@ func writeRecords(ctx context.Context, c client.Client, old map[string]repairv1.
 // a strategic merge patch of that one condition of the node's status, on
 // the node's version that was read (a conflict if it changed since, so
 // that a stale read cannot write the condition twice).
-func writeCondition(ctx context.Context, c client.Client, node *corev1.Node, records map[string]repairv1.GPUFault, now time.Time) error {
+func writeCondition(ctx context.Context, c API, node *corev1.Node, records map[string]repairv1.GPUFault, now time.Time) error {
 	list := make([]repairv1.GPUFault, 0, len(records))
 	for _, r := range records {
 		list = append(list, r)
@@ -253,10 +251,10 @@ func writeCondition(ctx context.Context, c client.Client, node *corev1.Node, rec
 	if err != nil {
 		return err
 	}
-	if err := c.Status().Patch(ctx, node, client.RawPatch(types.StrategicMergePatchType, data)); err != nil {
+	if err := c.PatchNodeStatus(ctx, node, data); err != nil {
 		return fmt.Errorf("writing condition %s of node %s: %w", cond.Type, node.Name, err)
 	}
-	ctrl.LoggerFrom(ctx).Info("node condition written", "node", klog.KObj(node), "condition", cond.Type,
+	crlog.FromContext(ctx).Info("node condition written", "node", klog.KObj(node), "condition", cond.Type,
 		"status", cond.Status, "reason", cond.Reason, "message", cond.Message)
 	return nil
 }
@@ -276,12 +274,9 @@ const ResourceGPU corev1.ResourceName = "nvidia.com/gpu"
 // a changed GPU capacity, changed annotations (the simulated host keeps
 // its state there) and a GPUProblem condition someone else changed —
 // not the kubelet's heartbeats.
-var gpuNodeChanged = predicate.Funcs{
-	UpdateFunc: func(e event.UpdateEvent) bool {
-		o, n := e.ObjectOld.(*corev1.Node), e.ObjectNew.(*corev1.Node)
-		return o.Status.NodeInfo.BootID != n.Status.NodeInfo.BootID || gpuCapacity(o) != gpuCapacity(n) ||
-			!equality.Semantic.DeepEqual(o.Annotations, n.Annotations) || gpuProblem(o) != gpuProblem(n)
-	},
+func gpuNodeChanged(o, n *corev1.Node) bool {
+	return o.Status.NodeInfo.BootID != n.Status.NodeInfo.BootID || gpuCapacity(o) != gpuCapacity(n) ||
+		!equality.Semantic.DeepEqual(o.Annotations, n.Annotations) || gpuProblem(o) != gpuProblem(n)
 }
 
 func gpuProblem(n *corev1.Node) string {
@@ -296,19 +291,13 @@ func gpuProblem(n *corev1.Node) string {
 // gpuFaultChanged passes record updates other than the monitor's own
 // no-op resyncs: a record's status or spec changed (e.g. someone edited
 // it, or ClearResetGPUs wrote it).
-var gpuFaultChanged = predicate.Funcs{
-	UpdateFunc: func(e event.UpdateEvent) bool {
-		o, n := e.ObjectOld.(*repairv1.GPUFault), e.ObjectNew.(*repairv1.GPUFault)
-		return o.Generation != n.Generation || !equality.Semantic.DeepEqual(o.Status, n.Status)
-	},
+func gpuFaultChanged(o, n *repairv1.GPUFault) bool {
+	return o.Generation != n.Generation || !equality.Semantic.DeepEqual(o.Status, n.Status)
 }
 
 // xidClassesChanged passes policies whose XID classes or node selector
 // changed.
-var xidClassesChanged = predicate.Funcs{
-	UpdateFunc: func(e event.UpdateEvent) bool {
-		o, n := e.ObjectOld.(*repairv1.NodeRepairPolicy), e.ObjectNew.(*repairv1.NodeRepairPolicy)
-		return !equality.Semantic.DeepEqual(o.Spec.GPU.XIDClasses, n.Spec.GPU.XIDClasses) ||
-			!equality.Semantic.DeepEqual(o.Spec.NodeSelector, n.Spec.NodeSelector)
-	},
+func xidClassesChanged(o, n *repairv1.NodeRepairPolicy) bool {
+	return !equality.Semantic.DeepEqual(o.Spec.GPU.XIDClasses, n.Spec.GPU.XIDClasses) ||
+		!equality.Semantic.DeepEqual(o.Spec.NodeSelector, n.Spec.NodeSelector)
 }

@@ -19,7 +19,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
-	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	repairv1 "github.com/gpufleet/gpufleet/api/repair/v1alpha1"
 )
@@ -124,11 +123,11 @@ func TestGPUMonitorReconcile(t *testing.T) {
 		Spec: repairv1.NodeRepairPolicySpec{GPU: repairv1.GPUSpec{XIDClasses: []repairv1.XIDClass{{Code: 13, Class: repairv1.GPUClassReboot}}}}}
 	c := newFakeClient(t, w.funcs(nil), node, gpuNode("gpu-004"), policy)
 	src := &fakeGPUs{obs: GPUObservation{XIDs: []XIDObservation{xidAt(bus3, 48, t0)}, DCGM: health(nil)}}
-	m := &GPUMonitor{Client: c, Source: src, Clock: clk, NodeName: gNode}
+	m := &GPUMonitor{Client: clientAPI{c}, Source: src, Clock: clk, NodeName: gNode}
 	pass := func() {
 		t.Helper()
-		res, err := m.Reconcile(t.Context(), reconcile.Request{NamespacedName: types.NamespacedName{Name: gNode}})
-		if err != nil || res != (reconcile.Result{}) {
+		res, err := m.Reconcile(t.Context(), gNode)
+		if err != nil || res != 0 {
 			t.Fatalf("reconcile: %+v, %v", res, err)
 		}
 	}
@@ -167,7 +166,7 @@ func TestGPUMonitorReconcile(t *testing.T) {
 
 	// Reset both: back in service, condition False.
 	w.writes = nil
-	if err := ClearResetGPUs(t.Context(), c, clk, gNode, []repairv1.GPURef{{PCIBusID: bus1}, {PCIBusID: "00000000:18:00.0"}}); err != nil {
+	if err := ClearResetGPUs(t.Context(), clientAPI{c}, clk, gNode, []repairv1.GPURef{{PCIBusID: bus1}, {PCIBusID: "00000000:18:00.0"}}); err != nil {
 		t.Fatal(err)
 	}
 	if diff := cmp.Diff([]string{"patch status *v1alpha1.GPUFault", "patch status *v1alpha1.GPUFault", "patch status *v1.Node"}, w.writes); diff != "" {
@@ -188,7 +187,7 @@ func TestGPUMonitorReconcile(t *testing.T) {
 		t.Errorf("after the reset the old XIDs wrote %v", w.writes)
 	}
 	// A request of another node is not this agent's.
-	if _, err := m.Reconcile(t.Context(), reconcile.Request{NamespacedName: types.NamespacedName{Name: "gpu-004"}}); err != nil || len(w.writes) != 0 {
+	if _, err := m.Reconcile(t.Context(), "gpu-004"); err != nil || len(w.writes) != 0 {
 		t.Errorf("another node's request: %v, writes %v", err, w.writes)
 	}
 }
@@ -209,9 +208,9 @@ func TestGPUMonitorWritesOnTheVersionItRead(t *testing.T) {
 		}
 		return nil
 	}), gpuNode(gNode), &stored)
-	m := &GPUMonitor{Client: c, Source: &fakeGPUs{obs: GPUObservation{XIDs: []XIDObservation{xidAt(bus3, 48, t0)}}}, Clock: clk, NodeName: gNode}
-	req := reconcile.Request{NamespacedName: types.NamespacedName{Name: gNode}}
-	if res, err := m.Reconcile(t.Context(), req); err != nil || res.RequeueAfter == 0 {
+	m := &GPUMonitor{Client: clientAPI{c}, Source: &fakeGPUs{obs: GPUObservation{XIDs: []XIDObservation{xidAt(bus3, 48, t0)}}}, Clock: clk, NodeName: gNode}
+	req := gNode
+	if res, err := m.Reconcile(t.Context(), req); err != nil || res == 0 {
 		t.Fatalf("first pass: %+v, %v; want to look again soon, no error", res, err)
 	}
 	if cond := conditionOf(getNode(t, c)); cond != nil {
@@ -262,7 +261,7 @@ func TestAgentResetGPUClearsTheRecords(t *testing.T) {
 				return nil
 			}), repair(), out.DeepCopy(), gpuNode(gNode))
 			exec := &recordingExecutor{err: tc.execErr}
-			a := &Agent{Client: c, NodeName: gNode, Executor: exec, Clock: clocktesting.NewFakePassiveClock(agentNow)}
+			a := &Agent{Client: clientAPI{c}, NodeName: gNode, Executor: exec, Clock: clocktesting.NewFakePassiveClock(agentNow)}
 			if err := reconcileRepair(t, a, repairName); err != nil {
 				t.Fatal(err)
 			}
@@ -299,8 +298,8 @@ func TestGPUMonitorStaleNodeWritesTheConditionOnce(t *testing.T) {
 	}
 	c := newFakeClient(t, funcs, gpuNode(gNode))
 	before := getNode(t, c)
-	m := &GPUMonitor{Client: c, Source: &fakeGPUs{obs: GPUObservation{XIDs: []XIDObservation{xidAt(bus3, 48, t0)}}}, Clock: clk, NodeName: gNode}
-	req := reconcile.Request{NamespacedName: types.NamespacedName{Name: gNode}}
+	m := &GPUMonitor{Client: clientAPI{c}, Source: &fakeGPUs{obs: GPUObservation{XIDs: []XIDObservation{xidAt(bus3, 48, t0)}}}, Clock: clk, NodeName: gNode}
+	req := gNode
 	if _, err := m.Reconcile(t.Context(), req); err != nil {
 		t.Fatal(err)
 	}
@@ -309,7 +308,7 @@ func TestGPUMonitorStaleNodeWritesTheConditionOnce(t *testing.T) {
 	w.writes = nil
 	serveStale = before
 	res, err := m.Reconcile(t.Context(), req)
-	if err != nil || res.RequeueAfter == 0 {
+	if err != nil || res == 0 {
 		t.Errorf("a pass on a stale node: %+v, %v, writes %v; want to look again", res, err, w.writes)
 	}
 	if got := conditionOf(getNode(t, c)); got == nil || *got != *written {

@@ -14,19 +14,17 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/clock"
-	ctrl "sigs.k8s.io/controller-runtime"
-	"sigs.k8s.io/controller-runtime/pkg/event"
+	crlog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	repairv1 "github.com/gpufleet/gpufleet/api/repair/v1alpha1"
 	"github.com/gpufleet/gpufleet/internal/gpufault"
 )
 
 // HostGPUSource is the real host's GPUSource: a follower of the kernel log
-// and a scraper of dcgm-exporter, each optional (nil). Started by the
-// agent's manager (it is a Runnable), it sends an event on Events when
-// something new arrived, and the monitor looks again.
+// and a scraper of dcgm-exporter, each optional (nil). Started with the
+// agent (Start), it sends on Events when something new arrived, and the
+// monitor looks again.
 type HostGPUSource struct {
 	NodeName string
 	Kmsg     *KmsgFollower
@@ -34,14 +32,14 @@ type HostGPUSource struct {
 	// PodResources, if set, tells which pods hold which GPU (device-plugin
 	// mode).
 	PodResources *KubeletPodResources
-	events       chan event.GenericEvent
+	events       chan struct{}
 }
 
 // NewHostGPUSource returns the source of node's GPUs: kmsgPath is the
 // kernel log ("" reads none), dcgmURL dcgm-exporter's metrics endpoint
 // ("" scrapes none), scraped every interval.
 func NewHostGPUSource(node, kmsgPath, dcgmURL string, interval time.Duration) *HostGPUSource {
-	h := &HostGPUSource{NodeName: node, events: make(chan event.GenericEvent, 1)}
+	h := &HostGPUSource{NodeName: node, events: make(chan struct{}, 1)}
 	if kmsgPath != "" {
 		h.Kmsg = &KmsgFollower{Path: kmsgPath, Clock: clock.RealClock{}, Changed: h.changed}
 	}
@@ -52,11 +50,11 @@ func NewHostGPUSource(node, kmsgPath, dcgmURL string, interval time.Duration) *H
 }
 
 // Events fires when the source has something new for the node.
-func (h *HostGPUSource) Events() <-chan event.GenericEvent { return h.events }
+func (h *HostGPUSource) Events() <-chan struct{} { return h.events }
 
 func (h *HostGPUSource) changed() {
 	select {
-	case h.events <- event.GenericEvent{Object: &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: h.NodeName}}}:
+	case h.events <- struct{}{}:
 	default: // a pass is already due
 	}
 }
@@ -123,7 +121,7 @@ type KmsgFollower struct {
 // Run reads the kernel log until ctx ends or it cannot be read (logged:
 // the agent goes on without XIDs from the kernel log).
 func (k *KmsgFollower) Run(ctx context.Context) {
-	log := ctrl.LoggerFrom(ctx).WithName("kmsg").WithValues("path", k.Path)
+	log := crlog.FromContext(ctx).WithName("kmsg").WithValues("path", k.Path)
 	bootTime := k.BootTime
 	if bootTime == nil {
 		bootTime = func() (time.Time, error) { return ReadBootTime("/proc/stat") }
@@ -258,7 +256,7 @@ func (d *DCGMScraper) Run(ctx context.Context) {
 
 // Scrape reads the exporter once.
 func (d *DCGMScraper) Scrape(ctx context.Context) {
-	log := ctrl.LoggerFrom(ctx).WithName("dcgm").WithValues("url", d.URL)
+	log := crlog.FromContext(ctx).WithName("dcgm").WithValues("url", d.URL)
 	health, err := d.fetch(ctx)
 	d.mu.Lock()
 	changed := false

@@ -5,13 +5,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os/exec"
 	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
-	ctrl "sigs.k8s.io/controller-runtime"
+	crlog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	repairv1 "github.com/gpufleet/gpufleet/api/repair/v1alpha1"
 )
@@ -19,6 +20,15 @@ import (
 // Runner runs a command in the host's namespaces.
 type Runner interface {
 	Run(ctx context.Context, name string, args ...string) (string, error)
+}
+
+// ExecRunner runs commands with os/exec.
+type ExecRunner struct{}
+
+// Run implements Runner.
+func (ExecRunner) Run(ctx context.Context, name string, args ...string) (string, error) {
+	out, err := exec.CommandContext(ctx, name, args...).CombinedOutput()
+	return string(out), err
 }
 
 // HostExecutor runs actions on the real host: systemd units through
@@ -37,8 +47,8 @@ const SandboxGrace = 2 * time.Minute
 // host action before running it (a reboot may not return) and its outcome
 // (the error includes the command's output, trimmed).
 func (h HostExecutor) Execute(ctx context.Context, node *corev1.Node, a repairv1.Action, gpus []repairv1.GPURef) error {
-	log := ctrl.LoggerFrom(ctx).WithValues("node", klog.KObj(node), "action", a)
-	ctx = ctrl.LoggerInto(ctx, log)
+	log := crlog.FromContext(ctx).WithValues("node", klog.KObj(node), "action", a)
+	ctx = crlog.IntoContext(ctx, log)
 	began := h.now()
 	if err := h.execute(ctx, node, a, gpus); err != nil {
 		log.Error(err, "host action failed", "duration", h.now().Sub(began))
@@ -66,7 +76,7 @@ func (h HostExecutor) execute(ctx context.Context, node *corev1.Node, a repairv1
 	case repairv1.ActionResetGPU:
 		return h.resetGPUs(ctx, gpus)
 	case repairv1.ActionReboot:
-		ctrl.LoggerFrom(ctx).Info("running host action")
+		crlog.FromContext(ctx).Info("running host action")
 		return h.systemctl(ctx, "reboot")
 	default:
 		return fmt.Errorf("unknown action %q", a)
@@ -88,7 +98,7 @@ func (h HostExecutor) resetGPUs(ctx context.Context, gpus []repairv1.GPURef) (er
 	if len(gpus) == 0 {
 		return errors.New("no GPU to reset (the repair names none)")
 	}
-	log := ctrl.LoggerFrom(ctx)
+	log := crlog.FromContext(ctx)
 	for _, g := range gpus {
 		if g.PCIBusID == "" {
 			return fmt.Errorf("cannot reset %s: no PCI bus ID", g.Describe())
@@ -129,7 +139,7 @@ func (h HostExecutor) resetGPUs(ctx context.Context, gpus []repairv1.GPURef) (er
 }
 
 func (h HostExecutor) restart(ctx context.Context, unit string) error {
-	ctrl.LoggerFrom(ctx).Info("running host action", "unit", unit)
+	crlog.FromContext(ctx).Info("running host action", "unit", unit)
 	return h.systemctl(ctx, "restart", unit)
 }
 
@@ -148,7 +158,7 @@ func (h HostExecutor) deleteBrokenSandboxes(ctx context.Context) error {
 	}
 	var errs []error
 	for _, id := range ids {
-		ctrl.LoggerFrom(ctx).Info("running host action", "sandbox", id)
+		crlog.FromContext(ctx).Info("running host action", "sandbox", id)
 		if _, err := h.host(ctx, "crictl", "rmp", "-f", id); err != nil {
 			errs = append(errs, err)
 		}

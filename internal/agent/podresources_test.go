@@ -11,11 +11,9 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"google.golang.org/grpc"
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/types"
 	podresourcesv1 "k8s.io/kubelet/pkg/apis/podresources/v1"
 	clocktesting "k8s.io/utils/clock/testing"
 	"k8s.io/utils/ptr"
-	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	repairv1 "github.com/gpufleet/gpufleet/api/repair/v1alpha1"
 )
@@ -168,21 +166,21 @@ func TestGPUMonitorRecordsThePodsOfAFaultyGPU(t *testing.T) {
 	c := newFakeClient(t, w.funcs(nil), gpuNode(gNode))
 	src := &fakeGPUPods{fakeGPUs: fakeGPUs{obs: GPUObservation{DCGM: health(nil)}},
 		allocs: []DeviceAllocation{{Pod: pod("ml", "train-3"), Resource: "nvidia.com/gpu", DeviceIDs: []string{uuid3}}}}
-	m := &GPUMonitor{Client: c, Source: src, Clock: clk, NodeName: gNode}
-	pass := func() reconcile.Result {
+	m := &GPUMonitor{Client: clientAPI{c}, Source: src, Clock: clk, NodeName: gNode}
+	pass := func() time.Duration {
 		t.Helper()
-		res, err := m.Reconcile(t.Context(), reconcile.Request{NamespacedName: types.NamespacedName{Name: gNode}})
+		res, err := m.Reconcile(t.Context(), gNode)
 		if err != nil {
 			t.Fatal(err)
 		}
 		return res
 	}
-	if res := pass(); res.RequeueAfter != 0 || src.calls != 0 {
-		t.Fatalf("healthy GPUs: requeue %s, pod-resources calls %d; want neither", res.RequeueAfter, src.calls)
+	if res := pass(); res != 0 || src.calls != 0 {
+		t.Fatalf("healthy GPUs: requeue %s, pod-resources calls %d; want neither", res, src.calls)
 	}
 	src.obs.DCGM = health(dbe(2))
-	if res := pass(); res.RequeueAfter != podResourcesPoll {
-		t.Errorf("a GPU out of service: requeue %s, want %s", res.RequeueAfter, podResourcesPoll)
+	if res := pass(); res != podResourcesPoll {
+		t.Errorf("a GPU out of service: requeue %s, want %s", res, podResourcesPoll)
 	}
 	f := listFaults(t, c)
 	if len(f) != 1 || f[0].Status.Allocation == nil || !cmp.Equal(f[0].Status.Allocation.Pods, []repairv1.PodRef{pod("ml", "train-3")}) {

@@ -93,11 +93,16 @@ type Cluster struct {
 
 	pki   *pki
 	procs []*process
-	// stopSim ends the in-process simulation loops (siminit.go).
+	// stopSim ends the in-process simulation loops (siminit.go,
+	// simdeviceplugin.go), which run with simCtx.
 	stopSim  context.CancelFunc
+	simCtx   context.Context
 	stopOnce sync.Once
-	logf     func(string, ...any)
-	etcdURL  string
+	// devicePluginOnce starts the simulated device plugin with the first
+	// device-plugin node.
+	devicePluginOnce sync.Once
+	logf             func(string, ...any)
+	etcdURL          string
 }
 
 // Start starts a cluster and waits until every part is healthy. On error
@@ -146,7 +151,7 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
 		return nil, err
 	}
 	simCtx, stopSim := context.WithCancel(context.Background())
-	c.stopSim = stopSim
+	c.stopSim, c.simCtx = stopSim, simCtx
 	if err := c.startSimInit(simCtx); err != nil {
 		return nil, fmt.Errorf("starting the simulated init containers: %w", err)
 	}
@@ -335,6 +340,13 @@ func (c *Cluster) writeKubeconfig(path, user string, kp keyPair) error {
 		return fmt.Errorf("writing kubeconfig %s: %w", path, err)
 	}
 	return nil
+}
+
+// KubeconfigFor writes a kubeconfig authenticated as user (with groups),
+// for running a component as its own process under its own RBAC (file
+// names the kubeconfig in the cluster's directory).
+func (c *Cluster) KubeconfigFor(file, user string, groups ...string) (string, error) {
+	return c.componentKubeconfig(file, user, groups...)
 }
 
 // ConfigFor returns a REST config authenticated as user (with groups), for

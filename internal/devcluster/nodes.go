@@ -45,7 +45,9 @@ type NodeSpec struct {
 	GPUs int
 	// DevicePluginOnly: the simulated DRA driver does not publish the
 	// node's GPUs; pods get them as nvidia.com/gpu only (the classic
-	// device plugin), and sim.gpufleet.dev/gpus on a pod says which.
+	// device plugin), and sim.gpufleet.dev/gpus on a pod says which (set
+	// by the simulated device plugin, simdeviceplugin.go, unless the pod
+	// has it already). The node is labelled LabelDevicePluginOnly.
 	DevicePluginOnly bool
 	// OSID and OSVersion as in /etc/os-release (e.g. "ubuntu", "22.04").
 	OSID, OSVersion string
@@ -117,6 +119,9 @@ func (s NodeSpec) Node() *corev1.Node {
 		corev1.ResourceMemory: resource.MustParse("1Ti"),
 		corev1.ResourcePods:   resource.MustParse("110"),
 	}
+	if s.GPUs > 0 && s.DevicePluginOnly {
+		labels[LabelDevicePluginOnly] = "true"
+	}
 	if s.GPUs > 0 {
 		labels[LabelNFDNvidiaPCI] = "true"
 		labels["feature.node.kubernetes.io/pci-0302_10de.present"] = "true"
@@ -165,10 +170,15 @@ func osImage(id, version string) string {
 }
 
 // AddNodes creates the nodes, with the simulated DRA driver's
-// ResourceSlice for each one with GPUs, and waits until kwok has made every
-// one Ready.
+// ResourceSlice for each one with GPUs (the simulated device plugin for
+// each device-plugin node), and waits until kwok has made every one Ready.
 func (c *Cluster) AddNodes(ctx context.Context, specs ...NodeSpec) error {
 	for _, s := range specs {
+		if s.GPUs > 0 && s.DevicePluginOnly {
+			if err := c.startSimDevicePlugin(); err != nil {
+				return fmt.Errorf("starting the simulated device plugin: %w", err)
+			}
+		}
 		node, err := c.Client.CoreV1().Nodes().Create(ctx, s.Node(), metav1.CreateOptions{})
 		if err != nil {
 			return fmt.Errorf("creating node %s: %w", s.Name, err)

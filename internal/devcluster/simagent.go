@@ -2,13 +2,17 @@ package devcluster
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/utils/clock"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
 
 	repairv1 "github.com/gpufleet/gpufleet/api/repair/v1alpha1"
+	"github.com/gpufleet/gpufleet/internal/agent"
 )
 
 // AnnotationFixedBy on a simulated node lists the repair actions that fix
@@ -66,4 +70,17 @@ func (s SimExecutor) Execute(ctx context.Context, node *corev1.Node, a repairv1.
 		return s.Cluster.StartKubelet(ctx, node.Name)
 	}
 	return nil
+}
+
+// AddInProcessAgent adds to mgr (the operator's manager, whose credentials
+// it uses) the node agent of every simulated node (agent.InProcess) with
+// exec, usually a SimExecutor: kwok nodes run no agent DaemonSet, so
+// `gpufleet dev` and the tests run the agents in the operator's process.
+// clk nil = the real clock.
+func AddInProcessAgent(mgr manager.Manager, exec agent.Executor, clk clock.PassiveClock) error {
+	d, err := agent.InProcess(mgr.GetConfig(), exec, clk)
+	if err != nil {
+		return fmt.Errorf("setting up the in-process agent: %w", err)
+	}
+	return mgr.Add(d)
 }

@@ -60,6 +60,9 @@ type SimGPUState struct {
 	ResetFails bool `json:"resetFails,omitempty"`
 	// Broken: neither a reset nor a reboot clears the GPU's state.
 	Broken bool `json:"broken,omitempty"`
+	// ResetSeq is the kernel log's last sequence number when the GPU was
+	// last reset: the simulated device plugin counts only XIDs after it.
+	ResetSeq int64 `json:"resetSeq,omitempty"`
 }
 
 // SimBoot is the boot a simulated node's kernel log belongs to.
@@ -373,6 +376,7 @@ func (c *Cluster) resetGPUs(ctx context.Context, node string, gpus []repairv1.GP
 			case st.Broken:
 			default:
 				st.VolatileDBE, st.RowRemapFailure, st.RowRemapPending = 0, false, false
+				st.ResetSeq = h.nextSeq() - 1
 				h.State[i] = st
 			}
 		}

@@ -32,7 +32,7 @@ import (
 // and removed by the test (the package's other tests count GPU nodes).
 const gpuHostNode = "gpuhost-000"
 
-// TestNodeAgentReportsSimulatedGPUFaults runs the node agent's manager (as
+// TestNodeAgentReportsSimulatedGPUFaults runs the node agent (as
 // `gpufleet agent` does, under the agent's own RBAC from config/agent) for
 // one simulated node, with the simulated GPU host as its source, and
 // injects faults through the node's annotations:
@@ -233,28 +233,27 @@ func gpuHostAdmin(t *testing.T) client.Client {
 	return c
 }
 
-// startGPUHostAgent runs the agent's manager for gpuHostNode until the returned
+// startGPUHostAgent runs the agent for gpuHostNode until the returned
 // stop (or the test's end); a manager error fails the test.
 func startGPUHostAgent(t *testing.T, cfg *rest.Config, sim devcluster.SimExecutor) func() {
 	t.Helper()
-	// The agent's log goes to the test's; the monitor's workers starting
-	// says the agent is up.
+	// The agent's log goes to the test's; its start (watch caches filled,
+	// workers running) says the agent is up.
 	up := make(chan struct{})
 	var once sync.Once
 	logger := funcr.New(func(prefix, args string) {
-		if strings.Contains(args, `"msg"="Starting workers" "controller"="gpu-monitor"`) {
+		if strings.Contains(args, `"msg"="agent started"`) && strings.Contains(args, `"gpuMonitor"=true`) {
 			once.Do(func() { close(up) })
 		}
 		t.Log(prefix, args)
 	}, funcr.Options{})
-	mgr, err := agent.NewManager(cfg, agent.Options{NodeName: gpuHostNode, Executor: sim, GPUs: sim, Logger: logger,
-		Controller: config.Controller{SkipNameValidation: ptr.To(true)}})
+	d, err := agent.New(cfg, agent.Options{NodeName: gpuHostNode, Executor: sim, GPUs: sim, Logger: logger})
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- mgr.Start(ctx) }()
+	go func() { done <- d.Start(ctx) }()
 	select {
 	case <-up:
 	case <-time.After(30 * time.Second):
@@ -268,7 +267,7 @@ func startGPUHostAgent(t *testing.T, cfg *rest.Config, sim devcluster.SimExecuto
 		stopped = true
 		cancel()
 		if err := <-done; err != nil {
-			t.Errorf("agent manager: %v", err)
+			t.Errorf("agent: %v", err)
 		}
 	}
 	t.Cleanup(stop)
@@ -333,7 +332,7 @@ func waitGPUProblem(t *testing.T, status corev1.ConditionStatus, reason string) 
 }
 
 // TestInProcessAgentReportsSimulatedGPUFaults: the in-process agents of
-// the simulation (agent.AddInProcess, as gpufleet dev and the operator's
+// the simulation (devcluster.AddInProcessAgent, as gpufleet dev and the operator's
 // tests run them), under the operator's generated RBAC, report an XID of a
 // node's GPU and clear it after a ResetGPU.
 func TestInProcessAgentReportsSimulatedGPUFaults(t *testing.T) {
@@ -370,7 +369,7 @@ func TestInProcessAgentReportsSimulatedGPUFaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	sim := devcluster.SimExecutor{Cluster: cluster}
-	if err := agent.AddInProcess(mgr, sim, nil); err != nil {
+	if err := devcluster.AddInProcessAgent(mgr, sim, nil); err != nil {
 		t.Fatal(err)
 	}
 	mctx, cancel := context.WithCancel(context.Background())

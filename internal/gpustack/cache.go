@@ -4,7 +4,9 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
 	toolscache "k8s.io/client-go/tools/cache"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
@@ -31,7 +33,30 @@ func CacheObjects(namespace string) map[client.Object]cache.ByObject {
 	for _, o := range []client.Object{&rbacv1.ClusterRole{}, &rbacv1.ClusterRoleBinding{}} {
 		out[o] = cache.ByObject{Label: managed}
 	}
+	// One CRD: whether ServiceMonitors can be created (read by name; the
+	// operator may read no other CRD).
+	out[&apiextensionsv1.CustomResourceDefinition{}] = cache.ByObject{
+		Field: fields.OneTermEqualSelector("metadata.name", ServiceMonitorCRD), Transform: stripCRD}
 	return out
+}
+
+// stripCRD is the cache transform of CRDs: what tells whether a CRD serves
+// a version (its versions' names and served flags, its conditions), not
+// its schema (the ServiceMonitor CRD's is hundreds of kilobytes).
+var stripCRD toolscache.TransformFunc = func(obj any) (any, error) {
+	crd, ok := obj.(*apiextensionsv1.CustomResourceDefinition)
+	if !ok {
+		return obj, nil
+	}
+	crd.ObjectMeta = metav1.ObjectMeta{Name: crd.Name, UID: crd.UID, ResourceVersion: crd.ResourceVersion, Generation: crd.Generation,
+		CreationTimestamp: crd.CreationTimestamp, DeletionTimestamp: crd.DeletionTimestamp}
+	versions := make([]apiextensionsv1.CustomResourceDefinitionVersion, len(crd.Spec.Versions))
+	for i, v := range crd.Spec.Versions {
+		versions[i] = apiextensionsv1.CustomResourceDefinitionVersion{Name: v.Name, Served: v.Served, Storage: v.Storage}
+	}
+	crd.Spec = apiextensionsv1.CustomResourceDefinitionSpec{Group: crd.Spec.Group, Names: crd.Spec.Names, Scope: crd.Spec.Scope, Versions: versions}
+	crd.Status = apiextensionsv1.CustomResourceDefinitionStatus{Conditions: crd.Status.Conditions}
+	return crd, nil
 }
 
 // stripPod is the cache transform of the stack's pods: it keeps only what

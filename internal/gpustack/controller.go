@@ -19,6 +19,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/kubectl/pkg/util/podutils"
@@ -58,6 +59,10 @@ type Reconciler struct {
 	Recorder  events.EventRecorder
 	// Assets are the component manifests (default: the embedded ones).
 	Assets fs.FS
+	// Monitors finds out whether the API server serves ServiceMonitors and
+	// reads gpufleet's (nil: never served; dcgmExporter.serviceMonitor is
+	// then reported as not created).
+	Monitors *ServiceMonitors
 	// DegradedAfter: a component pod not Ready for this long marks its node
 	// Degraded (before that the rollout is just Progressing).
 	DegradedAfter time.Duration
@@ -136,9 +141,13 @@ const (
 func (r *Reconciler) reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, string, error) {
 	policy := &nvidiav1.ClusterPolicy{}
 	if err := r.Client.Get(ctx, req.NamespacedName, policy); err != nil {
+		if apierrors.IsNotFound(err) {
+			nodesDegraded.forget(req.Name)
+		}
 		return reconcile.Result{}, passConverged, client.IgnoreNotFound(err)
 	}
 	if policy.DeletionTimestamp != nil {
+		nodesDegraded.forget(policy.Name)
 		return reconcile.Result{}, passConverged, nil // owner references garbage-collect the stack
 	}
 	if r.own.Behind(req.NamespacedName, policy.ResourceVersion) {
@@ -163,7 +172,7 @@ func (r *Reconciler) reconcile(ctx context.Context, req reconcile.Request) (reco
 		return reconcile.Result{}, "", err
 	}
 	if active != policy.Name {
-		nodesDegraded.DeleteLabelValues(policy.Name)
+		nodesDegraded.forget(policy.Name)
 		held, err := r.ignore(ctx, policy, active, ev)
 		return reconcile.Result{RequeueAfter: held}, result(held), err
 	}
@@ -208,7 +217,11 @@ func (r *Reconciler) reconcile(ctx context.Context, req reconcile.Request) (reco
 	if err != nil {
 		return reconcile.Result{}, "", err
 	}
-	requeue := minPositive(r.computeStatus(policy, status, &nodes, pods, ev), upgradeRequeue)
+	monitorRequeue, err := r.syncServiceMonitor(ctx, policy, status, ev)
+	if err != nil {
+		return reconcile.Result{}, "", err
+	}
+	requeue := minPositive(minPositive(r.computeStatus(policy, status, &nodes, pods, ev), upgradeRequeue), monitorRequeue)
 	held, err := r.writeStatus(ctx, policy, status, ev)
 	if err != nil {
 		return reconcile.Result{}, "", err
@@ -232,6 +245,7 @@ func (r *Reconciler) ignore(ctx context.Context, policy *nvidiav1.ClusterPolicy,
 	status := policy.Status.DeepCopy()
 	status.State = nvidiav1.StateIgnored
 	status.Components = nil
+	meta.RemoveStatusCondition(&status.Conditions, nvidiav1.ConditionServiceMonitor) // the active policy's
 	r.setUnsupported(policy, status, ev)
 	msg := fmt.Sprintf("ClusterPolicy %s is active; only the oldest ClusterPolicy is used", active)
 	r.setConditions(policy, status, metav1.ConditionFalse, metav1.ConditionFalse, metav1.ConditionFalse, ReasonIgnored, msg)
@@ -282,14 +296,25 @@ func factsOf(nodes *corev1.NodeList, ns, defaultRuntime string) Facts {
 // apply creates missing objects and reverts drift in existing ones; an
 // object that already matches is not written.
 func (r *Reconciler) apply(ctx context.Context, objs []client.Object) error {
+	return r.applyFrom(ctx, r.Client, objs)
+}
+
+// applyFrom is apply with the objects' current state read from cached (the
+// manager's client does not cache unstructured objects).
+func (r *Reconciler) applyFrom(ctx context.Context, cached client.Reader, objs []client.Object) error {
 	for _, want := range objs {
 		have := want.DeepCopyObject().(client.Object)
-		err := r.Client.Get(ctx, client.ObjectKeyFromObject(want), have)
+		if u, ok := want.(*unstructured.Unstructured); ok {
+			fresh := &unstructured.Unstructured{}
+			fresh.SetGroupVersionKind(u.GroupVersionKind())
+			have = fresh
+		}
+		err := cached.Get(ctx, client.ObjectKeyFromObject(want), have)
 		if apierrors.IsNotFound(err) {
 			err = r.Client.Create(ctx, want.DeepCopyObject().(client.Object))
 			if !apierrors.IsAlreadyExists(err) {
 				if err != nil {
-					return fmt.Errorf("creating %T %s: %w", want, want.GetName(), err)
+					return fmt.Errorf("creating %s %s: %w", kindName(want), want.GetName(), err)
 				}
 				continue
 			}
@@ -302,7 +327,7 @@ func (r *Reconciler) apply(ctx context.Context, objs []client.Object) error {
 			}
 		}
 		if err != nil {
-			return fmt.Errorf("getting %T %s: %w", want, want.GetName(), err)
+			return fmt.Errorf("getting %s %s: %w", kindName(want), want.GetName(), err)
 		}
 		if upToDate(want, have) {
 			continue
@@ -317,11 +342,20 @@ func (r *Reconciler) apply(ctx context.Context, objs []client.Object) error {
 		updated.SetLabels(labels)
 		updated.SetAnnotations(have.GetAnnotations())
 		if err := r.Client.Update(ctx, updated); err != nil {
-			return fmt.Errorf("updating %T %s: %w", want, want.GetName(), err)
+			return fmt.Errorf("updating %s %s: %w", kindName(want), want.GetName(), err)
 		}
-		ctrl.LoggerFrom(ctx).Info("updated to the rendered spec (a policy change, or drift reverted)", "kind", fmt.Sprintf("%T", want), "name", want.GetName())
+		ctrl.LoggerFrom(ctx).Info("updated to the rendered spec (a policy change, or drift reverted)", "kind", kindName(want), "name", want.GetName())
 	}
 	return nil
+}
+
+// kindName names an object's kind in messages: its Go type, or the kind of
+// an unstructured object.
+func kindName(o client.Object) string {
+	if u, ok := o.(*unstructured.Unstructured); ok {
+		return u.GetKind()
+	}
+	return fmt.Sprintf("%T", o)
 }
 
 // upToDate reports whether have carries everything want sets (fields the
@@ -345,6 +379,8 @@ func upToDate(want, have client.Object) bool {
 	case *rbacv1.ClusterRoleBinding:
 		h := have.(*rbacv1.ClusterRoleBinding)
 		return equality.Semantic.DeepDerivative(w.Subjects, h.Subjects) && w.RoleRef == h.RoleRef
+	case *unstructured.Unstructured:
+		return serviceMonitorUpToDate(w, have.(*unstructured.Unstructured))
 	default:
 		return true
 	}
@@ -538,7 +574,7 @@ func (r *Reconciler) computeStatus(policy *nvidiav1.ClusterPolicy, status *nvidi
 		}
 		status.Components = append(status.Components, cs)
 	}
-	nodesDegraded.WithLabelValues(policy.Name).Set(float64(len(degradedNodes)))
+	nodesDegraded.set(policy.Name, float64(len(degradedNodes)))
 	sort.Strings(degraded)
 	switch {
 	case allReady:

@@ -2,6 +2,7 @@ package gpustack
 
 import (
 	"context"
+	"sync"
 	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -48,13 +49,42 @@ var (
 		Name: "gpufleet_gpustack_writes_total",
 		Help: "API writes of the GPU stack controller by kind of object (ClusterPolicy/status for its status) and verb.",
 	}, []string{"kind", "verb"})
-	nodesDegraded = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+	nodesDegraded = &policyGauge{GaugeVec: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "gpufleet_gpustack_nodes_degraded",
 		Help: "GPU nodes where a component of the active ClusterPolicy has not been Ready for longer than the degraded threshold (or cannot be scheduled) while every component it needs there is Ready.",
-	}, []string{"policy"})
+	}, []string{"policy"})}
 )
 
 func init() { metrics.Registry.MustRegister(policies, reconcilePasses, writes, nodesDegraded) }
+
+// policyGauge is a gauge of the active ClusterPolicy: it has one series at
+// most, so a policy that is deleted or no longer active leaves none behind.
+type policyGauge struct {
+	*prometheus.GaugeVec
+	mu     sync.Mutex
+	policy string // whose series there is ("" none)
+}
+
+// set makes v the value of policy's series, and that series the only one.
+func (g *policyGauge) set(policy string, v float64) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.policy != "" && g.policy != policy {
+		g.DeleteLabelValues(g.policy)
+	}
+	g.policy = policy
+	g.WithLabelValues(policy).Set(v)
+}
+
+// forget removes policy's series (deleted, being deleted, or ignored).
+func (g *policyGauge) forget(policy string) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.DeleteLabelValues(policy)
+	if g.policy == policy {
+		g.policy = ""
+	}
+}
 
 // Pass results (reconcilePasses).
 const (

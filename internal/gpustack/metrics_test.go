@@ -1,11 +1,15 @@
 package gpustack
 
 import (
+	"fmt"
+	"sort"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	dto "github.com/prometheus/client_model/go"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -15,6 +19,7 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	nvidiav1 "github.com/gpufleet/gpufleet/api/nvidia/v1"
 	"github.com/gpufleet/gpufleet/internal/pendingevents"
@@ -206,5 +211,62 @@ func TestWriteStatusCoalescesCountChanges(t *testing.T) {
 	st.State = nvidiav1.StateIgnored
 	if _, err := r.writeStatus(ctx, stale, st, pendingevents.New(nil)); !apierrors.IsConflict(err) {
 		t.Errorf("status computed from resourceVersion 1: %v, want a conflict", err)
+	}
+}
+
+// gpufleet_gpustack_nodes_degraded has a series for the active ClusterPolicy
+// only: a policy that was deleted, or that another one replaced as the
+// active policy, leaves no series behind.
+func TestNodesDegradedKeepsNoStaleSeries(t *testing.T) {
+	scheme := runtime.NewScheme()
+	if err := nvidiav1.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	now := time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
+	c := fake.NewClientBuilder().WithScheme(scheme).Build()
+	r := &Reconciler{Client: c, Live: c, Clock: clocktesting.NewFakePassiveClock(now), DegradedAfter: time.Minute}
+	// One GPU node whose driver has not been Ready for 10 minutes.
+	nodes := &corev1.NodeList{Items: []corev1.Node{{ObjectMeta: metav1.ObjectMeta{Name: "a",
+		Labels: applied(gpuNode(nil, ""), NodeLabels(gpuNode(nil, ""), &nvidiav1.ClusterPolicySpec{}))}}}}
+	pods := map[string]map[string]podState{"a": {Driver: {since: now.Add(-10 * time.Minute)}}}
+	degradedIn := func(policy string) {
+		t.Helper()
+		p := &nvidiav1.ClusterPolicy{ObjectMeta: metav1.ObjectMeta{Name: policy}}
+		r.computeStatus(p, &nvidiav1.ClusterPolicyStatus{}, nodes, pods, pendingevents.New(nil))
+	}
+	series := func() string {
+		t.Helper()
+		ch := make(chan prometheus.Metric, 10)
+		nodesDegraded.Collect(ch)
+		close(ch)
+		var out []string
+		for m := range ch {
+			var d dto.Metric
+			if err := m.Write(&d); err != nil {
+				t.Fatal(err)
+			}
+			out = append(out, fmt.Sprintf("%s=%v", d.GetLabel()[0].GetValue(), d.GetGauge().GetValue()))
+		}
+		sort.Strings(out)
+		return strings.Join(out, " ")
+	}
+
+	degradedIn("first")
+	if got := series(); got != "first=1" {
+		t.Fatalf("series %q, want first=1", got)
+	}
+	// "first" is deleted: its pass finds no policy.
+	if _, err := r.Reconcile(t.Context(), reconcile.Request{NamespacedName: types.NamespacedName{Name: "first"}}); err != nil {
+		t.Fatal(err)
+	}
+	if got := series(); got != "" {
+		t.Errorf("after the policy was deleted: series %q, want none", got)
+	}
+	// "second" is active, then "third" replaces it (the pass that would
+	// find "second" ignored has not run yet).
+	degradedIn("second")
+	degradedIn("third")
+	if got := series(); got != "third=1" {
+		t.Errorf("after another policy became active: series %q, want third=1 only", got)
 	}
 }

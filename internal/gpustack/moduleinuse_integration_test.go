@@ -18,7 +18,6 @@ import (
 	maintenancev1 "github.com/gpufleet/gpufleet/api/maintenance/v1alpha1"
 	nvidiav1 "github.com/gpufleet/gpufleet/api/nvidia/v1"
 	repairv1 "github.com/gpufleet/gpufleet/api/repair/v1alpha1"
-	"github.com/gpufleet/gpufleet/internal/agent"
 	"github.com/gpufleet/gpufleet/internal/devcluster"
 	"github.com/gpufleet/gpufleet/internal/devcluster/devtest"
 	"github.com/gpufleet/gpufleet/internal/gpustack"
@@ -37,7 +36,7 @@ func TestDriverModuleInUseFinishesTheUpgradeThroughAReboot(t *testing.T) {
 	devtest.StartOperator(t, operatorCfg, operator.Options{Namespace: ns, Capabilities: []string{"gpustack", "maintenance", "repair"},
 		GPUStackDegradedAfter: 3 * time.Second, DriverUpgradeTimeout: 15 * time.Second},
 		func(mgr manager.Manager) error {
-			return agent.AddInProcess(mgr, devcluster.SimExecutor{Cluster: cluster, RebootDowntime: time.Second}, nil)
+			return devcluster.AddInProcessAgent(mgr, devcluster.SimExecutor{Cluster: cluster, RebootDowntime: time.Second}, nil)
 		})
 	policy := seedPolicy(t)
 	if err := k8s.Create(t.Context(), policy); err != nil {

@@ -2,17 +2,23 @@ package gpustack_test
 
 import (
 	"context"
+	"fmt"
 	"maps"
 	"os"
 	"slices"
 	"sort"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/go-logr/logr"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/tools/events"
+	"k8s.io/kubectl/pkg/util/podutils"
 	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
@@ -209,5 +215,105 @@ func TestNVIDIADriverDisabledWithoutTheCRDSwitch(t *testing.T) {
 		if pod.Labels[gpustack.LabelNVIDIADriver] != "" {
 			t.Errorf("driver pod on %s belongs to NVIDIADriver %s", node, pod.Labels[gpustack.LabelNVIDIADriver])
 		}
+	}
+}
+
+// NVIDIADrivers through the operator as it runs (its generated RBAC, its
+// caches, the ClusterPolicy and NVIDIADriver controllers together): a
+// default driver and one for pool b; each node runs its pool's driver,
+// at that driver's version, and each NVIDIADriver's status counts its
+// nodes and becomes ready when they all run it Ready.
+func TestNVIDIADriversThroughTheOperator(t *testing.T) {
+	devtest.NeedCluster(t)
+	quietClients.Do(func() { ctrl.SetLogger(logr.Discard()) })
+	cleanSlate(t)
+	nodes := listNodes(t)
+	startOperator(t, operatorCfg)
+	ctx := t.Context()
+	versions := map[string]string{"default": "550.1", "pool-b": "560.1"}
+	for name, sel := range map[string]map[string]string{"default": nil, "pool-b": {devcluster.LabelPool: "b"}} {
+		nd := &nvidiav1alpha1.NVIDIADriver{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: nvidiav1alpha1.NVIDIADriverSpec{
+			Default: sel == nil, NodeSelector: sel, DriverType: nvidiav1alpha1.DriverTypeGPU,
+			Repository: "nvcr.io/nvidia", Image: "driver", Version: versions[name]}}
+		if err := k8s.Create(ctx, nd); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = k8s.Delete(context.Background(), nd) })
+	}
+	createPolicy(t, "cluster-policy", func(p *nvidiav1.ClusterPolicy) { p.Spec.Driver.UseNvidiaDriverCRD = ptr.To(true) })
+
+	want := map[string]string{} // node → its driver
+	type counts struct{ nodes, ready int32 }
+	wantStatus := map[string]counts{}
+	for _, n := range nodes.gpu {
+		d := "default"
+		if nodes.items[n].Labels[devcluster.LabelPool] == "b" {
+			d = "pool-b"
+		}
+		want[n] = d
+		c := wantStatus[d]
+		c.nodes++
+		if slices.Contains(nodes.healthy, n) {
+			c.ready++
+		}
+		wantStatus[d] = c
+	}
+	if wantStatus["default"].nodes == 0 || wantStatus["pool-b"].nodes == 0 {
+		t.Fatalf("the test needs nodes of both drivers: %v", want)
+	}
+
+	// Each node's driver pod is its driver's, at its version; Ready on
+	// the healthy nodes.
+	var last string
+	err := wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, 90*time.Second, true, func(context.Context) (bool, error) {
+		pods := driverPods(t)
+		for n, d := range want {
+			pod, ok := pods[n]
+			switch {
+			case !ok:
+				last = "no driver pod on " + n
+			case pod.Labels[gpustack.LabelNVIDIADriver] != d:
+				last = fmt.Sprintf("driver pod on %s belongs to %q, want %s", n, pod.Labels[gpustack.LabelNVIDIADriver], d)
+			case !strings.Contains(pod.Spec.Containers[0].Image, "nvcr.io/nvidia/driver:"+versions[d]+"-"):
+				last = fmt.Sprintf("driver pod on %s runs %s, want %s's version %s", n, pod.Spec.Containers[0].Image, d, versions[d])
+			case slices.Contains(nodes.healthy, n) && !podutils.IsPodReady(&pod):
+				last = "driver pod on " + n + " not Ready"
+			default:
+				continue
+			}
+			return false, nil
+		}
+		return true, nil
+	})
+	if err != nil {
+		t.Fatalf("driver pods: %s", last)
+	}
+	for n, d := range want {
+		if got := getNode(t, n).Labels[gpustack.LabelNVIDIADriver]; got != d {
+			t.Errorf("node %s: %s=%q, want %q", n, gpustack.LabelNVIDIADriver, got, d)
+		}
+	}
+
+	// Each NVIDIADriver's status, written by the operator.
+	err = wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, 60*time.Second, true, func(ctx context.Context) (bool, error) {
+		for name, c := range wantStatus {
+			var nd nvidiav1alpha1.NVIDIADriver
+			if err := k8s.Get(ctx, client.ObjectKey{Name: name}, &nd); err != nil {
+				return false, err
+			}
+			wantState := nvidiav1alpha1.StateReady
+			if c.ready < c.nodes {
+				wantState = nvidiav1alpha1.StateNotReady
+			}
+			st := nd.Status
+			if st.Nodes != c.nodes || st.NodesReady != c.ready || st.State != wantState || st.Namespace != ns {
+				last = fmt.Sprintf("%s: state %q, nodes %d, ready %d, namespace %q; want %s, %d, %d, %s", name, st.State, st.Nodes, st.NodesReady, st.Namespace, wantState, c.nodes, c.ready, ns)
+				return false, nil
+			}
+		}
+		return true, nil
+	})
+	if err != nil {
+		t.Fatalf("NVIDIADriver status: %s", last)
 	}
 }

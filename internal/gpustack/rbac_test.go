@@ -118,3 +118,34 @@ func TestOperatorRBACCoversTheStack(t *testing.T) {
 		}
 	}
 }
+
+// TestOperatorRBACCoversServiceMonitors: dcgm-exporter's ServiceMonitor is
+// written through the Role of the operator's namespace only, and of the
+// CRDs the operator may read the ServiceMonitor one only (a list or watch
+// of it by name: the cache selects it with metadata.name).
+func TestOperatorRBACCoversServiceMonitors(t *testing.T) {
+	cluster, namespaced := generatedRules(t)
+	sm := schema.GroupResource{Group: gpustack.ServiceMonitorGVK.Group, Resource: "servicemonitors"}
+	for _, verb := range []string{"get", "list", "watch", "create", "update", "delete"} {
+		if !allows(namespaced, sm, verb, "") {
+			t.Errorf("the namespaced Role does not allow %s of ServiceMonitors", verb)
+		}
+		if allows(cluster, sm, verb, "") {
+			t.Errorf("the ClusterRole allows %s of ServiceMonitors in every namespace", verb)
+		}
+	}
+	crd := schema.GroupResource{Group: "apiextensions.k8s.io", Resource: "customresourcedefinitions"}
+	for _, verb := range []string{"get", "list", "watch"} {
+		if !allows(cluster, crd, verb, gpustack.ServiceMonitorCRD) {
+			t.Errorf("the ClusterRole does not allow %s of CRD %s", verb, gpustack.ServiceMonitorCRD)
+		}
+		if allows(cluster, crd, verb, "") || allows(cluster, crd, verb, "nodemaintenances.maintenance.nvidia.com") {
+			t.Errorf("the ClusterRole allows %s of other CRDs", verb)
+		}
+	}
+	for _, verb := range []string{"create", "update", "patch", "delete"} {
+		if allows(cluster, crd, verb, gpustack.ServiceMonitorCRD) {
+			t.Errorf("the ClusterRole allows %s of CRDs", verb)
+		}
+	}
+}

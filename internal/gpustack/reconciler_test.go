@@ -224,6 +224,7 @@ func (d *direct) reconciler() *gpustack.Reconciler {
 	return &gpustack.Reconciler{
 		Client: d.client, Live: d.client, Namespace: ns, Clock: d.clock, Recorder: events.NewFakeRecorder(100),
 		Assets: gpustack.Assets, DegradedAfter: degradedAfter,
+		Monitors: &gpustack.ServiceMonitors{CRDs: d.client, Mapper: d.client.RESTMapper(), Reader: d.client},
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	appsv1 "k8s.io/api/apps/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
@@ -40,6 +41,9 @@ func renderYAML(t *testing.T, p *nvidiav1.ClusterPolicy, facts Facts) string {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if sm := RenderServiceMonitor(p, facts.Namespace); sm != nil {
+		objs = append(objs, sm)
+	}
 	var b strings.Builder
 	for _, o := range objs {
 		data, err := yaml.Marshal(o)
@@ -52,7 +56,12 @@ func renderYAML(t *testing.T, p *nvidiav1.ClusterPolicy, facts Facts) string {
 	return b.String()
 }
 
-func kindOf(o client.Object) string { return reflect.TypeOf(o).Elem().Name() }
+func kindOf(o client.Object) string {
+	if u, ok := o.(*unstructured.Unstructured); ok {
+		return u.GetKind()
+	}
+	return reflect.TypeOf(o).Elem().Name()
+}
 
 func TestRenderGolden(t *testing.T) {
 	mixed := Facts{Namespace: "gpu-operator",

@@ -4,24 +4,32 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"net/http"
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/rest"
 	"k8s.io/kubectl/pkg/util/podutils"
 	"k8s.io/utils/clock"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/cluster"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	maintenancev1 "github.com/gpufleet/gpufleet/api/maintenance/v1alpha1"
 	nvidiav1 "github.com/gpufleet/gpufleet/api/nvidia/v1"
@@ -41,6 +49,8 @@ import (
 // +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch
 // +kubebuilder:rbac:groups=maintenance.nvidia.com,resources=nodemaintenances,verbs=get;list;watch;delete;patch
 // +kubebuilder:rbac:groups=repair.gpufleet.dev,resources=noderepairs,verbs=get;list;watch;create
+// +kubebuilder:rbac:groups=monitoring.coreos.com,resources=servicemonitors,verbs=get;list;watch;create;update;patch;delete,namespace=gpufleet-system
+// +kubebuilder:rbac:groups=apiextensions.k8s.io,resources=customresourcedefinitions,verbs=get;list;watch,resourceNames=servicemonitors.monitoring.coreos.com
 
 // Options configure the GPU stack controller.
 type Options struct {
@@ -70,9 +80,15 @@ func Setup(mgr manager.Manager, opts Options) error {
 	if opts.PassInterval == 0 {
 		opts.PassInterval = 200 * time.Millisecond
 	}
+	monitorCache, err := newMonitorCache(mgr, opts.Namespace)
+	if err != nil {
+		return err
+	}
+	monitors := &ServiceMonitors{CRDs: mgr.GetClient(), Mapper: mgr.GetRESTMapper(), Reader: monitorCache.GetCache()}
 	r := &Reconciler{
 		Client: countingWrites(mgr.GetClient()), StatusInterval: opts.StatusInterval, Live: mgr.GetAPIReader(), Namespace: opts.Namespace, Clock: opts.Clock, Assets: Assets,
 		DegradedAfter: opts.DegradedAfter, UpgradeTimeout: opts.UpgradeTimeout, PassInterval: opts.PassInterval, Recorder: mgr.GetEventRecorder("gpufleet-gpustack"),
+		Monitors: monitors,
 	}
 	allPolicies := enqueueAll(mgr, func() client.ObjectList { return &nvidiav1.ClusterPolicyList{} }, "ClusterPolicies")
 	stackPod := predicate.NewPredicateFuncs(func(o client.Object) bool {
@@ -91,6 +107,9 @@ func Setup(mgr manager.Manager, opts Options) error {
 		Watches(&maintenancev1.NodeMaintenance{}, allPolicies,
 			builder.WithPredicates(requestor.OfRequestor(UpgradeRequestor), requestor.Transitions)).
 		Watches(&nvidiav1alpha1.NVIDIADriver{}, allPolicies, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
+		// The ServiceMonitor CRD only (CacheObjects): installed, established
+		// or deleted, it brings the policy back.
+		Watches(&apiextensionsv1.CustomResourceDefinition{}, allPolicies).
 		WithOptions(controller.Options{MaxConcurrentReconciles: 1})
 	if _, err := mgr.GetRESTMapper().RESTMapping(schema.GroupKind{Group: repairv1.GroupVersion.Group, Kind: "NodeRepair"}, repairv1.GroupVersion.Version); err == nil {
 		// The reboots that driver upgrades ask for (a kernel module in use).
@@ -100,10 +119,50 @@ func Setup(mgr manager.Manager, opts Options) error {
 				return e.ObjectOld.(*repairv1.NodeRepair).Status.Phase != e.ObjectNew.(*repairv1.NodeRepair).Status.Phase
 			}}))
 	}
-	if err := b.Complete(r); err != nil {
+	c, err := b.Build(r)
+	if err != nil {
 		return fmt.Errorf("setting up the ClusterPolicy controller: %w", err)
 	}
+	// gpufleet's ServiceMonitors are watched once the API server serves
+	// them (a watch of a kind it does not serve would fail the start).
+	ownedBy := handler.EnqueueRequestForOwner(mgr.GetScheme(), mgr.GetRESTMapper(), &nvidiav1.ClusterPolicy{}, handler.OnlyControllerOwner())
+	changed := predicate.Or[client.Object](predicate.GenerationChangedPredicate{}, predicate.LabelChangedPredicate{})
+	monitors.Watch = func(context.Context) error {
+		return c.Watch(source.Kind[client.Object](monitorCache.GetCache(), newServiceMonitor(), ownedBy, changed))
+	}
+	monitors.Unwatch = func(ctx context.Context) error {
+		return monitorCache.GetCache().RemoveInformer(ctx, newServiceMonitor())
+	}
 	return setupDriverStatus(mgr, opts, stackPod)
+}
+
+// newMonitorCache is a cache of gpufleet's ServiceMonitors (in its
+// namespace, labelled managed-by gpufleet), started with the manager's
+// caches. It is apart from the manager's cache because that one needs
+// every kind it is configured for to be served when it starts; this one
+// starts its ServiceMonitor informer on the first read, once they are.
+func newMonitorCache(mgr manager.Manager, namespace string) (cluster.Cluster, error) {
+	managed := labels.SelectorFromSet(labels.Set{LabelManagedBy: managedBy})
+	c, err := cluster.New(mgr.GetConfig(), func(o *cluster.Options) {
+		o.Scheme = mgr.GetScheme()
+		o.HTTPClient = mgr.GetHTTPClient()
+		o.MapperProvider = func(*rest.Config, *http.Client) (meta.RESTMapper, error) { return mgr.GetRESTMapper(), nil }
+		o.Cache = cache.Options{DefaultNamespaces: map[string]cache.Config{namespace: {}}, DefaultLabelSelector: managed,
+			DefaultTransform: cache.TransformStripManagedFields()}
+	})
+	if err != nil {
+		return nil, fmt.Errorf("creating the ServiceMonitor cache: %w", err)
+	}
+	if err := mgr.Add(c); err != nil {
+		return nil, fmt.Errorf("adding the ServiceMonitor cache: %w", err)
+	}
+	return c, nil
+}
+
+func newServiceMonitor() *unstructured.Unstructured {
+	u := &unstructured.Unstructured{}
+	u.SetGroupVersionKind(ServiceMonitorGVK)
+	return u
 }
 
 // setupDriverStatus registers the NVIDIADriver status controller: any

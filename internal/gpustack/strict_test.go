@@ -138,12 +138,12 @@ func createPolicyFile(t *testing.T, path string) *nvidiav1.ClusterPolicy {
 // The policies written for today's gpu-operator deploy the stack gpufleet
 // provides: the API server takes every rendered object (rolling update,
 // probes, pod security context, the driver manager, ConfigMap volumes), a
-// second pass rewrites none of them, and the status names each enabled
-// field gpufleet does not act on.
+// second pass rewrites none of them, the status names each enabled field
+// gpufleet does not act on, and the ServiceMonitor they ask for is reported
+// as not created (this cluster has no ServiceMonitor CRD).
 func TestReconcileGPUOperatorPolicies(t *testing.T) {
-	chartDefault := "not supported by gpufleet, accepted and not deployed: spec.dcgmExporter.serviceMonitor.enabled (a ServiceMonitor for dcgm-exporter)"
 	for f, want := range map[string]string{
-		"testdata/clusterpolicy-chart-default.yaml":  chartDefault,
+		"testdata/clusterpolicy-chart-default.yaml":  "",
 		"testdata/clusterpolicy-common-options.yaml": gpustack.CommonOptionsUnsupported,
 	} {
 		t.Run(filepath.Base(f), func(t *testing.T) {
@@ -162,8 +162,16 @@ func TestReconcileGPUOperatorPolicies(t *testing.T) {
 			}
 			got := getPolicy(t, p.Name)
 			c := meta.FindStatusCondition(got.Status.Conditions, nvidiav1.ConditionUnsupportedFields)
-			if c == nil || c.Status != metav1.ConditionTrue || c.Message != want {
+			if want == "" && (c == nil || c.Status != metav1.ConditionFalse) {
+				t.Errorf("UnsupportedFields condition %+v, want False", c)
+			}
+			if want != "" && (c == nil || c.Status != metav1.ConditionTrue || c.Message != want) {
 				t.Errorf("UnsupportedFields condition %+v, want True %q", c, want)
+			}
+			c = meta.FindStatusCondition(got.Status.Conditions, nvidiav1.ConditionServiceMonitor)
+			if c == nil || c.Status != metav1.ConditionFalse || c.Reason != gpustack.ReasonServiceMonitorNotServed ||
+				!strings.Contains(c.Message, "monitoring.coreos.com/v1 ServiceMonitor (CustomResourceDefinition servicemonitors.monitoring.coreos.com is not installed)") {
+				t.Errorf("ServiceMonitor condition %+v, want False: not served, the CRD is not installed", c)
 			}
 		})
 	}

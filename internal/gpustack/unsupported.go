@@ -54,8 +54,6 @@ func UnsupportedFields(spec *nvidiav1.ClusterPolicySpec) []UnsupportedField {
 		"the GPU clients mig-manager restarts around a MIG change")
 	add(isTrue(spec.PSA.Enabled), "psa.enabled", "Pod Security Admission labels")
 	add(isTrue(spec.CDI.NRIPluginEnabled), "cdi.nriPluginEnabled", "CDI injection through an NRI plugin")
-	add(spec.DCGMExporter.ServiceMonitor != nil && isTrue(spec.DCGMExporter.ServiceMonitor.Enabled),
-		"dcgmExporter.serviceMonitor.enabled", "a ServiceMonitor for dcgm-exporter")
 	add(spec.DCGMExporter.HPCJobMapping != nil && isTrue(spec.DCGMExporter.HPCJobMapping.Enabled),
 		"dcgmExporter.hpcJobMapping.enabled", "HPC job mapping of GPU metrics")
 	add(isTrue(spec.Operator.UseOpenShiftDriverToolkit), "operator.use_ocp_driver_toolkit", "the OpenShift Driver Toolkit")

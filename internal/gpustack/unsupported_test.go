@@ -126,7 +126,8 @@ func TestUnsupportedFields(t *testing.T) {
 				s.DCGMExporter.HPCJobMapping = &nvidiav1.HPCJobMappingSpec{Enabled: on}
 				s.Operator.UseOpenShiftDriverToolkit = on
 			},
-			want: []string{"spec.psa.enabled", "spec.cdi.nriPluginEnabled", "spec.dcgmExporter.serviceMonitor.enabled",
+			// dcgmExporter.serviceMonitor is provided (servicemonitor.go).
+			want: []string{"spec.psa.enabled", "spec.cdi.nriPluginEnabled",
 				"spec.dcgmExporter.hpcJobMapping.enabled", "spec.operator.use_ocp_driver_toolkit"},
 		},
 		"driver options left out on purpose": {
@@ -164,7 +165,7 @@ func TestUnsupportedFields(t *testing.T) {
 		"features gpufleet provides are not reported": {
 			spec: func(s *nvidiav1.ClusterPolicySpec) {
 				s.CDI.Enabled, s.MIGManager.Enabled, s.DCGM.Enabled, s.NodeStatusExporter.Enabled = on, on, on, on
-				s.DCGMExporter.ServiceMonitor = &nvidiav1.ServiceMonitorSpec{Enabled: ptr.To(false)}
+				s.DCGMExporter.ServiceMonitor = &nvidiav1.ServiceMonitorSpec{Enabled: on}
 				s.Driver.StartupProbe = &nvidiav1.ContainerProbeSpec{PeriodSeconds: 5}
 				s.Driver.ReadinessProbe = &nvidiav1.ContainerProbeSpec{PeriodSeconds: 5}
 				s.Driver.KernelModuleConfig = &nvidiav1.NameRef{Name: "params"}
@@ -197,8 +198,7 @@ const CommonOptionsUnsupported = "not supported by gpufleet, accepted and not de
 	"spec.driver.certConfig.name (CA certificates from a ConfigMap in the driver container), " +
 	"spec.driver.manager.env[ENABLE_GPU_POD_EVICTION] (eviction or drain by k8s-driver-manager, rendered as false: gpufleet drains through NodeMaintenance), " +
 	"spec.devicePlugin.config.name (device plugin configurations from a ConfigMap, e.g. time-slicing), " +
-	"spec.migManager.gpuClientsConfig.name (the GPU clients mig-manager restarts around a MIG change), " +
-	"spec.dcgmExporter.serviceMonitor.enabled (a ServiceMonitor for dcgm-exporter)"
+	"spec.migManager.gpuClientsConfig.name (the GPU clients mig-manager restarts around a MIG change)"
 
 func TestUnsupportedFieldsOfThePolicyFiles(t *testing.T) {
 	tests := map[string]struct {
@@ -206,12 +206,11 @@ func TestUnsupportedFieldsOfThePolicyFiles(t *testing.T) {
 		wantMsg string
 	}{
 		"seed":           {policy: seedPolicy, wantMsg: ""},
-		"chart defaults": {policy: chartDefaultPolicy, wantMsg: "not supported by gpufleet, accepted and not deployed: spec.dcgmExporter.serviceMonitor.enabled (a ServiceMonitor for dcgm-exporter)"},
+		"chart defaults": {policy: chartDefaultPolicy, wantMsg: ""},
 		"common options": {policy: commonOptionsPolicy, wantMsg: CommonOptionsUnsupported},
 		"chart defaults with vGPU": {policy: func(t *testing.T) *nvidiav1.ClusterPolicy {
 			p := chartDefaultPolicy(t)
 			p.Spec.VGPUManager.Enabled = ptr.To(true)
-			p.Spec.DCGMExporter.ServiceMonitor.Enabled = ptr.To(false)
 			return p
 		}, wantMsg: "not supported by gpufleet, accepted and not deployed: spec.vgpuManager.enabled (NVIDIA vGPU host driver)"},
 	}

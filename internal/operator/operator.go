@@ -17,6 +17,7 @@ import (
 
 	"go.uber.org/zap"
 	corev1 "k8s.io/api/core/v1"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
@@ -133,7 +134,8 @@ var registry = []Capability{
 	{
 		Name: "gpustack",
 		AddToScheme: func(s *runtime.Scheme) error {
-			return errors.Join(nvidiav1.AddToScheme(s), nvidiav1alpha1.AddToScheme(s))
+			// apiextensions: the stack reads the ServiceMonitor CRD.
+			return errors.Join(nvidiav1.AddToScheme(s), nvidiav1alpha1.AddToScheme(s), apiextensionsv1.AddToScheme(s))
 		},
 		Cache: func(o Options) map[client.Object]cache.ByObject { return gpustack.CacheObjects(o.Namespace) },
 		Setup: func(mgr manager.Manager, o Options) error {

@@ -8,9 +8,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
-	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/config"
 	"sigs.k8s.io/yaml"
 
 	repairv1 "github.com/gpufleet/gpufleet/api/repair/v1alpha1"
@@ -21,7 +19,7 @@ import (
 )
 
 // TestAgentRunsItsNodesActionsUnderItsOwnRBAC installs the agent's RBAC from
-// config/agent, runs the agent's manager (as `gpufleet agent` does) for one
+// config/agent, runs the agent (as `gpufleet agent` does) for one
 // node with that identity, and checks that it runs a pending action of its
 // node — and leaves another node's alone.
 func TestAgentRunsItsNodesActionsUnderItsOwnRBAC(t *testing.T) {
@@ -32,25 +30,24 @@ func TestAgentRunsItsNodesActionsUnderItsOwnRBAC(t *testing.T) {
 	if err := yaml.UnmarshalStrict(agentconfig.DaemonSet, ds); err != nil {
 		t.Fatalf("config/agent/daemonset.yaml: %v", err)
 	}
-	if c := ds.Spec.Template.Spec.Containers[0]; !ds.Spec.Template.Spec.HostPID || c.Command[1] != "agent" || c.Env[0].ValueFrom.FieldRef.FieldPath != "spec.nodeName" {
+	if c := ds.Spec.Template.Spec.Containers[0]; !ds.Spec.Template.Spec.HostPID || len(c.Command) != 1 || c.Command[0] != "/gpufleet-agent" || c.Env[0].ValueFrom.FieldRef.FieldPath != "spec.nodeName" {
 		t.Errorf("agent DaemonSet: hostPID %t, command %v, env %v", ds.Spec.Template.Spec.HostPID, c.Command, c.Env)
 	}
 	cfg, err := env.ConfigFor("system:serviceaccount:"+ns+":gpufleet-agent", "system:serviceaccounts", "system:authenticated")
 	if err != nil {
 		t.Fatal(err)
 	}
-	mgr, err := agent.NewManager(cfg, agent.Options{NodeName: "a-0", Executor: devcluster.SimExecutor{Cluster: env.Cluster},
-		Controller: config.Controller{SkipNameValidation: ptr.To(true)}})
+	d, err := agent.New(cfg, agent.Options{NodeName: "a-0", Executor: devcluster.SimExecutor{Cluster: env.Cluster}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	mctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- mgr.Start(mctx) }()
+	go func() { done <- d.Start(mctx) }()
 	t.Cleanup(func() {
 		cancel()
 		if err := <-done; err != nil {
-			t.Errorf("agent manager: %v", err)
+			t.Errorf("agent: %v", err)
 		}
 	})
 

@@ -582,3 +582,156 @@ func TestDevicePluginGPUFaultDrainsOnlyThePodHoldingTheGPU(t *testing.T) {
 		t.Errorf("after the reset: class %q, allocation %+v", gf.Status.Class, gf.Status.Allocation)
 	}
 }
+
+// faultyGPUs gives GPUs of node an uncorrectable ECC count at once (within
+// the rules' 2 s threshold, so one repair sees them all).
+func faultyGPUs(t *testing.T, node string, gpus ...int) {
+	t.Helper()
+	for _, i := range gpus {
+		if err := env.SetGPUState(t.Context(), node, i, func(g *devcluster.SimGPUState) { g.VolatileDBE = 2 }); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func describeGPUs(gpus []repairv1.GPURef) string {
+	names := make([]string, len(gpus))
+	for i, g := range gpus {
+		names[i] = g.Describe()
+	}
+	return "[" + strings.Join(names, ", ") + "]"
+}
+
+// drainedPods returns which of pods are gone from node or being deleted.
+func drainedPods(t *testing.T, node string, pods map[string]int) map[string]bool {
+	t.Helper()
+	list, err := env.Client.CoreV1().Pods("default").List(t.Context(), metav1.ListOptions{FieldSelector: "spec.nodeName=" + node})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]bool{}
+	for name := range pods {
+		i := slices.IndexFunc(list.Items, func(p corev1.Pod) bool { return p.Name == name })
+		out[name] = i < 0 || list.Items[i].DeletionTimestamp != nil
+	}
+	return out
+}
+
+// TestDevicePluginNodeBelowWholeNodeAfterResetsGPUByGPU: 3 of the 8 GPUs
+// of a device-plugin node out of service, under the default
+// gpu.wholeNodeAfter (50%: 4): the repair stays per GPU — no escalation,
+// the three GPUs reset, only the pods holding them drained, the node never
+// cordoned.
+func TestDevicePluginNodeBelowWholeNodeAfterResetsGPUByGPU(t *testing.T) {
+	devtest.NeedCluster(t)
+	const node = "dp-1"
+	devicePluginNode(t, node)
+	cleanGPUs(t, node)
+	startOperator(t)
+	gpuPolicy(t, nil)
+	pods := map[string]int{"dpb-hold-1": 1, "dpb-hold-3": 3, "dpb-hold-5": 5, "dpb-hold-6": 6, "dpb-cpu": -1}
+	gpuPods(t, node, pods)
+	uncordoned := neverCordoned(t, node)
+	bootBefore := bootID(t, node)
+
+	faultyGPUs(t, node, 1, 3, 5)
+	r := repairOf(t, node, repairv1.PhaseSucceeded, 90*time.Second)
+	if r.Spec.Escalation != "" || !slices.Equal(r.Spec.Actions, []repairv1.Action{repairv1.ActionResetGPU, repairv1.ActionReboot}) {
+		t.Errorf("3 of 8 GPUs under wholeNodeAfter 50%%: escalation %q, actions %v; want none and [ResetGPU Reboot]", r.Spec.Escalation, r.Spec.Actions)
+	}
+	if len(r.Spec.GPUs) != 3 {
+		t.Errorf("repair GPUs %s, want GPUs 1, 3 and 5", describeGPUs(r.Spec.GPUs))
+	}
+	steps := timelineSteps(r)
+	if !strings.Contains(steps, "ResetGPU:Succeeded") || strings.Contains(steps, "Reboot") || r.Status.MaintenanceName != "" {
+		t.Errorf("timeline %q, whole-node maintenance %q; want a GPU reset only", steps, r.Status.MaintenanceName)
+	}
+	for name, drained := range drainedPods(t, node, pods) {
+		if want := name != "dpb-hold-6" && name != "dpb-cpu"; drained != want {
+			t.Errorf("pod %s drained: %t, want %t (only the pods holding GPUs 1, 3 and 5)", name, drained, want)
+		}
+	}
+	if !uncordoned() {
+		t.Errorf("node %s was cordoned below gpu.wholeNodeAfter", node)
+	}
+	if bootID(t, node) != bootBefore {
+		t.Errorf("node %s was rebooted below gpu.wholeNodeAfter", node)
+	}
+}
+
+// TestDevicePluginNodeAtWholeNodeAfterTakesTheWholeNode: gpu.wholeNodeAfter
+// 25% (2 of 8) and two GPUs of a device-plugin node out of service at
+// once: the repair takes the whole node and says why (spec.escalation) —
+// no GPU reset; a NodeMaintenance cordons it and drains every pod, the
+// pods on healthy GPUs and without GPUs too; the agent reboots it; the
+// reboot brings the GPUs back and the node is uncordoned.
+func TestDevicePluginNodeAtWholeNodeAfterTakesTheWholeNode(t *testing.T) {
+	devtest.NeedCluster(t)
+	const node = "dp-2"
+	devicePluginNode(t, node)
+	cleanGPUs(t, node)
+	startOperator(t)
+	gpuPolicy(t, func(s *repairv1.NodeRepairPolicySpec) { s.GPU.WholeNodeAfter = ptr.To(intstr.FromString("25%")) })
+	pods := map[string]int{"dpw-hold-2": 2, "dpw-hold-4": 4, "dpw-hold-7": 7, "dpw-cpu": -1}
+	gpuPods(t, node, pods)
+	cordoned := make(chan struct{})
+	go func() {
+		_ = wait.PollUntilContextTimeout(t.Context(), 50*time.Millisecond, 120*time.Second, true, func(ctx context.Context) (bool, error) {
+			n, err := env.Client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+			if err == nil && n.Spec.Unschedulable {
+				close(cordoned)
+				return true, nil
+			}
+			return false, nil
+		})
+	}()
+	bootBefore := bootID(t, node)
+
+	faultyGPUs(t, node, 2, 4)
+	r := repairOf(t, node, repairv1.PhaseRepairing, 30*time.Second)
+	if want := "2 of the node's 8 GPUs out of service (gpu.wholeNodeAfter 25%: 2) on a device-plugin node"; !strings.HasPrefix(r.Spec.Escalation, want) {
+		t.Errorf("escalation %q, want %q…", r.Spec.Escalation, want)
+	}
+	if !slices.Equal(r.Spec.Actions, []repairv1.Action{repairv1.ActionReboot}) || len(r.Spec.GPUs) != 2 {
+		t.Errorf("actions %v, GPUs %s; want [Reboot] for GPUs 2 and 4", r.Spec.Actions, describeGPUs(r.Spec.GPUs))
+	}
+	r = repairOf(t, node, repairv1.PhaseSucceeded, 120*time.Second)
+	steps := timelineSteps(r)
+	for _, want := range []string{"Maintenance:Requested", "Reboot:Started", "Reboot:Succeeded", "Done:Succeeded"} {
+		if !strings.Contains(steps, want) {
+			t.Errorf("timeline %q lacks %s", steps, want)
+		}
+	}
+	if strings.Contains(steps, "ResetGPU") || r.Status.MaintenanceName == "" || r.Status.GPUMaintenanceName != "" {
+		t.Errorf("timeline %q, maintenance %q, GPU maintenance %q: want the whole node's NodeMaintenance and no GPU reset",
+			steps, r.Status.MaintenanceName, r.Status.GPUMaintenanceName)
+	}
+	if start := r.Status.Timeline[0]; start.Step != "Start" || !strings.Contains(start.Message, r.Spec.Escalation) {
+		t.Errorf("the start does not say why the whole node: %+v", start)
+	}
+	select {
+	case <-cordoned:
+	default:
+		t.Errorf("node %s was never cordoned", node)
+	}
+	for name, drained := range drainedPods(t, node, pods) {
+		if !drained {
+			t.Errorf("pod %s was not drained from the whole node", name)
+		}
+	}
+	if bootID(t, node) == bootBefore {
+		t.Errorf("node %s was not rebooted", node)
+	}
+	err := wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, 20*time.Second, true, func(ctx context.Context) (bool, error) {
+		n, err := env.Client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+		return err == nil && !n.Spec.Unschedulable, nil
+	})
+	if err != nil {
+		t.Errorf("node %s left cordoned after its reboot", node)
+	}
+	for _, i := range []int{2, 4} {
+		if gf := gpuRecordOf(t, node, i); gf.Status.Class != "" {
+			t.Errorf("after the reboot GPU %d is not in service: class %q", i, gf.Status.Class)
+		}
+	}
+}

@@ -25,7 +25,6 @@ import (
 
 	maintenancev1 "github.com/gpufleet/gpufleet/api/maintenance/v1alpha1"
 	repairv1 "github.com/gpufleet/gpufleet/api/repair/v1alpha1"
-	"github.com/gpufleet/gpufleet/internal/agent"
 	"github.com/gpufleet/gpufleet/internal/devcluster"
 	"github.com/gpufleet/gpufleet/internal/devcluster/devtest"
 	"github.com/gpufleet/gpufleet/internal/operator"
@@ -563,7 +562,7 @@ func startStoppableOn(t *testing.T, cfg *rest.Config, clk clock.WithTicker, capa
 	t.Helper()
 	return devtest.StartOperator(t, cfg, operator.Options{Namespace: ns, Clock: clk, Capabilities: capabilities},
 		func(mgr manager.Manager) error {
-			return agent.AddInProcess(mgr, devcluster.SimExecutor{Cluster: env.Cluster, RebootDowntime: time.Second}, clk)
+			return devcluster.AddInProcessAgent(mgr, devcluster.SimExecutor{Cluster: env.Cluster, RebootDowntime: time.Second}, clk)
 		})
 }
 

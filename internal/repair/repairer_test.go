@@ -10,6 +10,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/tools/events"
 	clocktesting "k8s.io/utils/clock/testing"
@@ -302,6 +303,59 @@ func TestRuleActionsValidation(t *testing.T) {
 	p = &repairv1.NodeRepairPolicy{ObjectMeta: metav1.ObjectMeta{GenerateName: "validation-"}, Spec: repairv1.NodeRepairPolicySpec{RebootTimeoutSeconds: ptr.To[int32](0)}}
 	if err := env.Kube.Create(t.Context(), p, client.DryRunAll); err == nil || !strings.Contains(err.Error(), "rebootTimeoutSeconds") {
 		t.Errorf("rebootTimeoutSeconds 0: error %v, want a rejection", err)
+	}
+}
+
+// TestWholeNodeAfterValidation: the schema (CEL) takes a count of at least
+// one or a percentage from 1% to 100% for gpu.wholeNodeAfter, and rejects
+// anything else with its message, before the detector could read it.
+func TestWholeNodeAfterValidation(t *testing.T) {
+	devtest.NeedCluster(t)
+	const msg = "wholeNodeAfter must be a count of at least 1 or a percentage from 1% to 100%"
+	tests := map[string]struct {
+		value   intstr.IntOrString
+		wantErr string
+	}{
+		"a count of 1":                  {value: intstr.FromInt32(1)},
+		"a count of 4":                  {value: intstr.FromInt32(4)},
+		"a count above any node's GPUs": {value: intstr.FromInt32(1000)},
+		"1%":                            {value: intstr.FromString("1%")},
+		"50%":                           {value: intstr.FromString("50%")},
+		"99%":                           {value: intstr.FromString("99%")},
+		"100%":                          {value: intstr.FromString("100%")},
+		"a count of 0":                  {value: intstr.FromInt32(0), wantErr: msg},
+		"a negative count":              {value: intstr.FromInt32(-1), wantErr: msg},
+		"0%":                            {value: intstr.FromString("0%"), wantErr: msg},
+		"101%":                          {value: intstr.FromString("101%"), wantErr: msg},
+		"150%":                          {value: intstr.FromString("150%"), wantErr: msg},
+		"a count written as a string":   {value: intstr.FromString("4"), wantErr: msg},
+		"a fraction":                    {value: intstr.FromString("12.5%"), wantErr: msg},
+		"a leading zero":                {value: intstr.FromString("05%"), wantErr: msg},
+		"a space":                       {value: intstr.FromString(" 50%"), wantErr: msg},
+		"a negative percentage":         {value: intstr.FromString("-50%"), wantErr: msg},
+		"words":                         {value: intstr.FromString("half"), wantErr: msg},
+		"empty":                         {value: intstr.FromString(""), wantErr: msg},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			p := &repairv1.NodeRepairPolicy{ObjectMeta: metav1.ObjectMeta{GenerateName: "validation-"},
+				Spec: repairv1.NodeRepairPolicySpec{GPU: repairv1.GPUSpec{WholeNodeAfter: ptr.To(tc.value)}}}
+			err := env.Kube.Create(t.Context(), p, client.DryRunAll)
+			switch {
+			case tc.wantErr == "" && err != nil:
+				t.Errorf("wholeNodeAfter %s rejected: %v", tc.value.String(), err)
+			case tc.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tc.wantErr) || !strings.Contains(err.Error(), "spec.gpu.wholeNodeAfter")):
+				t.Errorf("wholeNodeAfter %q: error %v, want one on spec.gpu.wholeNodeAfter containing %q", tc.value.String(), err, tc.wantErr)
+			}
+		})
+	}
+	// Unset stays unset (the default, 50%, is the detector's).
+	p := &repairv1.NodeRepairPolicy{ObjectMeta: metav1.ObjectMeta{GenerateName: "validation-"}}
+	if err := env.Kube.Create(t.Context(), p, client.DryRunAll); err != nil {
+		t.Fatal(err)
+	}
+	if p.Spec.GPU.WholeNodeAfter != nil {
+		t.Errorf("wholeNodeAfter defaulted to %s by the schema", p.Spec.GPU.WholeNodeAfter.String())
 	}
 }
 

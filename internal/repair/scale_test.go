@@ -11,7 +11,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 
 	repairv1 "github.com/gpufleet/gpufleet/api/repair/v1alpha1"
-	"github.com/gpufleet/gpufleet/internal/agent"
 	"github.com/gpufleet/gpufleet/internal/devcluster"
 	"github.com/gpufleet/gpufleet/internal/devcluster/devtest"
 	"github.com/gpufleet/gpufleet/internal/operator"
@@ -35,7 +34,7 @@ func BenchmarkHealthyFleet500(b *testing.B) {
 	cfg, counter := devcluster.CountRequests(env.OperatorConfig)
 	stop := devtest.StartOperator(b, cfg, operator.Options{Namespace: ns, Capabilities: []string{"maintenance", "repair"}},
 		func(mgr manager.Manager) error {
-			return agent.AddInProcess(mgr, devcluster.SimExecutor{Cluster: env.Cluster}, nil)
+			return devcluster.AddInProcessAgent(mgr, devcluster.SimExecutor{Cluster: env.Cluster}, nil)
 		})
 	defer stop()
 

@@ -21,7 +21,6 @@ import (
 	"k8s.io/kubectl/pkg/util/podutils"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
-	"sigs.k8s.io/controller-runtime/pkg/config"
 	"sigs.k8s.io/yaml"
 
 	maintenancev1 "github.com/gpufleet/gpufleet/api/maintenance/v1alpha1"
@@ -75,14 +74,13 @@ func TestHumansUpgradesAndRepairsShareTheLimits(t *testing.T) {
 	})
 	// The node agents of the faulty nodes, simulated in this process.
 	for _, n := range faulty {
-		mgr, err := agent.NewManager(env.Config, agent.Options{NodeName: n, Executor: devcluster.SimExecutor{Cluster: env.Cluster, RebootDowntime: time.Second},
-			Controller: config.Controller{SkipNameValidation: ptr.To(true)}})
+		d, err := agent.New(env.Config, agent.Options{NodeName: n, Executor: devcluster.SimExecutor{Cluster: env.Cluster, RebootDowntime: time.Second}})
 		if err != nil {
 			t.Fatal(err)
 		}
 		agentCtx, stop := context.WithCancel(ctx)
 		done := make(chan error, 1)
-		go func() { done <- mgr.Start(agentCtx) }()
+		go func() { done <- d.Start(agentCtx) }()
 		t.Cleanup(func() {
 			stop()
 			if err := <-done; err != nil {

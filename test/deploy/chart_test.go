@@ -275,10 +275,10 @@ func TestChartValues(t *testing.T) {
 
 }
 
-// TestChartAgent: the agent DaemonSet's GPU sources and footprint. By
-// default: no dcgm-exporter, the kubelet's pod-resources socket mounted
-// read-only, memory sized for its measured RSS; agent.dcgmURL and
-// agent.podResourcesDir change what they say.
+// TestChartAgent: the agent DaemonSet's binary, GPU sources and footprint.
+// By default: /gpufleet-agent, no dcgm-exporter, the kubelet's
+// pod-resources socket mounted read-only, memory sized for its measured
+// RSS; agent.dcgmURL and agent.podResourcesDir change what they say.
 func TestChartAgent(t *testing.T) {
 	agentOf := func(objs []*unstructured.Unstructured) (*unstructured.Unstructured, map[string]any, []any) {
 		t.Helper()
@@ -291,6 +291,11 @@ func TestChartAgent(t *testing.T) {
 		return ds, c, args
 	}
 	ds, c, args := agentOf(renderChart(t, "gpufleet"))
+	// The agent's own binary: the one gpufleet binary would cost its
+	// pages on every node.
+	if want := []any{"/gpufleet-agent"}; !equality.Semantic.DeepEqual(c["command"], want) {
+		t.Errorf("agent command %v, want %v", c["command"], want)
+	}
 	if want := []any{"--pod-resources-socket=/var/lib/kubelet/pod-resources/kubelet.sock"}; !equality.Semantic.DeepEqual(args, want) {
 		t.Errorf("default args %v, want %v", args, want)
 	}
@@ -301,12 +306,12 @@ func TestChartAgent(t *testing.T) {
 	if !equality.Semantic.DeepEqual(mounts, []any{wantMount}) || !equality.Semantic.DeepEqual(vols, []any{wantVol}) {
 		t.Errorf("pod-resources: mounts %v, volumes %v", mounts, vols)
 	}
-	// Memory for the measured RSS of 52 MB (README): requested, with
+	// Memory for the measured RSS of 24 MB (README): requested, with
 	// headroom in the limit.
 	req, _, _ := unstructured.NestedString(c, "resources", "requests", "memory")
 	lim, _, _ := unstructured.NestedString(c, "resources", "limits", "memory")
-	if req != "64Mi" || lim != "128Mi" {
-		t.Errorf("agent memory request %q, limit %q; want 64Mi, 128Mi", req, lim)
+	if req != "32Mi" || lim != "64Mi" {
+		t.Errorf("agent memory request %q, limit %q; want 32Mi, 64Mi", req, lim)
 	}
 
 	ds, c, args = agentOf(renderChart(t, "gpufleet",

@@ -363,9 +363,10 @@ func TestImageConfig(t *testing.T) {
 	}
 }
 
-// TestImageContents: the image holds the binary, nsenter, the CA
-// certificates and the user database, and nothing else; both binaries are
-// static executables of the image's architecture. It reports the sizes.
+// TestImageContents: the image holds the binary, the agent's own binary,
+// nsenter, the CA certificates and the user database, and nothing else;
+// the three binaries are static executables of the image's architecture.
+// It reports the sizes.
 func TestImageContents(t *testing.T) {
 	want := map[string]struct {
 		mode int64
@@ -379,6 +380,7 @@ func TestImageContents(t *testing.T) {
 		"/etc/ssl/certs":                     {0o755, 0, true},
 		"/etc/ssl/certs/ca-certificates.crt": {0o644, 0, false},
 		"/gpufleet":                          {0o755, 0, false},
+		"/gpufleet-agent":                    {0o755, 0, false},
 		"/home":                              {0o755, 0, true},
 		"/home/nonroot":                      {0o700, 65532, true},
 		"/tmp":                               {0o1777, 0, true},
@@ -412,7 +414,7 @@ func TestImageContents(t *testing.T) {
 		if pool := x509.NewCertPool(); !pool.AppendCertsFromPEM(p.contents["/etc/ssl/certs/ca-certificates.crt"]) {
 			t.Errorf("%s: no certificate in /etc/ssl/certs/ca-certificates.crt", platform)
 		}
-		for _, bin := range []string{"/gpufleet", "/usr/bin/nsenter"} {
+		for _, bin := range []string{"/gpufleet", "/gpufleet-agent", "/usr/bin/nsenter"} {
 			f, err := elf.NewFile(bytes.NewReader(p.contents[bin]))
 			if err != nil {
 				t.Errorf("%s: %s is not an ELF executable: %v", platform, bin, err)
@@ -427,10 +429,14 @@ func TestImageContents(t *testing.T) {
 				}
 			}
 		}
-		t.Logf("%s: %.1f MB compressed, %.1f MB unpacked: /gpufleet %.1f MB, /usr/bin/nsenter %.1f MB, CA certificates %.0f kB, the rest %d bytes",
+		rest := unpacked
+		for _, f := range []string{"/gpufleet", "/gpufleet-agent", "/usr/bin/nsenter", "/etc/ssl/certs/ca-certificates.crt"} {
+			rest -= p.files[f].Size
+		}
+		t.Logf("%s: %.1f MB compressed, %.1f MB unpacked: /gpufleet %.1f MB, /gpufleet-agent %.1f MB, /usr/bin/nsenter %.1f MB, CA certificates %.0f kB, the rest %d bytes",
 			platform, float64(len(p.layer))/1e6, float64(unpacked)/1e6, float64(p.files["/gpufleet"].Size)/1e6,
-			float64(p.files["/usr/bin/nsenter"].Size)/1e6, float64(p.files["/etc/ssl/certs/ca-certificates.crt"].Size)/1e3,
-			unpacked-p.files["/gpufleet"].Size-p.files["/usr/bin/nsenter"].Size-p.files["/etc/ssl/certs/ca-certificates.crt"].Size)
+			float64(p.files["/gpufleet-agent"].Size)/1e6, float64(p.files["/usr/bin/nsenter"].Size)/1e6,
+			float64(p.files["/etc/ssl/certs/ca-certificates.crt"].Size)/1e3, rest)
 	}
 }
 
@@ -451,7 +457,7 @@ func extract(t *testing.T, name string) string {
 }
 
 // TestBinaryRuns: the image's binary prints the version it was stamped
-// with.
+// with, and so does the agent's binary.
 func TestBinaryRuns(t *testing.T) {
 	bin := extract(t, "/gpufleet")
 	out, err := exec.Command(bin, "version").CombinedOutput()
@@ -467,4 +473,11 @@ func TestBinaryRuns(t *testing.T) {
 		t.Errorf("gpufleet version printed %q, want %q...", out, want)
 	}
 	t.Logf("gpufleet version: %s", strings.TrimSpace(string(out)))
+	agentOut, err := exec.Command(extract(t, "/gpufleet-agent"), "--version").CombinedOutput()
+	if err != nil {
+		t.Fatalf("gpufleet-agent --version: %v: %s", err, agentOut)
+	}
+	if !strings.HasPrefix(string(agentOut), want) {
+		t.Errorf("gpufleet-agent --version printed %q, want %q...", agentOut, want)
+	}
 }

@@ -228,7 +228,7 @@ func TestContainerfileMatches(t *testing.T) {
 		t.Errorf("stages %q, want a build stage and FROM scratch", stages)
 	}
 	all := string(data)
-	for _, s := range []string{"CGO_ENABLED=0", "-trimpath", "internal/version.Version=${VERSION}", "internal/version.Commit=", "./cmd/nsenter",
+	for _, s := range []string{"CGO_ENABLED=0", "-trimpath", "internal/version.Version=${VERSION}", "internal/version.Commit=", "./cmd/gpufleet-agent", "./cmd/nsenter",
 		"/etc/ssl/certs/ca-certificates.crt", "nonroot:x:65532:65532:"} {
 		if !strings.Contains(all, s) {
 			t.Errorf("the Containerfile's build lacks %q", s)

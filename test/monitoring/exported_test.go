@@ -26,7 +26,6 @@ import (
 	maintenancev1 "github.com/gpufleet/gpufleet/api/maintenance/v1alpha1"
 	nvidiav1 "github.com/gpufleet/gpufleet/api/nvidia/v1"
 	repairv1 "github.com/gpufleet/gpufleet/api/repair/v1alpha1"
-	"github.com/gpufleet/gpufleet/internal/agent"
 	"github.com/gpufleet/gpufleet/internal/devcluster"
 	"github.com/gpufleet/gpufleet/internal/devcluster/devtest"
 	"github.com/gpufleet/gpufleet/internal/operator"
@@ -101,7 +100,7 @@ func TestEveryQueriedMetricIsExported(t *testing.T) {
 	began := time.Now()
 	devtest.StartOperator(t, env.OperatorConfig, operator.Options{Namespace: ns, GPUStackDegradedAfter: time.Second},
 		func(mgr manager.Manager) error {
-			return agent.AddInProcess(mgr, devcluster.SimExecutor{Cluster: env.Cluster, RebootDowntime: time.Second}, nil)
+			return devcluster.AddInProcessAgent(mgr, devcluster.SimExecutor{Cluster: env.Cluster, RebootDowntime: time.Second}, nil)
 		})
 
 	// A GPU pod on a-0 that a PDB keeps from eviction, and a DRA pod on a-2.

@@ -25,6 +25,11 @@ const (
 	// ConditionUnsupportedFields is True when the policy enables a feature
 	// gpufleet does not provide; its message names each such field.
 	ConditionUnsupportedFields = "UnsupportedFields"
+	// ConditionServiceMonitor is there when the policy asks for
+	// dcgm-exporter's ServiceMonitor (dcgmExporter.serviceMonitor.enabled):
+	// True once it is created, False while the API server does not serve
+	// monitoring.coreos.com/v1 ServiceMonitor (the message says why).
+	ConditionServiceMonitor = "ServiceMonitor"
 )
 
 // ComponentSpec is what every GPU stack component has in common.

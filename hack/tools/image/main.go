@@ -7,6 +7,7 @@
 // The image is one layer on an empty base (FROM scratch):
 //
 //	/gpufleet                          the binary (ENTRYPOINT)
+//	/gpufleet-agent                    the node agent alone (cmd/gpufleet-agent), what the agent DaemonSet runs
 //	/usr/bin/nsenter                   the node agent's way into the host's namespaces (cmd/nsenter)
 //	/etc/ssl/certs/ca-certificates.crt CA certificates
 //	/etc/passwd, /etc/group            root and nonroot (65532)
@@ -64,7 +65,7 @@ func run(args []string) error {
 	var platforms, labels multiFlag
 	out := fs.String("out", "", "OCI archive to write (a tar of an OCI image layout)")
 	tag := fs.String("tag", "", "the image's tag (org.opencontainers.image.ref.name in the layout's index.json)")
-	binDir := fs.String("bin-dir", "", "directory with <os>_<arch>/gpufleet and <os>_<arch>/nsenter for each platform")
+	binDir := fs.String("bin-dir", "", "directory with <os>_<arch>/gpufleet, <os>_<arch>/gpufleet-agent and <os>_<arch>/nsenter for each platform")
 	caCerts := fs.String("ca-certs", "/etc/ssl/certs/ca-certificates.crt", "CA certificates bundle to ship")
 	created := fs.String("created", "", "creation time of the image and of every file: Unix seconds (default: $SOURCE_DATE_EPOCH, else 0)")
 	fs.Var(&platforms, "platform", "os/arch to include (repeat for a multi-platform index)")
@@ -140,6 +141,10 @@ func buildImage(plat *v1.Platform, dir string, certs []byte, labels map[string]s
 	if err != nil {
 		return nil, err
 	}
+	agent, err := os.ReadFile(filepath.Join(dir, "gpufleet-agent"))
+	if err != nil {
+		return nil, err
+	}
 	nsenter, err := os.ReadFile(filepath.Join(dir, "nsenter"))
 	if err != nil {
 		return nil, err
@@ -152,6 +157,7 @@ func buildImage(plat *v1.Platform, dir string, certs []byte, labels map[string]s
 		{name: "etc/ssl/certs/", mode: 0o755, dir: true},
 		{name: "etc/ssl/certs/ca-certificates.crt", mode: 0o644, data: certs},
 		{name: "gpufleet", mode: 0o755, data: bin},
+		{name: "gpufleet-agent", mode: 0o755, data: agent},
 		{name: "home/", mode: 0o755, dir: true},
 		{name: "home/nonroot/", mode: 0o700, uid: nonroot, dir: true},
 		{name: "tmp/", mode: 0o1777, dir: true},
@@ -189,7 +195,7 @@ func buildImage(plat *v1.Platform, dir string, certs []byte, labels map[string]s
 	}
 	img, err = mutate.Append(img, mutate.Addendum{Layer: layer, History: v1.History{
 		Created:   v1.Time{Time: when},
-		CreatedBy: "hack/tools/image: /gpufleet, /usr/bin/nsenter, CA certificates, nonroot user",
+		CreatedBy: "hack/tools/image: /gpufleet, /gpufleet-agent, /usr/bin/nsenter, CA certificates, nonroot user",
 	}})
 	if err != nil {
 		return nil, err

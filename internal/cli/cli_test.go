@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"os"
@@ -17,14 +17,14 @@ current-context: x
 `), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	cfg, err := restConfig(path)
+	cfg, err := RestConfig(path)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if cfg.QPS >= 0 {
 		t.Errorf("QPS %v: client-go's default 5/s limit would throttle the operator", cfg.QPS)
 	}
-	if _, err := restConfig(filepath.Join(t.TempDir(), "missing")); err == nil {
+	if _, err := RestConfig(filepath.Join(t.TempDir(), "missing")); err == nil {
 		t.Error("a missing kubeconfig must be an error")
 	}
 }

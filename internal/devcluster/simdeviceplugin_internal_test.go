@@ -1,0 +1,130 @@
+package devcluster
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	repairv1 "github.com/gpufleet/gpufleet/api/repair/v1alpha1"
+)
+
+// gpuPod is a pod of node gpu-003 requesting gpus nvidia.com/gpu, created
+// age ago, with AnnotationGPUs held if not empty.
+func gpuPod(name string, gpus int, age time.Duration, held string) corev1.Pod {
+	p := corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ml", Name: name, CreationTimestamp: metav1.NewTime(simT.Add(-age))},
+		Spec: corev1.PodSpec{NodeName: "gpu-003", Containers: []corev1.Container{{Name: "c"}}}}
+	if gpus > 0 {
+		p.Spec.Containers[0].Resources.Limits = corev1.ResourceList{ResourceGPU: *resource.NewQuantity(int64(gpus), resource.DecimalSI)}
+	}
+	if held != "" {
+		p.Annotations = map[string]string{AnnotationGPUs: held}
+	}
+	return p
+}
+
+// TestSimDevicePluginAllocate: pods waiting for GPUs get the lowest free
+// healthy ones, oldest pod first; a GPU held by another pod, off the bus,
+// or with an XID the plugin does not skip is not given; an application XID
+// and an ECC count (which the plugin does not see) do not matter; after a
+// reset the GPU is given again; a pod that cannot get all it asks for gets
+// none.
+func TestSimDevicePluginAllocate(t *testing.T) {
+	type step func(t *testing.T, c *Cluster)
+	xid := func(gpu, code int) step {
+		return func(t *testing.T, c *Cluster) {
+			if err := c.InjectXID(t.Context(), "gpu-003", gpu, code); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	state := func(gpu int, fn func(*SimGPUState)) step {
+		return func(t *testing.T, c *Cluster) {
+			if err := c.SetGPUState(t.Context(), "gpu-003", gpu, fn); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	reset := func(gpu int) step {
+		return func(t *testing.T, c *Cluster) {
+			err := SimExecutor{Cluster: c}.Execute(context.Background(), simNode(t, c), repairv1.ActionResetGPU, []repairv1.GPURef{SimGPU("gpu-003", gpu)})
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	tests := map[string]struct {
+		host []step
+		pods []corev1.Pod
+		want map[string]string
+	}{
+		"the lowest free GPUs, oldest pod first": {
+			pods: []corev1.Pod{gpuPod("b", 1, time.Minute, ""), gpuPod("a", 2, time.Hour, ""), gpuPod("held", 1, time.Hour, "1"), gpuPod("cpu", 0, time.Hour, "")},
+			want: map[string]string{"ml/a": "0,2", "ml/b": "3"},
+		},
+		"a finished pod holds nothing": {
+			pods: []corev1.Pod{func() corev1.Pod {
+				p := gpuPod("done", 1, time.Hour, "0")
+				p.Status.Phase = corev1.PodSucceeded
+				return p
+			}(),
+				gpuPod("new", 1, time.Minute, "")},
+			want: map[string]string{"ml/new": "0"},
+		},
+		"an XID the plugin sees: the GPU is not given": {
+			host: []step{xid(0, 48)},
+			pods: []corev1.Pod{gpuPod("new", 1, time.Minute, "")},
+			want: map[string]string{"ml/new": "1"},
+		},
+		"an application XID and an ECC count: given": {
+			host: []step{xid(0, 13), state(1, func(s *SimGPUState) { s.VolatileDBE = 2 })},
+			pods: []corev1.Pod{gpuPod("new", 2, time.Minute, "")},
+			want: map[string]string{"ml/new": "0,1"},
+		},
+		"off the bus: not given": {
+			host: []step{state(0, func(s *SimGPUState) { s.Missing = true })},
+			pods: []corev1.Pod{gpuPod("new", 1, time.Minute, "")},
+			want: map[string]string{"ml/new": "1"},
+		},
+		"reset after the XID: given again": {
+			host: []step{xid(0, 48), reset(0)},
+			pods: []corev1.Pod{gpuPod("new", 1, time.Minute, "")},
+			want: map[string]string{"ml/new": "0"},
+		},
+		"an XID after the reset: not given": {
+			host: []step{xid(0, 48), reset(0), xid(0, 48)},
+			pods: []corev1.Pod{gpuPod("new", 1, time.Minute, "")},
+			want: map[string]string{"ml/new": "1"},
+		},
+		"not enough free GPUs: none": {
+			pods: []corev1.Pod{gpuPod("held", 6, time.Hour, "0,1,2,3,4,5"), gpuPod("big", 3, time.Minute, ""), gpuPod("small", 2, time.Second, "")},
+			want: map[string]string{"ml/small": "6,7"},
+		},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			c, _ := simHostCluster(t)
+			for _, s := range tc.host {
+				s(t, c)
+			}
+			got := map[string]string{}
+			for k, v := range SimDevicePluginAllocate(simNode(t, c), tc.pods) {
+				got[k.String()] = v
+			}
+			if diff := cmp.Diff(tc.want, got); diff != "" {
+				t.Errorf("allocations (-want +got):\n%s", diff)
+			}
+		})
+	}
+	// Pods of other nodes are not this node's.
+	other := gpuPod("elsewhere", 1, time.Minute, "")
+	other.Spec.NodeName = "gpu-004"
+	c, _ := simHostCluster(t)
+	if got := SimDevicePluginAllocate(simNode(t, c), []corev1.Pod{other}); len(got) != 0 {
+		t.Errorf("a pod of another node got %v", got)
+	}
+}
