@@ -311,6 +311,13 @@ func TestUnsupportedDCGMAndOperatorFields(t *testing.T) {
 			},
 			want: []string{"spec.operator.labels", "spec.operator.annotations", "spec.operator.initContainer"},
 		},
+		"a ServiceMonitor for the operator's own metrics (off: not reported)": {
+			spec: func(s *nvidiav1.ClusterPolicySpec) {
+				s.Operator.Metrics = &nvidiav1.OperatorMetricsSpec{ServiceMonitor: &nvidiav1.ServiceMonitorSpec{Enabled: ptr.To(true)}}
+				s.DCGMExporter.ServiceMonitor = &nvidiav1.ServiceMonitorSpec{Enabled: ptr.To(false)}
+			},
+			want: []string{"spec.operator.metrics.serviceMonitor.enabled"},
+		},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {

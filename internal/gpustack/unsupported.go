@@ -75,6 +75,8 @@ func UnsupportedFields(spec *nvidiav1.ClusterPolicySpec) []UnsupportedField {
 	add(len(spec.Operator.Annotations) > 0, "operator.annotations", "annotations of the operator's own pods: set them in gpufleet's Helm chart (podAnnotations)")
 	add(spec.Operator.InitContainer != nil && (spec.Operator.InitContainer.Image != "" || spec.Operator.InitContainer.Repository != "" || spec.Operator.InitContainer.Version != ""),
 		"operator.initContainer", "the deprecated init container image: the validation init containers use the validator's image")
+	add(spec.Operator.Metrics != nil && spec.Operator.Metrics.ServiceMonitor != nil && isTrue(spec.Operator.Metrics.ServiceMonitor.Enabled),
+		"operator.metrics.serviceMonitor.enabled", "a ServiceMonitor for the operator's own metrics; gpufleet's Helm chart creates one with serviceMonitor.enabled")
 	return out
 }
 

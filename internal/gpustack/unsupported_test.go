@@ -198,7 +198,8 @@ const CommonOptionsUnsupported = "not supported by gpufleet, accepted and not de
 	"spec.driver.certConfig.name (CA certificates from a ConfigMap in the driver container), " +
 	"spec.driver.manager.env[ENABLE_GPU_POD_EVICTION] (eviction or drain by k8s-driver-manager, rendered as false: gpufleet drains through NodeMaintenance), " +
 	"spec.devicePlugin.config.name (device plugin configurations from a ConfigMap, e.g. time-slicing), " +
-	"spec.migManager.gpuClientsConfig.name (the GPU clients mig-manager restarts around a MIG change)"
+	"spec.migManager.gpuClientsConfig.name (the GPU clients mig-manager restarts around a MIG change), " +
+	"spec.operator.metrics.serviceMonitor.enabled (a ServiceMonitor for the operator's own metrics; gpufleet's Helm chart creates one with serviceMonitor.enabled)"
 
 func TestUnsupportedFieldsOfThePolicyFiles(t *testing.T) {
 	tests := map[string]struct {
