@@ -72,30 +72,17 @@ func TestDriverModuleInUseFinishesTheUpgradeThroughAReboot(t *testing.T) {
 
 	// While it runs: the target is cordoned from before the reboot is asked
 	// for until its upgrade is released, and is rebooted only while held.
-	stop := make(chan struct{})
-	violations := make(chan string, 100)
-	go func() {
-		defer close(violations)
-		for {
-			select {
-			case <-stop:
-				return
-			case <-time.After(50 * time.Millisecond):
-			}
-			var list repairv1.NodeRepairList
-			if err := k8s.List(context.Background(), &list, client.HasLabels{gpustack.LabelRebootOf}); err != nil || len(list.Items) == 0 {
-				continue
-			}
-			nr := list.Items[0]
-			if nr.Status.Phase != repairv1.PhaseRepairing {
-				continue
-			}
-			node, err := cluster.Client.CoreV1().Nodes().Get(context.Background(), target, metav1.GetOptions{})
-			if err == nil && !node.Spec.Unschedulable {
-				violations <- "node " + target + " schedulable while its reboot is in progress"
-			}
+	stop := devtest.CheckWhile(t, func(ctx context.Context) string {
+		var list repairv1.NodeRepairList
+		if err := k8s.List(ctx, &list, client.HasLabels{gpustack.LabelRebootOf}); err != nil || len(list.Items) == 0 ||
+			list.Items[0].Status.Phase != repairv1.PhaseRepairing {
+			return ""
 		}
-	}()
+		if node, err := cluster.Client.CoreV1().Nodes().Get(ctx, target, metav1.GetOptions{}); err == nil && !node.Spec.Unschedulable {
+			return "node " + target + " schedulable while its reboot is in progress"
+		}
+		return ""
+	})
 	updatePolicy(t, func(p *nvidiav1.ClusterPolicy) {
 		p.Spec.Driver.Version = "550.54.15"
 		p.Spec.Driver.UpgradePolicy = &nvidiav1.DriverUpgradePolicySpec{MaxParallelUpgrades: ptr.To[int32](0)} // no limit of its own
@@ -122,10 +109,7 @@ func TestDriverModuleInUseFinishesTheUpgradeThroughAReboot(t *testing.T) {
 		nr = list.Items[0]
 		return nr.Status.Phase == repairv1.PhaseSucceeded, nil
 	})
-	close(stop)
-	for v := range violations {
-		t.Error(v)
-	}
+	stop()
 	if err != nil {
 		var list repairv1.NodeRepairList
 		_ = k8s.List(context.Background(), &list)

@@ -569,39 +569,27 @@ func startStoppableOn(t *testing.T, cfg *rest.Config, clk clock.WithTicker, capa
 func TestRepairsNeverOverlapAcrossPools(t *testing.T) {
 	startOperator(t)
 	policy(t, true, roRule)
-	stop := make(chan struct{})
-	overlaps := make(chan string, 10)
-	go func() {
-		defer close(overlaps)
-		for {
-			select {
-			case <-stop:
-				return
-			case <-time.After(50 * time.Millisecond):
-			}
-			var list repairv1.NodeRepairList
-			if err := env.Kube.List(context.Background(), &list); err != nil {
-				continue
-			}
-			pools := map[string]bool{}
-			for _, r := range list.Items {
-				if r.Status.Phase == repairv1.PhaseRepairing {
-					pools[r.Spec.Pool] = true
-				}
-			}
-			if len(pools) > 1 {
-				overlaps <- fmt.Sprintf("repairs in %d pools at once", len(pools))
+	stop := devtest.CheckWhile(t, func(ctx context.Context) string {
+		var list repairv1.NodeRepairList
+		if err := env.Kube.List(ctx, &list); err != nil {
+			return ""
+		}
+		pools := map[string]bool{}
+		for _, r := range list.Items {
+			if r.Status.Phase == repairv1.PhaseRepairing {
+				pools[r.Spec.Pool] = true
 			}
 		}
-	}()
+		if len(pools) > 1 {
+			return fmt.Sprintf("repairs in %d pools at once", len(pools))
+		}
+		return ""
+	})
 	fault(t, "a-0", "ReadonlyFilesystem", string(repairv1.ActionReboot))
 	fault(t, "b-0", "ReadonlyFilesystem", string(repairv1.ActionReboot))
 	repairOf(t, "a-0", repairv1.PhaseSucceeded, 60*time.Second)
 	repairOf(t, "b-0", repairv1.PhaseSucceeded, 60*time.Second)
-	close(stop)
-	for o := range overlaps {
-		t.Error(o)
-	}
+	stop()
 }
 
 func TestRebootRepairHonoursPDBAndGoesOnAfterTheDrainTimeout(t *testing.T) {
