@@ -99,34 +99,11 @@ func (c *Cluster) startSimDevicePlugin() error {
 		}
 		go podInf.RunWithContext(ctx)
 		go nodeInf.RunWithContext(ctx)
-		go func() {
-			<-ctx.Done()
-			s.queue.ShutDown()
-		}()
-		go func() {
-			if !cache.WaitForCacheSync(ctx.Done(), podInf.HasSynced, nodeInf.HasSynced) {
-				return
-			}
-			for s.next(ctx) {
-			}
-		}()
+		runNodeLoop(ctx, s.queue, []cache.InformerSynced{podInf.HasSynced, nodeInf.HasSynced}, s.sync, func(node string, err error) {
+			s.cluster.logf("simulated device plugin of %s: %v", node, err)
+		})
 	})
 	return err
-}
-
-func (s *simDevicePlugin) next(ctx context.Context) bool {
-	node, quit := s.queue.Get()
-	if quit {
-		return false
-	}
-	defer s.queue.Done(node)
-	if err := s.sync(ctx, node); err != nil {
-		s.cluster.logf("simulated device plugin of %s: %v", node, err)
-		s.queue.AddRateLimited(node)
-		return true
-	}
-	s.queue.Forget(node)
-	return true
 }
 
 // sync gives the node's waiting pods their GPUs. The pods are read from

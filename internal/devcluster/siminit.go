@@ -86,32 +86,8 @@ func (c *Cluster) startSimInit(ctx context.Context) error {
 		return err
 	}
 	f.Start(ctx.Done())
-	go func() {
-		<-ctx.Done()
-		s.queue.ShutDown()
-	}()
-	go func() {
-		if !cache.WaitForCacheSync(ctx.Done(), podInf.HasSynced, nodeInf.HasSynced) {
-			return
-		}
-		for s.next(ctx) {
-		}
-	}()
+	runNodeLoop(ctx, s.queue, []cache.InformerSynced{podInf.HasSynced, nodeInf.HasSynced}, s.sync, nil)
 	return nil
-}
-
-func (s *simInit) next(ctx context.Context) bool {
-	node, quit := s.queue.Get()
-	if quit {
-		return false
-	}
-	defer s.queue.Done(node)
-	if err := s.sync(ctx, node); err != nil {
-		s.queue.AddRateLimited(node)
-		return true
-	}
-	s.queue.Forget(node)
-	return true
 }
 
 // sync completes the validation init containers of the node's pods whose
