@@ -8,6 +8,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -48,12 +49,18 @@ type Reconciler struct {
 	// own: our status writes and finalizer removals the cache may not
 	// show yet.
 	own ownwrites.Record
-	// budgetTurns: evictions under one PodDisruptionBudget go one at a
-	// time, the oldest drain first.
-	budgetTurns budgetTurns
-	// evicted: pods evicted by this process that the watch may not show
-	// terminating yet.
-	evicted evictedPods
+	// evictor asks for the drains' evictions in the background
+	// (evictions()).
+	evictor     *evictor
+	evictorOnce sync.Once
+}
+
+// evictions returns the evictor of the drains, made at first use.
+func (r *Reconciler) evictions() *evictor {
+	r.evictorOnce.Do(func() {
+		r.evictor = newEvictor(r.Kube, r.Pods.Notify)
+	})
+	return r.evictor
 }
 
 // Reconcile advances one NodeMaintenance by one step.

@@ -6,18 +6,15 @@ import (
 	"regexp"
 	"slices"
 	"sort"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/kubectl/pkg/drain"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -38,9 +35,6 @@ const (
 	// every step from then on (a shorter one, when it ends or is held up).
 	progressAfter    = 30 * time.Second
 	maxNamesInStatus = 50
-	// maxParallelEvictions bounds the eviction requests of one drain step
-	// in flight at once.
-	maxParallelEvictions = 16
 	// maxTurnWait bounds the wait for a budget's turn: past it the eviction
 	// goes ahead out of turn (the API server then serialises it itself, at
 	// the cost of a conflict), so a stuck eviction never holds the others.
@@ -85,17 +79,9 @@ func (r *Reconciler) drain(ctx context.Context, nm *maintenancev1.NodeMaintenanc
 		st.EvictionPods = int32(len(pods))
 	}
 
-	var evict []corev1.Pod
-	for i := range pods {
-		// Being terminated, or evicted by us and not yet seen so by the
-		// watch: its update or deletion event brings us back.
-		if pods[i].DeletionTimestamp == nil && !r.evicted.recently(pods[i].UID) {
-			evict = append(evict, pods[i])
-		}
-	}
-	refused := r.evictAll(ctx, helper, evict, st.StartTime.Time)
-	remaining := podNames(pods)
 	elapsed := now.Sub(st.StartTime.Time)
+	refused, retryIn, pending := r.evictAll(ctx, pods, st.StartTime.Time, backoff(elapsed))
+	remaining := podNames(pods)
 	if st.WaitForEviction == nil || len(remaining) == 0 || refused > 0 || elapsed >= progressAfter {
 		// Progress is written when the drain ends or is held up, and
 		// while it lasts longer than progressAfter; a drain that goes
@@ -118,14 +104,18 @@ func (r *Reconciler) drain(ctx context.Context, nm *maintenancev1.NodeMaintenanc
 			node.Name, timeout, summarize(remaining, 10)), ev)
 	}
 	if refused > 0 {
-		return reconcile.Result{RequeueAfter: backoff(elapsed)}, nil
+		return reconcile.Result{RequeueAfter: retryIn}, nil
 	}
-	// Only terminating pods left: their deletion events bring us back. We
-	// also look again when the timeout is due, when progress is to be
-	// written and, on an unreachable node, when the first of them will be
-	// considered gone; never later than maxDrainBackoff while the drain is
-	// active.
+	// Only terminating pods and evictions in flight left: their pod
+	// events, or a refusal's notification, bring us back. We also look
+	// again when the timeout is due, when progress is to be written, when
+	// a granted eviction should show in the watch and, on an unreachable
+	// node, when the first terminating pod will be considered gone; never
+	// later than maxDrainBackoff while the drain is active.
 	next := maxDrainBackoff
+	if pending {
+		next = min(next, evictionSeenWithin)
+	}
 	if timeout > 0 && elapsed < timeout {
 		next = min(next, timeout-elapsed)
 	}
@@ -198,58 +188,38 @@ func podNames(pods []corev1.Pod) []string {
 	return names
 }
 
-// evictAll asks for the eviction of every pod at once, as kubectl drain
-// does (one request each, at most maxParallelEvictions in flight), and
-// returns how many were refused or failed. Evictions of pods behind the
-// same PodDisruptionBudget, from every drain of this process, go one at a
-// time, the oldest drain first: the API server updates the budget with
-// each of them and, on a conflict between two, retries only after 500 ms —
-// one after the other, they take a round trip each. Eviction is idempotent: a pod already
-// evicted is terminating or gone by the next step.
-func (r *Reconciler) evictAll(ctx context.Context, helper *drain.Helper, pods []corev1.Pod, drainStart time.Time) int {
-	log := ctrl.LoggerFrom(ctx)
-	budgets := r.budgetsOf(ctx, pods)
-	var (
-		mu      sync.Mutex
-		refused int
-		wg      sync.WaitGroup
-	)
-	slots := make(chan struct{}, maxParallelEvictions)
-	for i, p := range pods {
-		slots <- struct{}{}
-		wg.Go(func() {
-			defer func() { <-slots }()
-			// Wall time: these measure the API server, not the lifecycle.
-			if b := budgets[i]; b != "" {
-				waitBegan := time.Now()
-				done := r.budgetTurns.take(ctx, b, drainStart, p.Spec.NodeName, maxTurnWait)
-				defer done()
-				evictionTurnWait.Observe(time.Since(waitBegan).Seconds())
-			}
-			began := time.Now()
-			err := helper.EvictPod(p, policyv1.SchemeGroupVersion)
-			evictionDuration.WithLabelValues(strconv.FormatBool(budgets[i] != "")).Observe(time.Since(began).Seconds())
-			switch {
-			case err == nil:
-				evictions.WithLabelValues("evicted").Inc()
-				r.evicted.add(p.UID)
-				return
-			case apierrors.IsNotFound(err):
-				return
-			case apierrors.IsTooManyRequests(err):
-				evictions.WithLabelValues("refused").Inc()
-				log.V(1).Info("eviction refused", "pod", p.Namespace+"/"+p.Name, "reason", err.Error())
-			default:
-				evictions.WithLabelValues("error").Inc()
-				log.Info("eviction failed", "pod", p.Namespace+"/"+p.Name, "error", err.Error())
-			}
-			mu.Lock()
+// evictAll hands every pod of the drain that is not terminating yet to
+// the evictor, which asks for their evictions in the background, as
+// kubectl drain does (one request each). It reports how many were refused
+// and wait for their retry, the earliest retry, and whether an eviction is
+// in flight or granted but not yet shown by the watch. A refusal is
+// retried after retryAfter, or at once when its budget grows.
+func (r *Reconciler) evictAll(ctx context.Context, pods []corev1.Pod, drainStart time.Time, retryAfter time.Duration) (refused int, retryIn time.Duration, pending bool) {
+	e := r.evictions()
+	now := time.Now() // wall time: evictions are about the API server
+	var evict []corev1.Pod
+	for i := range pods {
+		if pods[i].DeletionTimestamp != nil {
+			continue // its deletion event brings us back
+		}
+		switch st, at := e.state(pods[i].UID, now); st {
+		case evictionPending:
+			pending = true
+		case evictionRefused:
 			refused++
-			mu.Unlock()
-		})
+			if d := at.Sub(now); retryIn == 0 || d < retryIn {
+				retryIn = d
+			}
+		default:
+			evict = append(evict, pods[i])
+		}
 	}
-	wg.Wait()
-	return refused
+	budgets := r.budgetsOf(ctx, evict)
+	for i := range evict {
+		e.evict(&evict[i], budgets[i], drainStart, retryAfter)
+		pending = true
+	}
+	return refused, retryIn, pending
 }
 
 // budgetsOf names, for each pod, the PodDisruptionBudget that covers it
@@ -287,41 +257,6 @@ func pdbSelects(pdb *policyv1.PodDisruptionBudget, p *corev1.Pod) bool {
 	}
 	sel, err := metav1.LabelSelectorAsSelector(pdb.Spec.Selector)
 	return err == nil && sel.Matches(labels.Set(p.Labels))
-}
-
-// evictedPods remembers the pods this process evicted, for as long as the
-// pod watch may not show them terminating yet: a drain step in between
-// would evict them again. Not progress: after a restart the watch shows
-// them terminating or gone. The zero value is ready to use.
-type evictedPods struct {
-	mu sync.Mutex
-	at map[types.UID]time.Time
-}
-
-// evictionSeenWithin: how long an evicted pod is not evicted again while
-// the watch still shows it untouched.
-const evictionSeenWithin = 5 * time.Second
-
-func (e *evictedPods) add(uid types.UID) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if e.at == nil {
-		e.at = map[types.UID]time.Time{}
-	}
-	now := time.Now() // wall time: this is about the watch's lag
-	for u, t := range e.at {
-		if now.Sub(t) > evictionSeenWithin {
-			delete(e.at, u)
-		}
-	}
-	e.at[uid] = now
-}
-
-func (e *evictedPods) recently(uid types.UID) bool {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	t, ok := e.at[uid]
-	return ok && time.Since(t) <= evictionSeenWithin
 }
 
 // budgetTurns lets evictions under one PodDisruptionBudget go one at a

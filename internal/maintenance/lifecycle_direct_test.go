@@ -210,6 +210,7 @@ func (d *directEnv) admit(t *testing.T, name, node string, mutate ...func(*maint
 func (d *directEnv) reconcile(t *testing.T, key types.NamespacedName) reconcile.Result {
 	t.Helper()
 	res, err := d.r.Reconcile(t.Context(), reconcile.Request{NamespacedName: key})
+	d.r.evictions().wait() // as if the step had waited for its evictions
 	if err != nil {
 		t.Fatalf("reconciling %s: %v", key, err)
 	}

@@ -87,6 +87,23 @@ func (w *PodWatch) NeedLeaderElection() bool { return true }
 // Changes delivers node names to the lifecycle controller.
 func (w *PodWatch) Changes() <-chan event.TypedGenericEvent[string] { return w.changed }
 
+// Notify announces node on Changes, as a change of its pods would (an
+// eviction refused or failed). It returns at once if the watch has not
+// started, and when ctx or the watch ends.
+func (w *PodWatch) Notify(ctx context.Context, node string) {
+	w.mu.Lock()
+	wctx := w.ctx
+	w.mu.Unlock()
+	if wctx == nil {
+		return
+	}
+	select {
+	case w.changed <- event.TypedGenericEvent[string]{Object: node}:
+	case <-ctx.Done():
+	case <-wctx.Done():
+	}
+}
+
 // Hold makes sure node's pods are watched for the object holder.
 func (w *PodWatch) Hold(holder types.NamespacedName, node string) {
 	w.mu.Lock()

@@ -107,6 +107,9 @@ func Setup(mgr manager.Manager, opts Options) error {
 		Client: mgr.GetClient(), Kube: kube, Pods: pods, Namespace: opts.Namespace, PodName: opts.PodName, Clock: opts.Clock,
 		Recorder: mgr.GetEventRecorder("gpufleet-maintenance"),
 	}
+	if err := mgr.Add(rec.evictions()); err != nil {
+		return fmt.Errorf("adding the evictor: %w", err)
+	}
 	byNode := func(node string) []reconcile.Request {
 		var list maintenancev1.NodeMaintenanceList
 		if err := mgr.GetClient().List(context.Background(), &list, client.MatchingFields{indexNodeName: node}); err != nil {
@@ -137,7 +140,8 @@ func Setup(mgr manager.Manager, opts Options) error {
 		// A budget that allows more disruptions lets refused evictions be
 		// retried now rather than after their backoff.
 		Watches(&policyv1.PodDisruptionBudget{}, handler.EnqueueRequestsFromMapFunc(
-			func(ctx context.Context, _ client.Object) []reconcile.Request {
+			func(ctx context.Context, pdb client.Object) []reconcile.Request {
+				rec.evictions().budgetGrew(pdb.GetNamespace() + "/" + pdb.GetName())
 				return objectsIn(ctx, mgr, maintenancev1.PhaseDraining)
 			}),
 			builder.WithPredicates(moreDisruptionsAllowed)).

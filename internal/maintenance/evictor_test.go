@@ -1,0 +1,203 @@
+package maintenance
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes/fake"
+	policyv1client "k8s.io/client-go/kubernetes/typed/policy/v1"
+)
+
+// evictionAPI is a fake clientset whose evictions answer with answer(pod),
+// counting the requests and the most in flight at once per budget label.
+type evictionAPI struct {
+	*fake.Clientset
+	mu        sync.Mutex
+	requests  map[string]int
+	inFlight  map[string]int
+	maxFlight map[string]int
+	answer    func(pod string) error
+	notified  []string
+}
+
+func newEvictionAPI(answer func(pod string) error) *evictionAPI {
+	return &evictionAPI{Clientset: fake.NewClientset(), requests: map[string]int{},
+		inFlight: map[string]int{}, maxFlight: map[string]int{}, answer: answer}
+}
+
+// The fake clientset runs its reactors one at a time: evictions are
+// answered here instead, concurrently as the API server would.
+func (a *evictionAPI) PolicyV1() policyv1client.PolicyV1Interface {
+	return evictionPolicy{PolicyV1Interface: a.Clientset.PolicyV1(), api: a}
+}
+
+type evictionPolicy struct {
+	policyv1client.PolicyV1Interface
+	api *evictionAPI
+}
+
+func (p evictionPolicy) Evictions(ns string) policyv1client.EvictionInterface {
+	return fakeEvictions{EvictionInterface: p.PolicyV1Interface.Evictions(ns), api: p.api}
+}
+
+type fakeEvictions struct {
+	policyv1client.EvictionInterface
+	api *evictionAPI
+}
+
+func (e fakeEvictions) Evict(_ context.Context, ev *policyv1.Eviction) error {
+	a := e.api
+	budget := ev.Name[:1] // pods "a…" share one budget, "b…" another
+	a.mu.Lock()
+	a.requests[ev.Name]++
+	a.inFlight[budget]++
+	a.maxFlight[budget] = max(a.maxFlight[budget], a.inFlight[budget])
+	a.mu.Unlock()
+	err := a.answer(ev.Name)
+	a.mu.Lock()
+	a.inFlight[budget]--
+	a.mu.Unlock()
+	return err
+}
+
+func (a *evictionAPI) evictor() *evictor {
+	return newEvictor(a, func(_ context.Context, node string) {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		a.notified = append(a.notified, node)
+	})
+}
+
+func evictionPod(name string) *corev1.Pod {
+	return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: name, UID: types.UID("uid-" + name)},
+		Spec: corev1.PodSpec{NodeName: "node-" + name}}
+}
+
+var tooManyRequests = apierrors.NewTooManyRequests("Cannot evict pod as it would violate the pod's disruption budget.", 0)
+
+// A refused eviction is reported to its node's drains, waits for its
+// retry time, and is due at once when its own budget grows (not another).
+func TestEvictorRetriesARefusalAfterItsBackoffOrWhenItsBudgetGrows(t *testing.T) {
+	api := newEvictionAPI(func(string) error { return tooManyRequests })
+	e := api.evictor()
+	p := evictionPod("a1")
+	before := time.Now()
+	e.evict(p, "ns/pdb-a", before, time.Hour)
+	e.wait()
+
+	st, retryAt := e.state(p.UID, time.Now())
+	if st != evictionRefused || retryAt.Before(before.Add(time.Hour)) {
+		t.Fatalf("after a 429: state %v retry at %s, want refused until an hour from now", st, retryAt)
+	}
+	if len(api.notified) != 1 || api.notified[0] != "node-a1" {
+		t.Errorf("nodes notified %v, want [node-a1]", api.notified)
+	}
+	if st, _ := e.state(p.UID, before.Add(time.Hour+time.Minute)); st != evictNow {
+		t.Errorf("past its retry time: state %v, want evict now", st)
+	}
+	e.budgetGrew("ns/pdb-b")
+	if st, _ := e.state(p.UID, time.Now()); st != evictionRefused {
+		t.Errorf("after another budget grew: state %v, want still refused", st)
+	}
+	e.budgetGrew("ns/pdb-a")
+	if st, _ := e.state(p.UID, time.Now()); st != evictNow {
+		t.Errorf("after its budget grew: state %v, want evict now", st)
+	}
+}
+
+// A granted eviction is pending while the pod watch may not show it yet,
+// then due again (the watch never showed it: ask again); nobody is
+// notified (the pod's own event brings the drain back).
+func TestEvictorGrantedIsPendingUntilTheWatchShouldShowIt(t *testing.T) {
+	api := newEvictionAPI(func(string) error { return nil })
+	e := api.evictor()
+	p := evictionPod("b1")
+	e.evict(p, "", time.Now(), time.Second)
+	e.wait()
+	if st, _ := e.state(p.UID, time.Now()); st != evictionPending {
+		t.Errorf("just granted: state %v, want pending", st)
+	}
+	if st, _ := e.state(p.UID, time.Now().Add(evictionSeenWithin+time.Second)); st != evictNow {
+		t.Errorf("granted long ago and still running: state %v, want evict now", st)
+	}
+	if len(api.notified) != 0 {
+		t.Errorf("nodes notified %v after a granted eviction, want none", api.notified)
+	}
+	// A pod already gone counts as granted.
+	gone := newEvictionAPI(func(name string) error { return apierrors.NewNotFound(schema.GroupResource{Resource: "pods"}, name) })
+	ge := gone.evictor()
+	ge.evict(p, "", time.Now(), time.Second)
+	ge.wait()
+	if st, _ := ge.state(p.UID, time.Now()); st != evictionPending || len(gone.notified) != 0 {
+		t.Errorf("pod gone: state %v, notified %v; want pending, none", st, gone.notified)
+	}
+}
+
+// While its eviction is in flight a pod is never asked for twice, however
+// many drain steps run meanwhile.
+func TestEvictorAsksOncePerPodWhileInFlight(t *testing.T) {
+	release := make(chan struct{})
+	api := newEvictionAPI(func(string) error { <-release; return nil })
+	e := api.evictor()
+	p := evictionPod("a1")
+	for range 5 {
+		e.evict(p, "", time.Now(), time.Second)
+		if st, _ := e.state(p.UID, time.Now()); st != evictionPending {
+			t.Errorf("in flight: state %v, want pending", st)
+		}
+	}
+	close(release)
+	e.wait()
+	if n := api.requests["a1"]; n != 1 {
+		t.Errorf("%d eviction requests for one pod in flight, want 1", n)
+	}
+}
+
+// Evictions behind one budget go one at a time; those behind different
+// budgets, or none, go in parallel.
+func TestEvictorTakesTurnsPerBudget(t *testing.T) {
+	api := newEvictionAPI(func(string) error { time.Sleep(5 * time.Millisecond); return nil })
+	e := api.evictor()
+	start := time.Now()
+	for i := range 8 {
+		for _, prefix := range []string{"a", "b", "c"} {
+			p := evictionPod(prefix + string(rune('0'+i)))
+			budget := "ns/pdb-" + prefix
+			if prefix == "c" {
+				budget = "" // no budget
+			}
+			e.evict(p, budget, start.Add(time.Duration(i)*time.Second), time.Second)
+		}
+	}
+	e.wait()
+	if api.maxFlight["a"] != 1 || api.maxFlight["b"] != 1 {
+		t.Errorf("most evictions in flight under one budget: a %d, b %d; want 1 each", api.maxFlight["a"], api.maxFlight["b"])
+	}
+	if api.maxFlight["c"] < 2 {
+		t.Errorf("most evictions without a budget in flight: %d, want them in parallel", api.maxFlight["c"])
+	}
+}
+
+// An eviction that fails for another reason is retried like a refusal,
+// and the failure reaches its node's drains.
+func TestEvictorRetriesAFailure(t *testing.T) {
+	api := newEvictionAPI(func(string) error { return apierrors.NewInternalError(context.DeadlineExceeded) })
+	e := api.evictor()
+	p := evictionPod("a1")
+	e.evict(p, "", time.Now(), 2*time.Second)
+	e.wait()
+	if st, at := e.state(p.UID, time.Now()); st != evictionRefused || time.Until(at) <= 0 {
+		t.Errorf("after a 500: state %v retry at %s, want refused, retried later", st, at)
+	}
+	if len(api.notified) != 1 {
+		t.Errorf("nodes notified %v, want the pod's node", api.notified)
+	}
+}
