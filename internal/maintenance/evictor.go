@@ -55,6 +55,15 @@ type evictor struct {
 	mu   sync.Mutex
 	ctx  context.Context // set by Start
 	pods map[types.UID]*eviction
+	// holders: per budget ("namespace/name"), the eviction that has its
+	// turn, and how to pass the turn on.
+	holders map[string]turnHolder
+}
+
+// turnHolder is the eviction that has a budget's turn.
+type turnHolder struct {
+	pod  string // name (a budget's disruptedPods are in its namespace)
+	pass func() // idempotent
 }
 
 // eviction is what the evictor knows of one pod.
@@ -83,7 +92,8 @@ const (
 )
 
 func newEvictor(kube kubernetes.Interface, notify func(context.Context, string)) *evictor {
-	return &evictor{kube: kube, notify: notify, slots: make(chan struct{}, maxEvictionsInFlight), pods: map[types.UID]*eviction{}}
+	return &evictor{kube: kube, notify: notify, slots: make(chan struct{}, maxEvictionsInFlight),
+		pods: map[types.UID]*eviction{}, holders: map[string]turnHolder{}}
 }
 
 // Start records the context evictions run in (a manager runnable that
@@ -145,9 +155,19 @@ func (e *evictor) evict(p *corev1.Pod, budget string, drainStart time.Time, retr
 		log := ctrl.LoggerFrom(ctx).WithValues("pod", ns+"/"+name, "node", node)
 		if budget != "" {
 			waitBegan := time.Now()
-			done := e.turns.take(ctx, budget, drainStart, node, maxTurnWait)
-			defer done()
+			pass := sync.OnceFunc(e.turns.take(ctx, budget, drainStart, node, maxTurnWait))
 			evictionTurnWait.Observe(time.Since(waitBegan).Seconds())
+			e.mu.Lock()
+			e.holders[budget] = turnHolder{pod: name, pass: pass}
+			e.mu.Unlock()
+			defer func() {
+				e.mu.Lock()
+				if h, ok := e.holders[budget]; ok && h.pod == name {
+					delete(e.holders, budget)
+				}
+				e.mu.Unlock()
+				pass()
+			}()
 		}
 		select {
 		case e.slots <- struct{}{}:
@@ -204,6 +224,28 @@ func (e *evictor) finish(uid types.UID, evicted time.Time, retryAfter time.Durat
 		return
 	}
 	ev.failed, ev.retryAt = true, now.Add(retryAfter)
+}
+
+// budgetChanged passes a budget's turn on as soon as the budget shows the
+// eviction that has it (its pod newly among the disrupted pods): the API
+// server has committed that eviction's decrement, so the next one no longer
+// conflicts with it, and need not wait for the rest of its round trip (the
+// pod's deletion and the response).
+func (e *evictor) budgetChanged(old, cur *policyv1.PodDisruptionBudget) {
+	budget := cur.Namespace + "/" + cur.Name
+	e.mu.Lock()
+	h, ok := e.holders[budget]
+	e.mu.Unlock()
+	if !ok {
+		return
+	}
+	if _, was := old.Status.DisruptedPods[h.pod]; was {
+		return
+	}
+	if _, is := cur.Status.DisruptedPods[h.pod]; is {
+		turnsPassedEarly.Inc()
+		h.pass()
+	}
 }
 
 // budgetGrew makes the refused evictions under budget ("namespace/name")

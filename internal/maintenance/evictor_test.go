@@ -201,3 +201,58 @@ func TestEvictorRetriesAFailure(t *testing.T) {
 		t.Errorf("nodes notified %v, want the pod's node", api.notified)
 	}
 }
+
+// The budget's turn passes on as soon as the budget shows the eviction
+// holding it, not only when its response arrives; a budget change that
+// does not show it (or showed it before) passes nothing on.
+func TestEvictorPassesTheTurnWhenTheBudgetShowsTheEviction(t *testing.T) {
+	release := make(chan struct{})
+	api := newEvictionAPI(func(name string) error {
+		if name == "a1" {
+			<-release
+		}
+		return nil
+	})
+	e := api.evictor()
+	start := time.Now()
+	e.evict(evictionPod("a1"), "ns/pdb-a", start, time.Second)
+	inFlight := func(pod string) bool {
+		api.mu.Lock()
+		defer api.mu.Unlock()
+		return api.requests[pod] > 0
+	}
+	waitFor := func(what string, cond func() bool) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for !cond() {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s never happened", what)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	waitFor("a1's eviction", func() bool { return inFlight("a1") })
+	e.evict(evictionPod("a2"), "ns/pdb-a", start.Add(time.Second), time.Second)
+
+	pdb := func(disrupted ...string) *policyv1.PodDisruptionBudget {
+		b := &policyv1.PodDisruptionBudget{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "pdb-a"},
+			Status: policyv1.PodDisruptionBudgetStatus{DisruptedPods: map[string]metav1.Time{}}}
+		for _, p := range disrupted {
+			b.Status.DisruptedPods[p] = metav1.Now()
+		}
+		return b
+	}
+	e.budgetChanged(pdb(), pdb("other"))   // not the holder
+	e.budgetChanged(pdb("a1"), pdb("a1")) // shown before: an older eviction of it
+	time.Sleep(50 * time.Millisecond)
+	if inFlight("a2") {
+		t.Fatal("a2 was asked for while a1 had the turn and the budget did not show a1")
+	}
+	e.budgetChanged(pdb(), pdb("a1"))
+	waitFor("a2's eviction after the budget showed a1", func() bool { return inFlight("a2") })
+	close(release)
+	e.wait()
+	if api.maxFlight["a"] != 2 {
+		t.Errorf("most in flight under the budget %d, want 2 (a1 finishing, a2 started)", api.maxFlight["a"])
+	}
+}

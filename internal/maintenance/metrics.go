@@ -48,6 +48,10 @@ var (
 		Help:    "Time of one eviction request, by whether a PodDisruptionBudget covers the pod (budget: true, false).",
 		Buckets: prometheus.ExponentialBuckets(0.005, 2, 12),
 	}, []string{"budget"})
+	turnsPassedEarly = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "gpufleet_maintenance_eviction_turns_passed_early_total",
+		Help: "Budget turns passed on as soon as the budget showed the eviction, before its response.",
+	})
 	evictionTurnWait = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name:    "gpufleet_maintenance_eviction_turn_wait_seconds",
 		Help:    "Time an eviction waited for its PodDisruptionBudget's turn (evictions under one budget go one at a time).",
@@ -57,7 +61,7 @@ var (
 
 func init() {
 	metrics.Registry.MustRegister(objects, objectsByPhase, schedulingDecisions, planDuration, drainDuration, evictions, watchedNodes, statusConflicts,
-		evictionDuration, evictionTurnWait)
+		evictionDuration, evictionTurnWait, turnsPassedEarly)
 	// Every writer and result from the start, at 0: a dashboard or alert
 	// on a rare event sees a series before the first one.
 	for _, w := range []string{"scheduler", "wait-reasons", "lifecycle"} {

@@ -95,6 +95,9 @@ type scaleReportData struct {
 	// EvictionMs: mean time of an eviction request (pods with and without
 	// a PodDisruptionBudget) and of the wait for the budget's turn.
 	EvictionMs map[string]float64 `json:"evictionMs"`
+	// TurnsPassedEarly: budget turns passed on when the budget showed the
+	// eviction, before its response.
+	TurnsPassedEarly int `json:"turnsPassedEarly"`
 	// DrainStepMs splits the Draining phase by what the node's pods did.
 	DrainStepMs map[string]map[string]float64 `json:"drainStepsMs"`
 	CPUSeconds  float64                       `json:"operatorCPUSeconds"`
@@ -214,11 +217,15 @@ func BenchmarkScaleRollout(b *testing.B) {
 	afterRollout := mustRequests(b, addr)
 	conflicts := map[string]int{}
 	evictionMs := map[string]float64{}
+	turnsEarly := 0
 	if fams, err := scrape(addr); err == nil {
 		conflicts = countsByLabel(fams, "gpufleet_maintenance_status_conflicts_total", "writer")
 		evictionMs = histogramMeansMs(fams, "gpufleet_maintenance_eviction_duration_seconds", "budget")
 		if w := histogramMeansMs(fams, "gpufleet_maintenance_eviction_turn_wait_seconds", ""); len(w) > 0 {
 			evictionMs["turn wait"] = w[""]
+		}
+		for _, m := range fams["gpufleet_maintenance_eviction_turns_passed_early_total"].GetMetric() {
+			turnsEarly += int(m.GetCounter().GetValue())
 		}
 	}
 	cpu := cpuSecondsOf(op.pid())
@@ -245,7 +252,7 @@ func BenchmarkScaleRollout(b *testing.B) {
 		IdlePerMinute: float64(sum(idle)) / scaleIdle.Minutes(), StatusConflicts: conflicts,
 		CPUSeconds: cpu, PeakRSSMB: float64(hwm) / 1024, RSSMB: float64(rss) / 1024,
 		Baseline: baseline, PodSpread: spread, DrainStepMs: map[string]map[string]float64{},
-		EvictionMs: evictionMs, StatusRewrites: chk.rewrites(),
+		EvictionMs: evictionMs, TurnsPassedEarly: turnsEarly, StatusRewrites: chk.rewrites(),
 	}
 	rep.RequestsPerObject = float64(sum(rep.RolloutRequests)) / float64(nodes)
 	for k, v := range rep.RolloutRequests {
@@ -453,6 +460,7 @@ func (r scaleReportData) markdown() string {
 	fmt.Fprintf(&s, "| status changes that kept the phase, by phase | %s |\n", formatCounts(r.StatusRewrites))
 	fmt.Fprintf(&s, "| mean eviction request: pod behind a budget / not / wait for the budget's turn | %.0f / %.0f / %.0f ms |\n",
 		r.EvictionMs["true"], r.EvictionMs["false"], r.EvictionMs["turn wait"])
+	fmt.Fprintf(&s, "| budget turns passed on when the budget showed the eviction (before its response) | %d |\n", r.TurnsPassedEarly)
 	fmt.Fprintf(&s, "| operator requests per minute after the rollout (%v window) | %.1f (%d writes, %d lists) |\n", p["idleWindow"], r.IdlePerMinute, r.IdleWrites, r.IdleLists)
 	fmt.Fprintf(&s, "| operator CPU during start-up and rollout | %.1f s |\n", r.CPUSeconds)
 	fmt.Fprintf(&s, "| operator peak RSS / RSS at the end | %.0f / %.0f MB |\n\n", r.PeakRSSMB, r.RSSMB)
