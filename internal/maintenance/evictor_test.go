@@ -242,7 +242,7 @@ func TestEvictorPassesTheTurnWhenTheBudgetShowsTheEviction(t *testing.T) {
 		}
 		return b
 	}
-	e.budgetChanged(pdb(), pdb("other"))   // not the holder
+	e.budgetChanged(pdb(), pdb("other"))  // not the holder
 	e.budgetChanged(pdb("a1"), pdb("a1")) // shown before: an older eviction of it
 	time.Sleep(50 * time.Millisecond)
 	if inFlight("a2") {
