@@ -166,6 +166,7 @@ func TestEvictorAsksOncePerPodWhileInFlight(t *testing.T) {
 func TestEvictorTakesTurnsPerBudget(t *testing.T) {
 	api := newEvictionAPI(func(string) error { time.Sleep(5 * time.Millisecond); return nil })
 	e := api.evictor()
+	e.countedWait = 0 // no disruption controller here
 	start := time.Now()
 	for i := range 8 {
 		for _, prefix := range []string{"a", "b", "c"} {
@@ -202,57 +203,81 @@ func TestEvictorRetriesAFailure(t *testing.T) {
 	}
 }
 
-// The budget's turn passes on as soon as the budget shows the eviction
-// holding it, not only when its response arrives; a budget change that
-// does not show it (or showed it before) passes nothing on.
-func TestEvictorPassesTheTurnWhenTheBudgetShowsTheEviction(t *testing.T) {
-	release := make(chan struct{})
+// The budget's turn passes on once the disruption controller has counted
+// the granted eviction that holds it (the budget lists the pod among its
+// disrupted pods, then no longer does), not at the response; a budget
+// change that does not show that passes nothing on.
+func TestEvictorPassesTheTurnWhenTheDisruptionControllerCountedTheEviction(t *testing.T) {
+	api := newEvictionAPI(func(string) error { return nil })
+	e := api.evictor()
+	e.countedWait = time.Hour // no bound in this test
+	start := time.Now()
+	e.evict(evictionPod("a1"), "ns/pdb-a", start, time.Second)
+	waitFor(t, "a1's eviction", func() bool { return api.asked("a1") })
+	e.evict(evictionPod("a2"), "ns/pdb-a", start.Add(time.Second), time.Second)
+
+	e.budgetChanged(pdb("pdb-a"), pdb("pdb-a", "other"))         // not the holder
+	e.budgetChanged(pdb("pdb-a"), pdb("pdb-a", "a1"))            // the eviction's own update
+	e.budgetChanged(pdb("pdb-b", "a1"), pdb("pdb-b"))            // another budget
+	e.budgetChanged(pdb("pdb-a", "a1"), pdb("pdb-a", "a1", "x")) // still listed
+	time.Sleep(50 * time.Millisecond)
+	if api.asked("a2") {
+		t.Fatal("a2 was asked for before the disruption controller counted a1")
+	}
+	e.budgetChanged(pdb("pdb-a", "a1"), pdb("pdb-a"))
+	waitFor(t, "a2's eviction after a1 was counted", func() bool { return api.asked("a2") })
+	e.wait()
+}
+
+// A granted eviction the disruption controller does not count passes the
+// turn on after the bound; a refused one at once.
+func TestEvictorPassesTheTurnAfterTheBoundOrARefusal(t *testing.T) {
 	api := newEvictionAPI(func(name string) error {
-		if name == "a1" {
-			<-release
+		if name == "b1" {
+			return tooManyRequests
 		}
 		return nil
 	})
 	e := api.evictor()
+	e.countedWait = 20 * time.Millisecond
 	start := time.Now()
 	e.evict(evictionPod("a1"), "ns/pdb-a", start, time.Second)
-	inFlight := func(pod string) bool {
-		api.mu.Lock()
-		defer api.mu.Unlock()
-		return api.requests[pod] > 0
-	}
-	waitFor := func(what string, cond func() bool) {
-		t.Helper()
-		deadline := time.Now().Add(10 * time.Second)
-		for !cond() {
-			if time.Now().After(deadline) {
-				t.Fatalf("%s never happened", what)
-			}
-			time.Sleep(time.Millisecond)
-		}
-	}
-	waitFor("a1's eviction", func() bool { return inFlight("a1") })
+	waitFor(t, "a1's eviction", func() bool { return api.asked("a1") })
 	e.evict(evictionPod("a2"), "ns/pdb-a", start.Add(time.Second), time.Second)
+	waitFor(t, "a2's eviction after the bound", func() bool { return api.asked("a2") })
 
-	pdb := func(disrupted ...string) *policyv1.PodDisruptionBudget {
-		b := &policyv1.PodDisruptionBudget{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "pdb-a"},
-			Status: policyv1.PodDisruptionBudgetStatus{DisruptedPods: map[string]metav1.Time{}}}
-		for _, p := range disrupted {
-			b.Status.DisruptedPods[p] = metav1.Now()
-		}
-		return b
-	}
-	e.budgetChanged(pdb(), pdb("other"))  // not the holder
-	e.budgetChanged(pdb("a1"), pdb("a1")) // shown before: an older eviction of it
-	time.Sleep(50 * time.Millisecond)
-	if inFlight("a2") {
-		t.Fatal("a2 was asked for while a1 had the turn and the budget did not show a1")
-	}
-	e.budgetChanged(pdb(), pdb("a1"))
-	waitFor("a2's eviction after the budget showed a1", func() bool { return inFlight("a2") })
-	close(release)
 	e.wait()
-	if api.maxFlight["a"] != 2 {
-		t.Errorf("most in flight under the budget %d, want 2 (a1 finishing, a2 started)", api.maxFlight["a"])
+	e.countedWait = time.Hour
+	e.evict(evictionPod("b1"), "ns/pdb-b", start, time.Second)
+	waitFor(t, "b1's eviction", func() bool { return api.asked("b1") })
+	e.evict(evictionPod("b2"), "ns/pdb-b", start.Add(time.Second), time.Second)
+	waitFor(t, "b2's eviction after b1 was refused", func() bool { return api.asked("b2") })
+	e.wait()
+}
+
+func (a *evictionAPI) asked(pod string) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.requests[pod] > 0
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s never happened", what)
+		}
+		time.Sleep(time.Millisecond)
 	}
+}
+
+// pdb is a budget in namespace ns listing disrupted pods.
+func pdb(name string, disrupted ...string) *policyv1.PodDisruptionBudget {
+	b := &policyv1.PodDisruptionBudget{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: name},
+		Status: policyv1.PodDisruptionBudgetStatus{DisruptedPods: map[string]metav1.Time{}}}
+	for _, p := range disrupted {
+		b.Status.DisruptedPods[p] = metav1.Now()
+	}
+	return b
 }

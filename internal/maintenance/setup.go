@@ -145,8 +145,8 @@ func Setup(mgr manager.Manager, opts Options) error {
 				return objectsIn(ctx, mgr, maintenancev1.PhaseDraining)
 			}),
 			builder.WithPredicates(moreDisruptionsAllowed)).
-		// A budget that shows the eviction holding its turn passes the turn
-		// on (no reconcile).
+		// A budget that shows the disruption controller has counted the
+		// eviction holding its turn passes the turn on (no reconcile).
 		Watches(&policyv1.PodDisruptionBudget{}, handler.Funcs{
 			UpdateFunc: func(_ context.Context, e event.UpdateEvent, _ workqueue.TypedRateLimitingInterface[reconcile.Request]) {
 				old, oldOK := e.ObjectOld.(*policyv1.PodDisruptionBudget)

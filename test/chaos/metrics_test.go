@@ -195,3 +195,25 @@ func histogramMeansMs(fams map[string]*dto.MetricFamily, family, label string) m
 	}
 	return out
 }
+
+// slowSamples counts, in the histogram series whose label has value, the
+// samples above bound (a bucket boundary) and all samples.
+func slowSamples(fams map[string]*dto.MetricFamily, family, label, value string, bound float64) (slow, all int) {
+	for _, m := range fams[family].GetMetric() {
+		match := false
+		for _, l := range m.GetLabel() {
+			match = match || (l.GetName() == label && l.GetValue() == value)
+		}
+		if !match {
+			continue
+		}
+		h := m.GetHistogram()
+		all += int(h.GetSampleCount())
+		for _, b := range h.GetBucket() {
+			if b.GetUpperBound() == bound {
+				slow += int(h.GetSampleCount() - b.GetCumulativeCount())
+			}
+		}
+	}
+	return slow, all
+}
