@@ -69,6 +69,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	if err := r.Client.Get(ctx, req.NamespacedName, nm); err != nil {
 		if apierrors.IsNotFound(err) {
 			r.Pods.Release(req.NamespacedName)
+			r.evictions().stop(req.NamespacedName)
 		}
 		return reconcile.Result{}, client.IgnoreNotFound(err)
 	}
@@ -86,6 +87,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		node = nil
 	}
 	r.watchPods(nm)
+	r.stopEvictionsUnlessDraining(nm)
 	if nm.DeletionTimestamp != nil {
 		return reconcile.Result{}, r.finalize(ctx, nm, node)
 	}
@@ -100,6 +102,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	ev := pendingevents.New(r.Recorder) // reports of the status change, sent once it is written
 	res, err := r.step(ctx, nm, node, ev)
 	r.watchPods(nm)
+	r.stopEvictionsUnlessDraining(nm)
 	if !equality.Semantic.DeepEqual(&orig.Status, &nm.Status) {
 		nm.Status.ObservedGeneration = nm.Generation
 		if uerr := patchStatus(ctx, r.Client, orig, nm); uerr != nil {
@@ -140,6 +143,17 @@ func (r *Reconciler) watchPods(nm *maintenancev1.NodeMaintenance) {
 	} else {
 		r.Pods.Release(key)
 	}
+}
+
+// stopEvictionsUnlessDraining stops the evictions nm handed to the
+// evictor once it no longer drains: deleted, withdrawn by its requestor,
+// its node gone, or its drain over. A pod waiting for its budget's turn
+// is then not evicted for a drain nobody wants any more.
+func (r *Reconciler) stopEvictionsUnlessDraining(nm *maintenancev1.NodeMaintenance) {
+	if nm.DeletionTimestamp == nil && nm.Phase() == maintenancev1.PhaseDraining {
+		return
+	}
+	r.evictions().stop(client.ObjectKeyFromObject(nm))
 }
 
 // step performs the action of the current phase and records the next one.

@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/kubectl/pkg/drain"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -80,7 +81,7 @@ func (r *Reconciler) drain(ctx context.Context, nm *maintenancev1.NodeMaintenanc
 	}
 
 	elapsed := now.Sub(st.StartTime.Time)
-	refused, retryIn, pending := r.evictAll(ctx, pods, st.StartTime.Time, backoff(elapsed))
+	refused, retryIn, pending := r.evictAll(ctx, client.ObjectKeyFromObject(nm), pods, st.StartTime.Time, backoff(elapsed))
 	remaining := podNames(pods)
 	if st.WaitForEviction == nil || len(remaining) == 0 || refused > 0 || elapsed >= progressAfter {
 		// Progress is written when the drain ends or is held up, and
@@ -194,7 +195,7 @@ func podNames(pods []corev1.Pod) []string {
 // and wait for their retry, the earliest retry, and whether an eviction is
 // in flight or granted but not yet shown by the watch. A refusal is
 // retried after retryAfter, or at once when its budget grows.
-func (r *Reconciler) evictAll(ctx context.Context, pods []corev1.Pod, drainStart time.Time, retryAfter time.Duration) (refused int, retryIn time.Duration, pending bool) {
+func (r *Reconciler) evictAll(ctx context.Context, drain types.NamespacedName, pods []corev1.Pod, drainStart time.Time, retryAfter time.Duration) (refused int, retryIn time.Duration, pending bool) {
 	e := r.evictions()
 	now := time.Now() // wall time: evictions are about the API server
 	var evict []corev1.Pod
@@ -216,7 +217,7 @@ func (r *Reconciler) evictAll(ctx context.Context, pods []corev1.Pod, drainStart
 	}
 	budgets := r.budgetsOf(ctx, evict)
 	for i := range evict {
-		e.evict(&evict[i], budgets[i], drainStart, retryAfter)
+		e.evict(drain, &evict[i], budgets[i], drainStart, retryAfter)
 		pending = true
 	}
 	return refused, retryIn, pending

@@ -62,9 +62,18 @@ type evictor struct {
 	mu   sync.Mutex
 	ctx  context.Context // set by Start
 	pods map[types.UID]*eviction
+	// drains: per NodeMaintenance that handed pods over, the context its
+	// evictions run in; stop cancels it.
+	drains map[types.NamespacedName]*drainEvictions
 	// holders: per budget ("namespace/name"), the evictions that have its
 	// turn, and how to pass the turn on.
 	holders map[string]map[string]*turnHolder // budget → pod name (in the budget's namespace)
+}
+
+// drainEvictions is the context of one drain's evictions.
+type drainEvictions struct {
+	ctx    context.Context
+	cancel context.CancelFunc
 }
 
 // turnHolder is the eviction that has a budget's turn.
@@ -74,6 +83,7 @@ type turnHolder struct {
 
 // eviction is what the evictor knows of one pod.
 type eviction struct {
+	drain    types.NamespacedName // the NodeMaintenance that asked for it
 	inFlight bool
 	budget   string    // "namespace/name" of its PodDisruptionBudget, "" for none
 	evicted  time.Time // when its eviction was granted; zero if not
@@ -99,7 +109,7 @@ const (
 
 func newEvictor(kube kubernetes.Interface, notify func(context.Context, string)) *evictor {
 	return &evictor{kube: kube, notify: notify, countedWait: maxCountedWait, slots: make(chan struct{}, maxEvictionsInFlight),
-		pods: map[types.UID]*eviction{}, holders: map[string]map[string]*turnHolder{}}
+		pods: map[types.UID]*eviction{}, drains: map[types.NamespacedName]*drainEvictions{}, holders: map[string]map[string]*turnHolder{}}
 }
 
 // Start records the context evictions run in (a manager runnable that
@@ -134,10 +144,10 @@ func (e *evictor) state(uid types.UID, now time.Time) (evictionState, time.Time)
 	return evictNow, time.Time{}
 }
 
-// evict asks for the eviction of p in the background, after its budget's
-// turn (budget "" for none). drainStart orders the turns; a refusal is
-// retried after retryAfter.
-func (e *evictor) evict(p *corev1.Pod, budget string, drainStart time.Time, retryAfter time.Duration) {
+// evict asks for the eviction of p in the background, for the drain of
+// NodeMaintenance drain, after its budget's turn (budget "" for none).
+// drainStart orders the turns; a refusal is retried after retryAfter.
+func (e *evictor) evict(drain types.NamespacedName, p *corev1.Pod, budget string, drainStart time.Time, retryAfter time.Duration) {
 	now := time.Now() // wall time: evictions are about the API server
 	e.mu.Lock()
 	for uid, ev := range e.pods {
@@ -149,11 +159,18 @@ func (e *evictor) evict(p *corev1.Pod, budget string, drainStart time.Time, retr
 		e.mu.Unlock()
 		return
 	}
-	ctx := e.ctx
-	if ctx == nil {
-		ctx = context.Background() // not started (tests that drive steps directly)
+	d := e.drains[drain]
+	if d == nil {
+		parent := e.ctx
+		if parent == nil {
+			parent = context.Background() // not started (tests that drive steps directly)
+		}
+		ctx, cancel := context.WithCancel(parent)
+		d = &drainEvictions{ctx: ctx, cancel: cancel}
+		e.drains[drain] = d
 	}
-	e.pods[p.UID] = &eviction{inFlight: true, budget: budget, touched: now}
+	ctx := d.ctx
+	e.pods[p.UID] = &eviction{drain: drain, inFlight: true, budget: budget, touched: now}
 	e.mu.Unlock()
 
 	ns, name, node, uid := p.Namespace, p.Name, p.Spec.NodeName, p.UID
@@ -193,13 +210,26 @@ func (e *evictor) evict(p *corev1.Pod, budget string, drainStart time.Time, retr
 					time.AfterFunc(e.countedWait, func() { h.pass("bound") })
 					return
 				}
+				if ctx.Err() != nil {
+					h.pass("stopped")
+					return
+				}
 				h.pass("refused")
 			}()
+		}
+		if ctx.Err() != nil {
+			e.forget(uid) // the drain stopped while waiting for the turn
+			return
 		}
 		select {
 		case e.slots <- struct{}{}:
 		case <-ctx.Done():
-			e.finish(uid, time.Time{}, retryAfter)
+			e.forget(uid)
+			return
+		}
+		if ctx.Err() != nil {
+			<-e.slots
+			e.forget(uid)
 			return
 		}
 		began := time.Now()
@@ -219,6 +249,9 @@ func (e *evictor) evict(p *corev1.Pod, budget string, drainStart time.Time, retr
 		case apierrors.IsNotFound(err):
 			e.finish(uid, time.Now(), 0)
 			return // gone: the watch shows it
+		case ctx.Err() != nil:
+			e.forget(uid) // the drain stopped during the request
+			return
 		case apierrors.IsTooManyRequests(err):
 			evictions.WithLabelValues("refused").Inc()
 			log.V(1).Info("eviction refused", "reason", err.Error())
@@ -231,6 +264,41 @@ func (e *evictor) evict(p *corev1.Pod, budget string, drainStart time.Time, retr
 			e.notify(ctx, node)
 		}
 	})
+}
+
+// stop cancels the evictions of NodeMaintenance drain that have not been
+// asked for yet (waiting for a budget's turn or a slot), and forgets its
+// pods' records: the drain was withdrawn or finished, and no pod is
+// evicted for it any more. A request already sent is not withdrawn (the
+// API server may have granted it).
+func (e *evictor) stop(drain types.NamespacedName) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	d := e.drains[drain]
+	if d == nil {
+		return
+	}
+	d.cancel()
+	delete(e.drains, drain)
+	for uid, ev := range e.pods {
+		if ev.drain == drain && !ev.inFlight {
+			delete(e.pods, uid)
+		}
+	}
+}
+
+// draining reports whether drain has evictions handed over (tests).
+func (e *evictor) draining(drain types.NamespacedName) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.drains[drain] != nil
+}
+
+// forget drops the record of pod uid.
+func (e *evictor) forget(uid types.UID) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	delete(e.pods, uid)
 }
 
 // wait returns once no eviction is in flight (tests).

@@ -90,7 +90,7 @@ func TestEvictorRetriesARefusalAfterItsBackoffOrWhenItsBudgetGrows(t *testing.T)
 	e := api.evictor()
 	p := evictionPod("a1")
 	before := time.Now()
-	e.evict(p, "ns/pdb-a", before, time.Hour)
+	e.evict(testDrain, p, "ns/pdb-a", before, time.Hour)
 	e.wait()
 
 	st, retryAt := e.state(p.UID, time.Now())
@@ -120,7 +120,7 @@ func TestEvictorGrantedIsPendingUntilTheWatchShouldShowIt(t *testing.T) {
 	api := newEvictionAPI(func(string) error { return nil })
 	e := api.evictor()
 	p := evictionPod("b1")
-	e.evict(p, "", time.Now(), time.Second)
+	e.evict(testDrain, p, "", time.Now(), time.Second)
 	e.wait()
 	if st, _ := e.state(p.UID, time.Now()); st != evictionPending {
 		t.Errorf("just granted: state %v, want pending", st)
@@ -134,7 +134,7 @@ func TestEvictorGrantedIsPendingUntilTheWatchShouldShowIt(t *testing.T) {
 	// A pod already gone counts as granted.
 	gone := newEvictionAPI(func(name string) error { return apierrors.NewNotFound(schema.GroupResource{Resource: "pods"}, name) })
 	ge := gone.evictor()
-	ge.evict(p, "", time.Now(), time.Second)
+	ge.evict(testDrain, p, "", time.Now(), time.Second)
 	ge.wait()
 	if st, _ := ge.state(p.UID, time.Now()); st != evictionPending || len(gone.notified) != 0 {
 		t.Errorf("pod gone: state %v, notified %v; want pending, none", st, gone.notified)
@@ -149,7 +149,7 @@ func TestEvictorAsksOncePerPodWhileInFlight(t *testing.T) {
 	e := api.evictor()
 	p := evictionPod("a1")
 	for range 5 {
-		e.evict(p, "", time.Now(), time.Second)
+		e.evict(testDrain, p, "", time.Now(), time.Second)
 		if st, _ := e.state(p.UID, time.Now()); st != evictionPending {
 			t.Errorf("in flight: state %v, want pending", st)
 		}
@@ -175,7 +175,7 @@ func TestEvictorTakesTurnsPerBudget(t *testing.T) {
 			if prefix == "c" {
 				budget = "" // no budget
 			}
-			e.evict(p, budget, start.Add(time.Duration(i)*time.Second), time.Second)
+			e.evict(testDrain, p, budget, start.Add(time.Duration(i)*time.Second), time.Second)
 		}
 	}
 	e.wait()
@@ -193,7 +193,7 @@ func TestEvictorRetriesAFailure(t *testing.T) {
 	api := newEvictionAPI(func(string) error { return apierrors.NewInternalError(context.DeadlineExceeded) })
 	e := api.evictor()
 	p := evictionPod("a1")
-	e.evict(p, "", time.Now(), 2*time.Second)
+	e.evict(testDrain, p, "", time.Now(), 2*time.Second)
 	e.wait()
 	if st, at := e.state(p.UID, time.Now()); st != evictionRefused || time.Until(at) <= 0 {
 		t.Errorf("after a 500: state %v retry at %s, want refused, retried later", st, at)
@@ -212,9 +212,9 @@ func TestEvictorPassesTheTurnWhenTheDisruptionControllerCountedTheEviction(t *te
 	e := api.evictor()
 	e.countedWait = time.Hour // no bound in this test
 	start := time.Now()
-	e.evict(evictionPod("a1"), "ns/pdb-a", start, time.Second)
+	e.evict(testDrain, evictionPod("a1"), "ns/pdb-a", start, time.Second)
 	waitFor(t, "a1's eviction", func() bool { return api.asked("a1") })
-	e.evict(evictionPod("a2"), "ns/pdb-a", start.Add(time.Second), time.Second)
+	e.evict(testDrain, evictionPod("a2"), "ns/pdb-a", start.Add(time.Second), time.Second)
 
 	e.budgetChanged(pdb("pdb-a"), pdb("pdb-a", "other"))         // not the holder
 	e.budgetChanged(pdb("pdb-a"), pdb("pdb-a", "a1"))            // the eviction's own update
@@ -241,16 +241,16 @@ func TestEvictorPassesTheTurnAfterTheBoundOrARefusal(t *testing.T) {
 	e := api.evictor()
 	e.countedWait = 20 * time.Millisecond
 	start := time.Now()
-	e.evict(evictionPod("a1"), "ns/pdb-a", start, time.Second)
+	e.evict(testDrain, evictionPod("a1"), "ns/pdb-a", start, time.Second)
 	waitFor(t, "a1's eviction", func() bool { return api.asked("a1") })
-	e.evict(evictionPod("a2"), "ns/pdb-a", start.Add(time.Second), time.Second)
+	e.evict(testDrain, evictionPod("a2"), "ns/pdb-a", start.Add(time.Second), time.Second)
 	waitFor(t, "a2's eviction after the bound", func() bool { return api.asked("a2") })
 
 	e.wait()
 	e.countedWait = time.Hour
-	e.evict(evictionPod("b1"), "ns/pdb-b", start, time.Second)
+	e.evict(testDrain, evictionPod("b1"), "ns/pdb-b", start, time.Second)
 	waitFor(t, "b1's eviction", func() bool { return api.asked("b1") })
-	e.evict(evictionPod("b2"), "ns/pdb-b", start.Add(time.Second), time.Second)
+	e.evict(testDrain, evictionPod("b2"), "ns/pdb-b", start.Add(time.Second), time.Second)
 	waitFor(t, "b2's eviction after b1 was refused", func() bool { return api.asked("b2") })
 	e.wait()
 }
@@ -280,4 +280,44 @@ func pdb(name string, disrupted ...string) *policyv1.PodDisruptionBudget {
 		b.Status.DisruptedPods[p] = metav1.Now()
 	}
 	return b
+}
+
+// testDrain is the NodeMaintenance the unit tests' evictions are for.
+var testDrain = types.NamespacedName{Namespace: "default", Name: "nm-test"}
+
+// A drain that stops (its NodeMaintenance withdrawn) evicts nothing more:
+// its evictions waiting for a budget's turn are never asked for, another
+// drain's evictions behind the same budget go on, and the stopped pods'
+// records are forgotten, so a later drain of the same node starts afresh.
+func TestEvictorStopsTheEvictionsOfAStoppedDrain(t *testing.T) {
+	api := newEvictionAPI(func(string) error { return nil })
+	e := api.evictor()
+	e.countedWait = time.Hour // the turn passes only when counted
+	other := types.NamespacedName{Namespace: "default", Name: "nm-other"}
+	start := time.Now()
+	e.evict(other, evictionPod("a1"), "ns/pdb-a", start, time.Second)
+	waitFor(t, "a1's eviction", func() bool { return api.asked("a1") })
+	stopped := evictionPod("a2")
+	e.evict(testDrain, stopped, "ns/pdb-a", start.Add(time.Second), time.Second)
+	e.evict(other, evictionPod("a3"), "ns/pdb-a", start.Add(2*time.Second), time.Second)
+	if !e.draining(testDrain) {
+		t.Fatal("the drain handed pods over but is not recorded")
+	}
+
+	e.stop(testDrain)
+	e.stop(testDrain) // twice: nothing more
+	if e.draining(testDrain) {
+		t.Error("a stopped drain is still recorded")
+	}
+	e.budgetChanged(pdb("pdb-a", "a1"), pdb("pdb-a")) // a1 counted: the turn passes on
+	waitFor(t, "a3's eviction after the stopped a2", func() bool { return api.asked("a3") })
+	e.budgetChanged(pdb("pdb-a", "a3"), pdb("pdb-a"))
+	e.wait()
+	if api.asked("a2") {
+		t.Error("a2 was evicted for a drain that had stopped")
+	}
+	if st, _ := e.state(stopped.UID, time.Now()); st != evictNow {
+		t.Errorf("a2 after its drain stopped: state %v, want evict now (forgotten)", st)
+	}
+	e.stop(types.NamespacedName{Name: "never-drained"}) // unknown: nothing happens
 }

@@ -661,6 +661,14 @@ func TestDirectWaitForPodCompletionTimeout(t *testing.T) {
 // minAvailable n, and returns the pods once the budget allows no eviction.
 func (d *directEnv) guardedPods(t *testing.T, name, node string, n int32) []corev1.Pod {
 	t.Helper()
+	return d.budgetedPods(t, name, node, n, 0)
+}
+
+// budgetedPods runs a Deployment of n pods on node with a PDB of
+// minAvailable n-allowed, and returns the pods once the budget allows
+// allowed evictions.
+func (d *directEnv) budgetedPods(t *testing.T, name, node string, n, allowed int32) []corev1.Pod {
+	t.Helper()
 	ctx := t.Context()
 	labels := map[string]string{"app": name}
 	dep := &appsv1.Deployment{
@@ -689,7 +697,7 @@ func (d *directEnv) guardedPods(t *testing.T, name, node string, n int32) []core
 	pdb := &policyv1.PodDisruptionBudget{
 		ObjectMeta: metav1.ObjectMeta{Namespace: directNS, Name: name},
 		Spec: policyv1.PodDisruptionBudgetSpec{
-			MinAvailable: ptr.To(intstr.FromInt32(n)),
+			MinAvailable: ptr.To(intstr.FromInt32(n - allowed)),
 			Selector:     &metav1.LabelSelector{MatchLabels: labels},
 		},
 	}
@@ -706,10 +714,10 @@ func (d *directEnv) guardedPods(t *testing.T, name, node string, n int32) []core
 			return false, err
 		}
 		s := pdb.Status
-		return s.ObservedGeneration == pdb.Generation && s.CurrentHealthy == n && s.DisruptionsAllowed == 0, nil
+		return s.ObservedGeneration == pdb.Generation && s.CurrentHealthy == n && s.DisruptionsAllowed == allowed, nil
 	})
 	if err != nil {
-		t.Fatalf("PDB %s never counted %d healthy pods (status %+v): %v", name, n, pdb.Status, err)
+		t.Fatalf("PDB %s never counted %d healthy pods allowing %d evictions (status %+v): %v", name, n, allowed, pdb.Status, err)
 	}
 	var pods corev1.PodList
 	if err := d.c.List(ctx, &pods, client.InNamespace(directNS), client.MatchingLabels(labels)); err != nil {
@@ -812,6 +820,59 @@ func TestDirectDrainTimeoutNamesBlockingPods(t *testing.T) {
 		if p.DeletionTimestamp != nil {
 			t.Errorf("pod %s evicted despite its PDB", p.Name)
 		}
+	}
+}
+
+// A NodeMaintenance deleted while its evictions wait for their budget's
+// turn evicts nothing more: its requestor withdrew it, the node is
+// released, and no pod is evicted for a drain nobody wants any more.
+func TestDirectDeletedDrainEvictsNothingMore(t *testing.T) {
+	d := newDirectEnv(t)
+	node := "gpu-005"
+	d.useNode(t, node)
+	const n = 3
+	d.budgetedPods(t, "direct-withdrawn", node, n, n) // the budget allows them all
+	key := d.admit(t, "withdrawn", node, withDrain(maintenancev1.DrainSpec{PodSelector: "app=direct-withdrawn"}))
+	d.reconcile(t, key)       // Scheduled -> Cordon
+	d.waitPodsSynced(t, node) // the cordon step waits for the watch of the node's pods
+	d.reconcile(t, key)       // cordon, enter Draining
+	wantPhase(t, d.get(t, key), maintenancev1.PhaseDraining)
+	d.events()
+
+	// Another drain, started earlier, holds the budget's turn: this
+	// drain's evictions wait behind it.
+	e := d.r.evictions()
+	release := e.turns.take(t.Context(), directNS+"/direct-withdrawn", time.Unix(0, 0), "elsewhere", time.Hour)
+	if _, err := d.r.Reconcile(t.Context(), reconcile.Request{NamespacedName: key}); err != nil {
+		t.Fatal(err)
+	}
+	if !e.draining(key) {
+		t.Fatal("the drain step handed no pod to the evictor")
+	}
+	d.delete(t, key)
+	d.reconcile(t, key) // the finalizer releases the node
+	if !d.gone(t, key) {
+		t.Fatalf("object still there after its finalizer step: %+v", d.get(t, key).ObjectMeta)
+	}
+	if e.draining(key) {
+		t.Error("the deleted drain's evictions were not stopped")
+	}
+	release() // the turn comes to the stopped evictions
+	e.wait()
+	var pods corev1.PodList
+	if err := d.c.List(t.Context(), &pods, client.InNamespace(directNS), client.MatchingLabels{"app": "direct-withdrawn"}); err != nil {
+		t.Fatal(err)
+	}
+	if len(pods.Items) != n {
+		t.Errorf("%d pods, want %d", len(pods.Items), n)
+	}
+	for _, p := range pods.Items {
+		if p.DeletionTimestamp != nil || p.Spec.NodeName != node {
+			t.Errorf("pod %s evicted after its drain was deleted", p.Name)
+		}
+	}
+	if d.cordoned(t, node) {
+		t.Errorf("node %s still cordoned after the deleted drain released it", node)
 	}
 }
 

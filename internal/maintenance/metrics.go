@@ -53,7 +53,8 @@ var (
 	evictionTurns = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "gpufleet_maintenance_eviction_turns_total",
 		Help: "Budget turns passed on by evictions, by how: counted (the disruption controller counted the granted eviction), " +
-			"bound (granted, not counted within 300 ms of the response), refused (refused or failed).",
+			"bound (granted, not counted within 300 ms of the response), refused (refused or failed), " +
+			"stopped (not asked for: its drain was withdrawn or ended).",
 	}, []string{"passed"})
 	evictionTurnWait = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name:    "gpufleet_maintenance_eviction_turn_wait_seconds",
