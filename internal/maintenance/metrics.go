@@ -74,6 +74,9 @@ func init() {
 	for _, r := range []string{"evicted", "refused", "error"} {
 		evictions.WithLabelValues(r)
 	}
+	for _, how := range []string{"counted", "bound", "refused", "stopped"} {
+		evictionTurns.WithLabelValues(how)
+	}
 }
 
 // Series read from the cached NodeMaintenance objects at scrape time (no
