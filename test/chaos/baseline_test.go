@@ -133,10 +133,21 @@ func runKubectlBaseline(b *testing.B, env *devcluster.Env, nodes, parallel int, 
 // starts from the same distribution as the baseline did.
 func respreadWorkloads(b *testing.B, env *devcluster.Env, pods int) {
 	ctx := context.Background()
-	if err := env.Client.CoreV1().Pods(workloadNamespace).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{}); err != nil {
+	// One DeleteCollection of thousands of pods can outlast the API server's
+	// request timeout (seen at 500 nodes: "stream error … INTERNAL_ERROR");
+	// what it deleted stays deleted, so asking again finishes the rest.
+	var err error
+	for attempt := 1; attempt <= 5; attempt++ {
+		if err = env.Client.CoreV1().Pods(workloadNamespace).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{}); err == nil {
+			break
+		}
+		b.Logf("respread: deleting the workload pods (attempt %d): %v", attempt, err)
+		time.Sleep(2 * time.Second)
+	}
+	if err != nil {
 		b.Fatal(err)
 	}
-	err := wait.PollUntilContextTimeout(ctx, time.Second, 10*time.Minute, false, func(ctx context.Context) (bool, error) {
+	err = wait.PollUntilContextTimeout(ctx, time.Second, 10*time.Minute, false, func(ctx context.Context) (bool, error) {
 		list, err := env.Client.CoreV1().Pods(workloadNamespace).List(ctx, metav1.ListOptions{})
 		if err != nil {
 			return false, nil //nolint:nilerr // retried
