@@ -17,6 +17,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/util/retry"
 
 	"github.com/gpufleet/gpufleet/internal/apirequest"
 	"github.com/gpufleet/gpufleet/internal/devcluster"
@@ -136,14 +137,15 @@ func respreadWorkloads(b *testing.B, env *devcluster.Env, pods int) {
 	// One DeleteCollection of thousands of pods can outlast the API server's
 	// request timeout (seen at 500 nodes: "stream error … INTERNAL_ERROR");
 	// what it deleted stays deleted, so asking again finishes the rest.
-	var err error
-	for attempt := 1; attempt <= 5; attempt++ {
-		if err = env.Client.CoreV1().Pods(workloadNamespace).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{}); err == nil {
-			break
+	attempt := 0
+	err := retry.OnError(wait.Backoff{Steps: 5, Duration: 2 * time.Second, Factor: 1}, func(error) bool { return true }, func() error {
+		attempt++
+		err := env.Client.CoreV1().Pods(workloadNamespace).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{})
+		if err != nil {
+			b.Logf("respread: deleting the workload pods (attempt %d): %v", attempt, err)
 		}
-		b.Logf("respread: deleting the workload pods (attempt %d): %v", attempt, err)
-		time.Sleep(2 * time.Second)
-	}
+		return err
+	})
 	if err != nil {
 		b.Fatal(err)
 	}
