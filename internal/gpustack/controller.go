@@ -40,6 +40,9 @@ const (
 	ReasonIgnored      = "Ignored"
 	ReasonNodeDegraded = "NodeDegraded" // Warning
 	ReasonStackReady   = "StackReady"
+	// ReasonObjectRefused: the API server refused a write of the stack
+	// (Warning; the reason of the Degraded condition while it lasts).
+	ReasonObjectRefused = "ObjectRefused"
 	// ReasonUnsupportedFields: the policy enables a feature gpufleet does
 	// not provide (Warning; also the reason of the condition when True).
 	ReasonUnsupportedFields  = "UnsupportedFields"
@@ -88,6 +91,10 @@ type Reconciler struct {
 	lastWrite map[string]time.Time
 	// lastPass is when each policy's last pass started.
 	lastPass map[string]time.Time
+	// refused are the writes the API server refused (refusals.go).
+	refused refusals
+	// failures holds back the coalesced passes of a failing policy.
+	failures passBackoff
 }
 
 // Reconcile converges one ClusterPolicy: objects, node labels, status. A
@@ -106,8 +113,14 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		return reconcile.Result{RequeueAfter: conflictRetry}, nil
 	case err != nil:
 		reconcilePasses.WithLabelValues(passError).Inc()
+		if r.PassInterval > 0 {
+			// The controller's backoff would be reset by the next
+			// deferred pass: hold the policy's passes back here.
+			r.failures.failed(req.Name, r.Clock)
+		}
 		return res, err
 	}
+	r.failures.succeeded(req.Name)
 	reconcilePasses.WithLabelValues(result).Inc()
 	return res, nil
 }
@@ -119,6 +132,9 @@ func (r *Reconciler) passWait(policy string) time.Duration {
 		return 0
 	}
 	now := r.Clock.Now()
+	if wait := r.failures.wait(policy, now); wait > 0 {
+		return wait
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if wait := r.lastPass[policy].Add(r.PassInterval).Sub(now); wait > 0 {
@@ -200,15 +216,17 @@ func (r *Reconciler) reconcile(ctx context.Context, req reconcile.Request) (reco
 		held, err := r.writeStatus(ctx, policy, status, ev)
 		return reconcile.Result{RequeueAfter: held}, result(held), err
 	}
-	if err := r.apply(ctx, objs); err != nil {
+	touched := map[string]bool{}
+	if err := r.apply(ctx, objs, touched); err != nil {
 		return reconcile.Result{}, "", err
 	}
-	if err := r.prune(ctx, objs); err != nil {
+	if err := r.prune(ctx, objs, touched); err != nil {
 		return reconcile.Result{}, "", err
 	}
-	if err := r.labelNodes(ctx, &nodes, policy, assign); err != nil {
+	if err := r.labelNodes(ctx, &nodes, policy, assign, touched); err != nil {
 		return reconcile.Result{}, "", err
 	}
+	r.refused.keepOnly(touched)
 	pods, stackPods, err := r.componentPods(ctx)
 	if err != nil {
 		return reconcile.Result{}, "", err
@@ -222,6 +240,7 @@ func (r *Reconciler) reconcile(ctx context.Context, req reconcile.Request) (reco
 		return reconcile.Result{}, "", err
 	}
 	requeue := minPositive(minPositive(r.computeStatus(policy, status, &nodes, pods, ev), upgradeRequeue), monitorRequeue)
+	requeue = minPositive(requeue, r.reportRefusals(policy, status, ev))
 	held, err := r.writeStatus(ctx, policy, status, ev)
 	if err != nil {
 		return reconcile.Result{}, "", err
@@ -294,9 +313,71 @@ func factsOf(nodes *corev1.NodeList, ns, defaultRuntime string) Facts {
 }
 
 // apply creates missing objects and reverts drift in existing ones; an
-// object that already matches is not written.
-func (r *Reconciler) apply(ctx context.Context, objs []client.Object) error {
-	return r.applyFrom(ctx, r.Client, objs)
+// object that already matches is not written. An object the API server
+// refuses does not stop the others (refusals.go).
+func (r *Reconciler) apply(ctx context.Context, objs []client.Object, touched map[string]bool) error {
+	for _, want := range objs {
+		err := r.try(ctx, describeObject(want), desiredHash(want), touched, func() error {
+			return r.applyFrom(ctx, r.Client, []client.Object{want})
+		})
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// try runs one write of the object what (as rendered: desired) unless the
+// API server refused it unchanged and its backoff is not over. A refusal
+// is recorded and reported, not returned; any other error is.
+func (r *Reconciler) try(ctx context.Context, what string, desired uint64, touched map[string]bool, write func() error) error {
+	touched[what] = true
+	now := r.Clock.Now()
+	if !r.refused.allowed(what, desired, now) {
+		return nil
+	}
+	err := write()
+	switch {
+	case err == nil:
+		r.refused.accepted(what)
+		return nil
+	case isRefusal(err):
+		at := r.refused.refused(what, desired, err, now)
+		ctrl.LoggerFrom(ctx).Error(err, "the API server refused a write of the GPU stack; the rest of the stack goes on, this write is retried later",
+			"object", what, "retryIn", at.Sub(now).String())
+		return nil
+	default:
+		return err
+	}
+}
+
+// describeObject names an object for users: "DaemonSet ns/name".
+func describeObject(o client.Object) string {
+	kind := kindName(o)
+	if i := strings.LastIndex(kind, "."); i >= 0 {
+		kind = kind[i+1:]
+	}
+	if o.GetNamespace() == "" {
+		return kind + " " + o.GetName()
+	}
+	return kind + " " + o.GetNamespace() + "/" + o.GetName()
+}
+
+// reportRefusals makes the refused writes the state of the policy: not
+// ready, Degraded naming each object with the API server's message, and a
+// Warning event when that changes. It returns when to retry the first.
+func (r *Reconciler) reportRefusals(policy *nvidiav1.ClusterPolicy, status *nvidiav1.ClusterPolicyStatus, ev *pendingevents.Recorder) time.Duration {
+	list, next := r.refused.current()
+	if len(list) == 0 {
+		return 0
+	}
+	msg := refusalsMessage(list)
+	if c := meta.FindStatusCondition(policy.Status.Conditions, nvidiav1.ConditionDegraded); c == nil || c.Message != msg {
+		ev.Eventf(policy, nil, corev1.EventTypeWarning, ReasonObjectRefused, actionDeploy, "%s", msg)
+	}
+	status.State = nvidiav1.StateNotReady
+	r.setConditions(policy, status, metav1.ConditionFalse, metav1.ConditionTrue, metav1.ConditionTrue, ReasonObjectRefused, msg)
+	return max(next.Sub(r.Clock.Now()), time.Second)
 }
 
 // applyFrom is apply with the objects' current state read from cached (the
@@ -394,7 +475,7 @@ func managedKinds() []client.ObjectList {
 
 // prune deletes managed objects that are no longer desired (disabled
 // components, OS flavours or runtimes no GPU node has any more).
-func (r *Reconciler) prune(ctx context.Context, objs []client.Object) error {
+func (r *Reconciler) prune(ctx context.Context, objs []client.Object, touched map[string]bool) error {
 	want := map[string]bool{}
 	for _, o := range objs {
 		want[fmt.Sprintf("%T/%s/%s", o, o.GetNamespace(), o.GetName())] = true
@@ -413,10 +494,21 @@ func (r *Reconciler) prune(ctx context.Context, objs []client.Object) error {
 			if want[fmt.Sprintf("%T/%s/%s", o, o.GetNamespace(), o.GetName())] || o.GetDeletionTimestamp() != nil {
 				continue
 			}
-			if err := r.Client.Delete(ctx, o, client.PropagationPolicy(metav1.DeletePropagationBackground)); client.IgnoreNotFound(err) != nil {
-				return fmt.Errorf("deleting %T %s: %w", o, o.GetName(), err)
+			deleted := false
+			err := r.try(ctx, describeObject(o)+" (delete)", 0, touched, func() error {
+				err := r.Client.Delete(ctx, o, client.PropagationPolicy(metav1.DeletePropagationBackground))
+				if client.IgnoreNotFound(err) != nil {
+					return fmt.Errorf("deleting %T %s: %w", o, o.GetName(), err)
+				}
+				deleted = true
+				return nil
+			})
+			if err != nil {
+				return err
 			}
-			ctrl.LoggerFrom(ctx).Info("deleted object no longer desired", "kind", fmt.Sprintf("%T", o), "name", o.GetName())
+			if deleted {
+				ctrl.LoggerFrom(ctx).Info("deleted object no longer desired", "kind", fmt.Sprintf("%T", o), "name", o.GetName())
+			}
 		}
 	}
 	return nil
@@ -476,7 +568,7 @@ func (r *Reconciler) componentPods(ctx context.Context) (map[string]map[string]p
 
 // labelNodes applies the deploy labels and each node's NVIDIADriver
 // label, patching only what changes.
-func (r *Reconciler) labelNodes(ctx context.Context, nodes *corev1.NodeList, policy *nvidiav1.ClusterPolicy, assign DriverAssignment) error {
+func (r *Reconciler) labelNodes(ctx context.Context, nodes *corev1.NodeList, policy *nvidiav1.ClusterPolicy, assign DriverAssignment, touched map[string]bool) error {
 	crdOn := isTrue(policy.Spec.Driver.UseNvidiaDriverCRD)
 	for i := range nodes.Items {
 		n := &nodes.Items[i]
@@ -493,7 +585,9 @@ func (r *Reconciler) labelNodes(ctx context.Context, nodes *corev1.NodeList, pol
 				labels[k] = *v
 			}
 		}
-		if err := r.patchNodeLabels(ctx, n.Name, labels); err != nil {
+		if err := r.try(ctx, "Node "+n.Name+" (labels)", desiredHash(labels), touched, func() error {
+			return r.patchNodeLabels(ctx, n.Name, labels)
+		}); err != nil {
 			return err
 		}
 	}
