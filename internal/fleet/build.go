@@ -63,7 +63,7 @@ func newIndex(s *Snapshot) *index {
 		if p.Spec.NodeName == "" || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
 			continue
 		}
-		if comp := p.Labels[gpustack.LabelComponent]; comp != "" && p.Labels[gpustack.LabelManagedBy] == "gpufleet" && p.DeletionTimestamp == nil {
+		if comp := gpustack.PodComponent(p.Labels); comp != "" && p.DeletionTimestamp == nil {
 			if ix.stack[p.Spec.NodeName] == nil {
 				ix.stack[p.Spec.NodeName] = map[string]stackPod{}
 			}

@@ -92,13 +92,13 @@ func Explain(s *Snapshot, node string, now time.Time) (*Story, error) {
 		}
 	}
 	for _, p := range s.Pods {
-		if p.Spec.NodeName != node || p.Labels[gpustack.LabelManagedBy] != "gpufleet" || p.Labels[gpustack.LabelComponent] == "" {
+		if p.Spec.NodeName != node || gpustack.PodComponent(p.Labels) == "" {
 			continue
 		}
 		for _, c := range p.Status.Conditions {
 			if c.Type == corev1.PodReady {
 				add(c.LastTransitionTime, "Pod "+p.Namespace+"/"+p.Name,
-					fmt.Sprintf("GPU stack %s pod Ready=%s", p.Labels[gpustack.LabelComponent], c.Status), c.Status != corev1.ConditionTrue)
+					fmt.Sprintf("GPU stack %s pod Ready=%s", gpustack.PodComponent(p.Labels), c.Status), c.Status != corev1.ConditionTrue)
 			}
 		}
 	}

@@ -25,7 +25,10 @@ func CacheObjects(namespace string) map[client.Object]cache.ByObject {
 	managed := labels.SelectorFromSet(labels.Set{LabelManagedBy: managedBy})
 	inNamespace := map[string]cache.Config{namespace: {}}
 	out := map[client.Object]cache.ByObject{
-		&corev1.Pod{}: {Namespaces: inNamespace, Label: managed, Transform: stripPod},
+		// Every pod of the namespace: the pods of DaemonSets adopted from
+		// another operator keep that operator's labels (PodComponent);
+		// the namespace's other pods are cut to their name and labels.
+		&corev1.Pod{}: {Namespaces: inNamespace, Transform: stripPod},
 	}
 	for _, o := range []client.Object{&appsv1.DaemonSet{}, &corev1.Service{}, &corev1.ServiceAccount{}} {
 		out[o] = cache.ByObject{Namespaces: inNamespace, Label: managed}
@@ -75,6 +78,12 @@ var stripPod toolscache.TransformFunc = func(obj any) (any, error) {
 		Name: p.Name, Namespace: p.Namespace, UID: p.UID, ResourceVersion: p.ResourceVersion,
 		CreationTimestamp: p.CreationTimestamp, DeletionTimestamp: p.DeletionTimestamp, Labels: p.Labels,
 	}
+	if PodComponent(p.Labels) == "" {
+		// Not a pod of the stack (the operator's, the agents'): nothing
+		// of it is read.
+		p.Spec, p.Status = corev1.PodSpec{}, corev1.PodStatus{}
+		return p, nil
+	}
 	containers := make([]corev1.Container, len(p.Spec.Containers))
 	for i, c := range p.Spec.Containers {
 		containers[i] = corev1.Container{Name: c.Name, Image: c.Image}
@@ -96,7 +105,7 @@ var stripPod toolscache.TransformFunc = func(obj any) (any, error) {
 		}
 	}
 	var statuses []corev1.ContainerStatus
-	if p.Labels[LabelComponent] == Driver {
+	if PodComponent(p.Labels) == Driver {
 		// A driver that cannot load while the old module is in use (the
 		// upgrade reboots the node): only the line that says so.
 		if name, line := moduleInUseStatus(p); line != "" {

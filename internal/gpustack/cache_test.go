@@ -16,7 +16,7 @@ func fullPod(name string, now metav1.Time) *corev1.Pod {
 		ObjectMeta: metav1.ObjectMeta{
 			Name: name, Namespace: "gpufleet-system", UID: "u", ResourceVersion: "7", CreationTimestamp: now, DeletionTimestamp: &now,
 			DeletionGracePeriodSeconds: ptr.To[int64](30), GenerateName: "p-",
-			Labels:          map[string]string{"app": "x"},
+			Labels:          map[string]string{"app": "x", LabelManagedBy: managedBy, LabelComponent: DevicePlugin},
 			Annotations:     map[string]string{corev1.MirrorPodAnnotationKey: "m", "big": "noise"},
 			OwnerReferences: []metav1.OwnerReference{{Kind: "DaemonSet", Name: "ds", Controller: ptr.To(true)}},
 			ManagedFields:   []metav1.ManagedFieldsEntry{{Manager: "kubelet"}},
@@ -38,7 +38,7 @@ func TestStripPodKeepsWhatTheControllerReads(t *testing.T) {
 	want := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{
 			Name: "p", Namespace: "gpufleet-system", UID: "u", ResourceVersion: "7", CreationTimestamp: now, DeletionTimestamp: &now,
-			Labels: map[string]string{"app": "x"},
+			Labels: map[string]string{"app": "x", LabelManagedBy: managedBy, LabelComponent: DevicePlugin},
 		},
 		Spec: corev1.PodSpec{NodeName: "n", Containers: []corev1.Container{{Name: "c", Image: "img:1"}}},
 		Status: corev1.PodStatus{Phase: corev1.PodRunning,
@@ -62,7 +62,7 @@ func TestStripPodKeepsWhatTheControllerReads(t *testing.T) {
 func TestStripPodKeepsADriversModuleInUseLine(t *testing.T) {
 	now := metav1.Now()
 	p := fullPod("drv", now)
-	p.Labels = map[string]string{LabelComponent: Driver}
+	p.Labels = map[string]string{LabelManagedBy: managedBy, LabelComponent: Driver}
 	p.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "nvidia-driver-ctr", RestartCount: 3,
 		State: corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: "CrashLoopBackOff"}},
 		LastTerminationState: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 1,
@@ -76,7 +76,7 @@ func TestStripPodKeepsADriversModuleInUseLine(t *testing.T) {
 		t.Errorf("after the transform: %q, want %q", m, want)
 	}
 	other := fullPod("dp", now)
-	other.Labels = map[string]string{LabelComponent: DevicePlugin}
+	other.Labels = map[string]string{LabelManagedBy: managedBy, LabelComponent: DevicePlugin}
 	other.Status.ContainerStatuses = p.Status.ContainerStatuses
 	if got, _ := stripPod(other); len(got.(*corev1.Pod).Status.ContainerStatuses) != 0 {
 		t.Errorf("another component's container statuses were kept")
@@ -112,5 +112,26 @@ func BenchmarkStrippedPodMemory(b *testing.B) {
 		runtime.ReadMemStats(&after)
 		b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc)/n, "B/cached-pod")
 		runtime.KeepAlive(kept)
+	}
+}
+
+func TestStripPodCutsPodsOutsideTheStack(t *testing.T) {
+	p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "gpufleet-agent-x", Namespace: "ns", Labels: map[string]string{"app.kubernetes.io/name": "gpufleet-agent"}},
+		Spec:   corev1.PodSpec{NodeName: "n", Containers: []corev1.Container{{Name: "agent", Image: "i"}}},
+		Status: corev1.PodStatus{Phase: corev1.PodRunning}}
+	out, err := stripPod(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := out.(*corev1.Pod)
+	if got.Spec.NodeName != "" || len(got.Spec.Containers) != 0 || got.Status.Phase != "" || got.Name != "gpufleet-agent-x" {
+		t.Errorf("a pod outside the stack keeps more than its name and labels: %+v", got)
+	}
+	// The GPU Operator's pods of an adopted DaemonSet are the stack's.
+	op := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "d", Labels: map[string]string{"app": "nvidia-device-plugin-daemonset"}},
+		Spec: corev1.PodSpec{NodeName: "n", Containers: []corev1.Container{{Name: "c", Image: "i"}}}}
+	out, _ = stripPod(op)
+	if out.(*corev1.Pod).Spec.NodeName != "n" {
+		t.Errorf("an adopted DaemonSet's pod was cut")
 	}
 }

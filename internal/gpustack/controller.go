@@ -60,6 +60,9 @@ type Reconciler struct {
 	Namespace string
 	Clock     clock.PassiveClock
 	Recorder  events.EventRecorder
+	// Leases reads the leader-election Lease of NVIDIA's GPU Operator
+	// (nil: not looked for): while it is held gpufleet waits.
+	Leases client.Reader
 	// Assets are the component manifests (default: the embedded ones).
 	Assets fs.FS
 	// Monitors finds out whether the API server serves ServiceMonitors and
@@ -95,6 +98,9 @@ type Reconciler struct {
 	refused refusals
 	// failures holds back the coalesced passes of a failing policy.
 	failures passBackoff
+	// scanned: the live DaemonSets of the namespace were read once
+	// (takeover.go).
+	scanned bool
 }
 
 // Reconcile converges one ClusterPolicy: objects, node labels, status. A
@@ -192,11 +198,22 @@ func (r *Reconciler) reconcile(ctx context.Context, req reconcile.Request) (reco
 		held, err := r.ignore(ctx, policy, active, ev)
 		return reconcile.Result{RequeueAfter: held}, result(held), err
 	}
+	if h, running, err := r.previousOperator(ctx); err != nil {
+		return reconcile.Result{}, "", err
+	} else if running {
+		requeue, err := r.waitForPreviousOperator(ctx, policy, h, ev)
+		return reconcile.Result{RequeueAfter: requeue}, result(0), err
+	}
+	if other := r.otherNamespace(policy); other != "" {
+		held, err := r.waitForOtherNamespace(ctx, policy, other, ev)
+		return reconcile.Result{RequeueAfter: held}, result(held), err
+	}
 	var nodes corev1.NodeList
 	if err := r.Client.List(ctx, &nodes); err != nil {
 		return reconcile.Result{}, "", fmt.Errorf("listing nodes: %w", err)
 	}
 	status := policy.Status.DeepCopy()
+	meta.RemoveStatusCondition(&status.Conditions, ConditionPreviousOperator)
 	status.Namespace = r.Namespace
 	r.setUnsupported(policy, status, ev)
 	facts := factsOf(&nodes, r.Namespace, policy.Spec.Operator.DefaultRuntime)
@@ -216,10 +233,15 @@ func (r *Reconciler) reconcile(ctx context.Context, req reconcile.Request) (reco
 		held, err := r.writeStatus(ctx, policy, status, ev)
 		return reconcile.Result{RequeueAfter: held}, result(held), err
 	}
+	objs, adoptions, blocked, err := r.adoptLive(ctx, objs)
+	if err != nil {
+		return reconcile.Result{}, "", err
+	}
 	touched := map[string]bool{}
 	if err := r.apply(ctx, objs, touched); err != nil {
 		return reconcile.Result{}, "", err
 	}
+	r.reportAdoptions(ctx, policy, adoptions, ev)
 	if err := r.prune(ctx, objs, touched); err != nil {
 		return reconcile.Result{}, "", err
 	}
@@ -240,7 +262,7 @@ func (r *Reconciler) reconcile(ctx context.Context, req reconcile.Request) (reco
 		return reconcile.Result{}, "", err
 	}
 	requeue := minPositive(minPositive(r.computeStatus(policy, status, &nodes, pods, ev), upgradeRequeue), monitorRequeue)
-	requeue = minPositive(requeue, r.reportRefusals(policy, status, ev))
+	requeue = minPositive(requeue, r.reportProblems(policy, status, blocked, ev))
 	held, err := r.writeStatus(ctx, policy, status, ev)
 	if err != nil {
 		return reconcile.Result{}, "", err
@@ -363,23 +385,6 @@ func describeObject(o client.Object) string {
 	return kind + " " + o.GetNamespace() + "/" + o.GetName()
 }
 
-// reportRefusals makes the refused writes the state of the policy: not
-// ready, Degraded naming each object with the API server's message, and a
-// Warning event when that changes. It returns when to retry the first.
-func (r *Reconciler) reportRefusals(policy *nvidiav1.ClusterPolicy, status *nvidiav1.ClusterPolicyStatus, ev *pendingevents.Recorder) time.Duration {
-	list, next := r.refused.current()
-	if len(list) == 0 {
-		return 0
-	}
-	msg := refusalsMessage(list)
-	if c := meta.FindStatusCondition(policy.Status.Conditions, nvidiav1.ConditionDegraded); c == nil || c.Message != msg {
-		ev.Eventf(policy, nil, corev1.EventTypeWarning, ReasonObjectRefused, actionDeploy, "%s", msg)
-	}
-	status.State = nvidiav1.StateNotReady
-	r.setConditions(policy, status, metav1.ConditionFalse, metav1.ConditionTrue, metav1.ConditionTrue, ReasonObjectRefused, msg)
-	return max(next.Sub(r.Clock.Now()), time.Second)
-}
-
 // applyFrom is apply with the objects' current state read from cached (the
 // manager's client does not cache unstructured objects).
 func (r *Reconciler) applyFrom(ctx context.Context, cached client.Reader, objs []client.Object) error {
@@ -410,6 +415,9 @@ func (r *Reconciler) applyFrom(ctx context.Context, cached client.Reader, objs [
 		if err != nil {
 			return fmt.Errorf("getting %s %s: %w", kindName(want), want.GetName(), err)
 		}
+		if ds, ok := want.(*appsv1.DaemonSet); ok {
+			want = takeOver(ds, have.(*appsv1.DaemonSet))
+		}
 		if upToDate(want, have) {
 			continue
 		}
@@ -421,13 +429,58 @@ func (r *Reconciler) applyFrom(ctx context.Context, cached client.Reader, objs [
 		}
 		maps.Copy(labels, want.GetLabels())
 		updated.SetLabels(labels)
-		updated.SetAnnotations(have.GetAnnotations())
+		updated.SetAnnotations(mergedAnnotations(want, have))
 		if err := r.Client.Update(ctx, updated); err != nil {
 			return fmt.Errorf("updating %s %s: %w", kindName(want), want.GetName(), err)
 		}
-		ctrl.LoggerFrom(ctx).Info("updated to the rendered spec (a policy change, or drift reverted)", "kind", kindName(want), "name", want.GetName())
+		ctrl.LoggerFrom(ctx).Info("updated to the rendered spec (a policy change, drift reverted, or adopted)", "kind", kindName(want), "name", want.GetName())
 	}
 	return nil
+}
+
+// takeOver is the DaemonSet to write over the live one: the rendered one,
+// with the live selector (immutable), and the live pod template while it
+// stands for the rendered one: on adoption from another operator when it
+// runs what the policy asks for (runsWhatIsAsked), and after that as long
+// as the rendered template is the one it was accepted for. Replacing it
+// would restart every pod of the component for no change of what runs.
+func takeOver(want, have *appsv1.DaemonSet) *appsv1.DaemonSet {
+	out := want.DeepCopy()
+	if have.Spec.Selector != nil && !equality.Semantic.DeepEqual(want.Spec.Selector, have.Spec.Selector) {
+		out.Spec.Selector = have.Spec.Selector.DeepCopy()
+		if out.Spec.Template.Labels == nil {
+			out.Spec.Template.Labels = map[string]string{}
+		}
+		maps.Copy(out.Spec.Template.Labels, have.Spec.Selector.MatchLabels)
+	}
+	rendered := fmt.Sprintf("%016x", desiredHash(out.Spec.Template))
+	accepted := have.Annotations[AnnotationAcceptedTemplate] == rendered ||
+		(!isOurs(have.Labels) && runsWhatIsAsked(&out.Spec.Template, &have.Spec.Template))
+	if accepted {
+		out.Spec.Template = *have.Spec.Template.DeepCopy()
+		if out.Annotations == nil {
+			out.Annotations = map[string]string{}
+		}
+		out.Annotations[AnnotationAcceptedTemplate] = rendered
+	}
+	return out
+}
+
+// mergedAnnotations are the live object's annotations (the API server's
+// and others') with the rendered ones, less the bookkeeping of another
+// operator and an accepted template the rendered object no longer has.
+func mergedAnnotations(want, have client.Object) map[string]string {
+	out := maps.Clone(have.GetAnnotations())
+	if out == nil {
+		out = map[string]string{}
+	}
+	delete(out, AnnotationPreviousHash)
+	delete(out, AnnotationAcceptedTemplate)
+	maps.Copy(out, want.GetAnnotations())
+	if len(out) == 0 {
+		return nil
+	}
+	return out
 }
 
 // kindName names an object's kind in messages: its Go type, or the kind of
@@ -448,6 +501,17 @@ func upToDate(want, have client.Object) bool {
 		}
 	}
 	if !equality.Semantic.DeepEqual(want.GetOwnerReferences(), have.GetOwnerReferences()) {
+		return false
+	}
+	for k, v := range want.GetAnnotations() {
+		if have.GetAnnotations()[k] != v {
+			return false
+		}
+	}
+	if _, ok := have.GetAnnotations()[AnnotationPreviousHash]; ok {
+		return false
+	}
+	if _, ok := want.GetAnnotations()[AnnotationAcceptedTemplate]; !ok && have.GetAnnotations()[AnnotationAcceptedTemplate] != "" {
 		return false
 	}
 	switch w := want.(type) {
@@ -530,13 +594,20 @@ type podState struct {
 // componentPods lists the stack's pods and indexes them by node and component.
 func (r *Reconciler) componentPods(ctx context.Context) (map[string]map[string]podState, []corev1.Pod, error) {
 	var pods corev1.PodList
-	if err := r.Client.List(ctx, &pods, client.InNamespace(r.Namespace), client.MatchingLabels{LabelManagedBy: managedBy}); err != nil {
+	if err := r.Client.List(ctx, &pods, client.InNamespace(r.Namespace)); err != nil {
 		return nil, nil, fmt.Errorf("listing stack pods: %w", err)
 	}
+	stack := pods.Items[:0]
+	for _, p := range pods.Items {
+		if PodComponent(p.Labels) != "" {
+			stack = append(stack, p)
+		}
+	}
+	pods.Items = stack
 	out := map[string]map[string]podState{}
 	for i := range pods.Items {
 		p := &pods.Items[i]
-		comp := p.Labels[LabelComponent]
+		comp := PodComponent(p.Labels)
 		node := p.Spec.NodeName
 		st := podState{ready: podutils.IsPodReady(p), since: p.CreationTimestamp.Time}
 		for _, c := range p.Status.Conditions {

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
@@ -35,6 +36,7 @@ import (
 	nvidiav1 "github.com/gpufleet/gpufleet/api/nvidia/v1"
 	nvidiav1alpha1 "github.com/gpufleet/gpufleet/api/nvidia/v1alpha1"
 	repairv1 "github.com/gpufleet/gpufleet/api/repair/v1alpha1"
+	"github.com/gpufleet/gpufleet/internal/liveowner"
 	"github.com/gpufleet/gpufleet/internal/maintenance/requestor"
 )
 
@@ -51,6 +53,7 @@ import (
 // +kubebuilder:rbac:groups=repair.gpufleet.dev,resources=noderepairs,verbs=get;list;watch;create
 // +kubebuilder:rbac:groups=monitoring.coreos.com,resources=servicemonitors,verbs=get;list;watch;create;update;patch;delete,namespace=gpufleet-system
 // +kubebuilder:rbac:groups=apiextensions.k8s.io,resources=customresourcedefinitions,verbs=get;list;watch,resourceNames=servicemonitors.monitoring.coreos.com
+// +kubebuilder:rbac:groups=coordination.k8s.io,resources=leases,verbs=get;list;watch
 
 // Options configure the GPU stack controller.
 type Options struct {
@@ -85,18 +88,23 @@ func Setup(mgr manager.Manager, opts Options) error {
 		return err
 	}
 	monitors := &ServiceMonitors{CRDs: mgr.GetClient(), Mapper: mgr.GetRESTMapper(), Reader: monitorCache.GetCache()}
+	leases, err := liveowner.NewCache(mgr, liveowner.GPUOperator)
+	if err != nil {
+		return err
+	}
 	r := &Reconciler{
 		Client: countingWrites(mgr.GetClient()), StatusInterval: opts.StatusInterval, Live: mgr.GetAPIReader(), Namespace: opts.Namespace, Clock: opts.Clock, Assets: Assets,
 		DegradedAfter: opts.DegradedAfter, UpgradeTimeout: opts.UpgradeTimeout, PassInterval: opts.PassInterval, Recorder: mgr.GetEventRecorder("gpufleet-gpustack"),
-		Monitors: monitors,
+		Monitors: monitors, Leases: leases.GetCache(),
 	}
 	allPolicies := enqueueAll(mgr, func() client.ObjectList { return &nvidiav1.ClusterPolicyList{} }, "ClusterPolicies")
 	stackPod := predicate.NewPredicateFuncs(func(o client.Object) bool {
-		return o.GetNamespace() == opts.Namespace && o.GetLabels()[LabelManagedBy] == managedBy
+		return o.GetNamespace() == opts.Namespace && PodComponent(o.GetLabels()) != ""
 	})
 	b := builder.ControllerManagedBy(mgr).
 		Named("clusterpolicy").
-		For(&nvidiav1.ClusterPolicy{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
+		// A spec change, or an annotation (AnnotationOtherNamespaceCleared).
+		For(&nvidiav1.ClusterPolicy{}, builder.WithPredicates(predicate.Or[client.Object](predicate.GenerationChangedPredicate{}, predicate.AnnotationChangedPredicate{}))).
 		Owns(&appsv1.DaemonSet{}).
 		Owns(&corev1.ServiceAccount{}).
 		Owns(&corev1.Service{}).
@@ -119,6 +127,9 @@ func Setup(mgr manager.Manager, opts Options) error {
 				return e.ObjectOld.(*repairv1.NodeRepair).Status.Phase != e.ObjectNew.(*repairv1.NodeRepair).Status.Phase
 			}}))
 	}
+	// NVIDIA's GPU Operator's leader lease: gpufleet waits while it is
+	// held (a new holder, a release); its expiry is a requeue.
+	b = b.WatchesRawSource(source.Kind[client.Object](leases.GetCache(), &coordinationv1.Lease{}, allPolicies, liveowner.HolderChanged))
 	c, err := b.Build(r)
 	if err != nil {
 		return fmt.Errorf("setting up the ClusterPolicy controller: %w", err)
@@ -222,6 +233,6 @@ var podReadinessChanged = predicate.Funcs{
 		o, n := e.ObjectOld.(*corev1.Pod), e.ObjectNew.(*corev1.Pod)
 		return podutils.IsPodReady(o) != podutils.IsPodReady(n) || o.Spec.NodeName != n.Spec.NodeName ||
 			(o.DeletionTimestamp == nil) != (n.DeletionTimestamp == nil) || unschedulableReason(o) != unschedulableReason(n) ||
-			(o.Labels[LabelComponent] == Driver && (ModuleInUse(o) == "") != (ModuleInUse(n) == ""))
+			(PodComponent(o.Labels) == Driver && (ModuleInUse(o) == "") != (ModuleInUse(n) == ""))
 	},
 }

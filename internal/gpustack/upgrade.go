@@ -216,13 +216,13 @@ func upgradeNodes(spec *nvidiav1.ClusterPolicySpec, nodes *corev1.NodeList, desi
 		if n == nil {
 			continue
 		}
-		if p.Labels[LabelComponent] == Validator {
+		if PodComponent(p.Labels) == Validator {
 			if podutils.IsPodReady(p) {
 				n.ValidatorReady = true
 			}
 			continue
 		}
-		if p.Labels[LabelComponent] != Driver || p.DeletionTimestamp != nil {
+		if PodComponent(p.Labels) != Driver || p.DeletionTimestamp != nil {
 			continue
 		}
 		want, ok := desiredImages[p.Labels["app"]]

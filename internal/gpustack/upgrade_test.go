@@ -199,7 +199,7 @@ func TestUpgradeOfA1xPolicyWithoutValidatorDoesNotWaitForIt(t *testing.T) {
 	ready := []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}
 	nodes := &corev1.NodeList{Items: []corev1.Node{*gpuNode(nil, "containerd://1.7")}}
 	driverPod := corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: "drv", Labels: map[string]string{LabelComponent: Driver, "app": "nvidia-driver-daemonset-ubuntu22.04"}},
+		ObjectMeta: metav1.ObjectMeta{Name: "drv", Labels: map[string]string{LabelManagedBy: managedBy, LabelComponent: Driver, "app": "nvidia-driver-daemonset-ubuntu22.04"}},
 		Spec:       corev1.PodSpec{NodeName: "n", Containers: []corev1.Container{{Image: image}}},
 		Status:     corev1.PodStatus{Conditions: ready},
 	}
