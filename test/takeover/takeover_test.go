@@ -91,6 +91,7 @@ type previousState struct {
 	selectors map[string]*metav1.LabelSelector
 	pods      map[types.UID]string // stack pods: UID → "component on node"
 	gpuNodes  []string
+	stack     devcluster.GPUOperatorStack
 }
 
 // setUpPreviousStack creates the GPU Operator's converged stack for the
@@ -157,6 +158,7 @@ func setUpPreviousStack(t *testing.T) *previousState {
 	}
 	stack := devcluster.GPUOperatorStack{Namespace: ns, Images: images, ChartVersion: "v26.7.0",
 		Owner: *metav1.NewControllerRef(p, nvidiav1.GroupVersion.WithKind("ClusterPolicy"))}
+	st.stack = stack
 	for _, o := range stack.Objects() {
 		if err := k8s.Create(ctx, o); err != nil {
 			t.Fatalf("creating %T %s: %v", o, o.GetName(), err)
@@ -245,6 +247,7 @@ func getPolicy(t *testing.T, name string) *nvidiav1.ClusterPolicy {
 
 func TestTakeOverFromTheGPUOperator(t *testing.T) {
 	devtest.NeedCluster(t)
+	waitClean(t)
 	ctx := t.Context()
 	st := setUpPreviousStack(t)
 	lease := holdLease(t)
@@ -372,6 +375,36 @@ func TestTakeOverFromTheGPUOperator(t *testing.T) {
 			t.Errorf("way back: DaemonSet %s no longer has the GPU Operator's selector and template", ds.Name)
 		}
 	}
+	// The GPU Operator back: finding no hash annotation of its own, it
+	// replaces each DaemonSet with the one it renders (the fixture's).
+	back := 0
+	for _, o := range st.stack.Objects() {
+		want, ok := o.(*appsv1.DaemonSet)
+		if !ok {
+			continue
+		}
+		var have appsv1.DaemonSet
+		if err := k8s.Get(ctx, client.ObjectKeyFromObject(want), &have); err != nil {
+			t.Fatal(err)
+		}
+		if have.Annotations[gpustack.AnnotationPreviousHash] == want.Annotations[gpustack.AnnotationPreviousHash] {
+			continue // unchanged: the GPU Operator would skip it
+		}
+		want.ResourceVersion = have.ResourceVersion
+		if err := k8s.Update(ctx, want); err != nil {
+			t.Fatalf("the GPU Operator's rewrite of %s: %v", want.Name, err)
+		}
+		back++
+	}
+	time.Sleep(3 * time.Second) // the DaemonSet controller would roll now if a template changed
+	if r := restarted(st.pods, stackPods(t)); len(r) != 0 {
+		t.Errorf("way back: pods restarted by component when the GPU Operator rewrote its DaemonSets: %v", r)
+	}
+	if n := len(stackPods(t)); n != len(st.pods) {
+		t.Errorf("way back: %d stack pods, want %d", n, len(st.pods))
+	}
+	t.Logf("way back: the GPU Operator rewrites %d DaemonSets (no hash annotation of its own); pods restarted by component: %v",
+		back, restarted(st.pods, stackPods(t)))
 }
 
 // checkUntouched: while the GPU Operator runs, its objects are as it left them.
@@ -410,4 +443,62 @@ func checkNoDisruption(t *testing.T, st *previousState) {
 	for _, nm := range nms.Items {
 		t.Errorf("NodeMaintenance %s/%s for %s (%s) created by a takeover", nm.Namespace, nm.Name, nm.Spec.NodeName, nm.Spec.RequestorID)
 	}
+}
+
+// waitClean waits until an earlier test's stack is gone (garbage-collected
+// after its ClusterPolicy was deleted) and no lease is left.
+func waitClean(t *testing.T) {
+	t.Helper()
+	err := wait.PollUntilContextTimeout(t.Context(), 250*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+		var dss appsv1.DaemonSetList
+		var policies nvidiav1.ClusterPolicyList
+		if err := k8s.List(ctx, &dss, client.InNamespace(ns)); err != nil {
+			return false, nil //nolint:nilerr // the API server may be busy: keep polling
+		}
+		if err := k8s.List(ctx, &policies); err != nil {
+			return false, nil //nolint:nilerr // as above
+		}
+		return len(dss.Items) == 0 && len(policies.Items) == 0 && len(stackPods(t)) == 0, nil
+	})
+	if err != nil {
+		t.Fatalf("an earlier test's stack is still there")
+	}
+	_ = k8s.Delete(t.Context(), &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: devcluster.GPUOperatorLeaseName}})
+}
+
+// gpufleet installed in its default namespace while the GPU Operator's
+// stack runs in its own: deploying would put a second driver on every
+// node. gpufleet deploys nothing and says why.
+func TestNoSecondStackBesideOneInAnotherNamespace(t *testing.T) {
+	devtest.NeedCluster(t)
+	waitClean(t)
+	ctx := t.Context()
+	st := setUpPreviousStack(t)
+	const other = "gpufleet-system"
+	if err := devcluster.EnsureNamespace(ctx, cluster.Client, other); err != nil {
+		t.Fatal(err)
+	}
+	devtest.StartOperator(t, cluster.Config, operator.Options{Namespace: other, Capabilities: []string{"gpustack"}})
+	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
+		c := meta.FindStatusCondition(getPolicy(t, st.policy.Name).Status.Conditions, nvidiav1.ConditionDegraded)
+		return c != nil && c.Reason == gpustack.ReasonStackInAnotherNamespace, nil
+	})
+	if err != nil {
+		t.Fatalf("no %s report: %+v", gpustack.ReasonStackInAnotherNamespace, getPolicy(t, st.policy.Name).Status)
+	}
+	time.Sleep(2 * time.Second)
+	var dss appsv1.DaemonSetList
+	if err := k8s.List(ctx, &dss, client.InNamespace(other)); err != nil {
+		t.Fatal(err)
+	}
+	for _, ds := range dss.Items {
+		t.Errorf("DaemonSet %s/%s created beside the GPU Operator's stack", other, ds.Name)
+	}
+	if p := getPolicy(t, st.policy.Name); p.Status.Namespace != ns {
+		t.Errorf("status.namespace %q: the stack's namespace must stay recorded", p.Status.Namespace)
+	}
+	if r := restarted(st.pods, stackPods(t)); len(r) != 0 {
+		t.Errorf("pods restarted: %v", r)
+	}
+	checkNoDisruption(t, st)
 }
