@@ -342,37 +342,79 @@ func TestDirectNewObjectGetsFinalizerOnly(t *testing.T) {
 	}
 }
 
+// writeTracker records, in order, the patches of NodeMaintenance objects
+// (metadata or status) and of nodes.
+type writeTracker struct {
+	client.Client
+	seq *sequence
+}
+
+func (c *writeTracker) Patch(ctx context.Context, obj client.Object, patch client.Patch, opts ...client.PatchOption) error {
+	err := c.Client.Patch(ctx, obj, patch, opts...)
+	c.seq.add(fmt.Sprintf("patch %T: %v", obj, err))
+	return err
+}
+
+func (c *writeTracker) Status() client.SubResourceWriter {
+	return statusTracker{c.Client.Status(), c.seq}
+}
+
+type statusTracker struct {
+	client.SubResourceWriter
+	seq *sequence
+}
+
+func (s statusTracker) Patch(ctx context.Context, obj client.Object, patch client.Patch, opts ...client.SubResourcePatchOption) error {
+	err := s.SubResourceWriter.Patch(ctx, obj, patch, opts...)
+	s.seq.add(fmt.Sprintf("status %T: %v", obj, err))
+	return err
+}
+
+// The Scheduled step records the node's state on the object (the
+// annotation NVIDIA's Maintenance Operator reads) before it cordons, then
+// writes Cordon; every later phase is one step of its own, also after a
+// restart.
 func TestDirectCordonRecordsNodeStateFirst(t *testing.T) {
 	d := newDirectEnv(t)
 	node := "gpu-008"
 	d.useNode(t, node)
 	key := d.admit(t, "cordon", node)
+	seq := &sequence{}
+	d.r.Client = &writeTracker{Client: d.c, seq: seq}
 
-	// First write: the node's state before the maintenance, nothing else.
 	if res := d.reconcile(t, key); res != (reconcile.Result{}) {
 		t.Errorf("Scheduled step returned %+v", res)
 	}
+	want := []string{"patch *v1alpha1.NodeMaintenance: <nil>", "patch *v1.Node: <nil>", "status *v1alpha1.NodeMaintenance: <nil>"}
+	if diff := cmp.Diff(want, seq.steps); diff != "" {
+		t.Errorf("writes of the Scheduled step (-want +got):\n%s", diff)
+	}
 	got := d.get(t, key)
 	wantPhase(t, got, maintenancev1.PhaseCordon)
+	if a := got.Annotations[maintenancev1.AnnotationNodeInitialUnschedulable]; a != "false" {
+		t.Errorf("%s = %q, want \"false\"", maintenancev1.AnnotationNodeInitialUnschedulable, a)
+	}
 	if diff := cmp.Diff(ptr.To(false), got.Status.NodeUnschedulableBefore); diff != "" {
 		t.Errorf("nodeUnschedulableBefore (-want +got):\n%s", diff)
 	}
-	if d.cordoned(t, node) {
-		t.Fatalf("node %s cordoned in the same step that records its state", node)
+	if !d.cordoned(t, node) {
+		t.Fatalf("node %s not cordoned in phase Cordon", node)
 	}
 	if evs := d.events(); len(evs) != 0 {
-		t.Errorf("events before the cordon: %v", evs)
+		t.Errorf("events of the cordon: %v", evs)
 	}
 
-	// The operator restarts here: the new process cordons from the status.
+	// The operator restarts here: the new process goes on from the object.
 	d.restart()
-	if res := d.reconcile(t, key); res != (reconcile.Result{}) {
-		t.Errorf("Cordon step returned %+v", res)
-	}
-	got = d.get(t, key)
-	wantPhase(t, got, maintenancev1.PhaseReady)
-	if !d.cordoned(t, node) {
-		t.Errorf("node %s not cordoned after the Cordon step", node)
+	for _, phase := range []maintenancev1.Phase{maintenancev1.PhaseWaitForPodCompletion, maintenancev1.PhaseDraining, maintenancev1.PhaseReady} {
+		if res := d.reconcile(t, key); res != (reconcile.Result{}) {
+			t.Errorf("step to %s returned %+v", phase, res)
+		}
+		got = d.get(t, key)
+		wantPhase(t, got, phase)
+		if !d.cordoned(t, node) {
+			t.Errorf("node %s not cordoned in phase %s", node, phase)
+		}
 	}
 	if diff := cmp.Diff(ptr.To(false), got.Status.NodeUnschedulableBefore); diff != "" {
 		t.Errorf("nodeUnschedulableBefore after the cordon (-want +got):\n%s", diff)
@@ -445,6 +487,9 @@ func TestDirectEventsOnlyAfterStatusWrite(t *testing.T) {
 		t.Errorf("status conflicts counted: %v, want 1", got)
 	}
 	wantPhase(t, d.get(t, key), maintenancev1.PhaseCordon) // the write did not happen
+	if !d.cordoned(t, node) {
+		t.Errorf("node %s not cordoned in phase Cordon", node)
+	}
 	evs := d.events()
 	for _, r := range reasons(evs) {
 		switch r {
@@ -455,6 +500,8 @@ func TestDirectEventsOnlyAfterStatusWrite(t *testing.T) {
 
 	// From fresh data the step is taken again and reported once.
 	d.r.Client = d.c
+	d.reconcile(t, key)
+	wantPhase(t, d.get(t, key), maintenancev1.PhaseWaitForPodCompletion)
 	d.reconcile(t, key)
 	wantPhase(t, d.get(t, key), maintenancev1.PhaseDraining)
 	evs = d.events()
@@ -502,9 +549,12 @@ func TestDirectObjectsOnSeveralNodesInterleaved(t *testing.T) {
 		}
 	}
 
-	// Each object needs two steps (record the node's state, cordon); they
-	// are taken in an interleaved order by one Reconciler.
-	order := []string{"gpu-004", "gpu-005", "gpu-004", "gpu-006", "gpu-005", "gpu-006"}
+	// Each object needs four steps (cordon, then one per phase); they are
+	// taken in an interleaved order by one Reconciler.
+	order := []string{"gpu-004", "gpu-005", "gpu-004", "gpu-006", "gpu-005", "gpu-006",
+		"gpu-006", "gpu-004", "gpu-005", "gpu-004", "gpu-006", "gpu-005"}
+	phases := []maintenancev1.Phase{maintenancev1.PhaseScheduled, maintenancev1.PhaseCordon,
+		maintenancev1.PhaseWaitForPodCompletion, maintenancev1.PhaseDraining, maintenancev1.PhaseReady}
 	steps := map[string]int{}
 	for _, node := range order {
 		d.reconcile(t, keys[node])
@@ -512,18 +562,11 @@ func TestDirectObjectsOnSeveralNodesInterleaved(t *testing.T) {
 		want := map[string]bool{}
 		for _, n := range nodes {
 			nm := d.get(t, keys[n])
-			switch steps[n] {
-			case 0:
-				wantPhase(t, nm, maintenancev1.PhaseScheduled)
-			case 1:
-				wantPhase(t, nm, maintenancev1.PhaseCordon)
-			default:
-				wantPhase(t, nm, maintenancev1.PhaseReady)
-			}
+			wantPhase(t, nm, phases[steps[n]])
 			if diff := cmp.Diff(ptr.To(false), nm.Status.NodeUnschedulableBefore); steps[n] > 0 && diff != "" {
 				t.Errorf("%s: nodeUnschedulableBefore (-want +got):\n%s", nm.Name, diff)
 			}
-			want[n] = steps[n] >= 2
+			want[n] = steps[n] >= 1
 		}
 		got := map[string]bool{}
 		for _, n := range nodes {
@@ -608,13 +651,17 @@ func TestDirectWaitForPodCompletionTimeout(t *testing.T) {
 			PodSelector: "app=direct-waiter", TimeoutSeconds: ptr.To(int32(timeout / time.Second)),
 		}
 	})
-	d.reconcile(t, key)       // Scheduled -> Cordon
-	d.waitPodsSynced(t, node) // the cordon step waits for the watch of the node's pods
-	d.reconcile(t, key)       // cordon, enter WaitForPodCompletion
+	d.reconcile(t, key) // Scheduled -> Cordon, the wait's start recorded with it
+	if a := d.get(t, key).Annotations[maintenancev1.AnnotationWaitPodCompletionStart]; a != d.clock.Now().UTC().Format(time.RFC3339) {
+		t.Errorf("%s = %q, want the clock's %v", maintenancev1.AnnotationWaitPodCompletionStart, a, d.clock.Now())
+	}
+	d.clock.Step(time.Second)
+	d.waitPodsSynced(t, node) // the Cordon step waits for the watch of the node's pods
+	d.reconcile(t, key)       // enter WaitForPodCompletion
 	got := d.get(t, key)
 	wantPhase(t, got, maintenancev1.PhaseWaitForPodCompletion)
-	if s := got.Status.WaitForCompletionStartTime; s == nil || !s.Time.Equal(d.clock.Now()) {
-		t.Errorf("waitForCompletionStartTime = %v, want the clock's %v", s, d.clock.Now())
+	if s := got.Status.WaitForCompletionStartTime; s == nil || !s.Time.Equal(d.clock.Now().Add(-time.Second)) {
+		t.Errorf("waitForCompletionStartTime = %v, want the annotation's %v", s, d.clock.Now().Add(-time.Second))
 	}
 	if diff := cmp.Diff([]string{"Normal WaitForPodCompletion"}, reasons(d.events())); diff != "" {
 		t.Errorf("events (-want +got):\n%s", diff)
@@ -644,10 +691,12 @@ func TestDirectWaitForPodCompletionTimeout(t *testing.T) {
 		t.Errorf("proceeding returned %+v", res)
 	}
 	nm := d.get(t, key)
-	wantPhase(t, nm, maintenancev1.PhaseReady)
+	wantPhase(t, nm, maintenancev1.PhaseDraining)
 	if len(nm.Status.WaitForCompletion) != 0 {
 		t.Errorf("waitForCompletion = %v after giving up", nm.Status.WaitForCompletion)
 	}
+	d.reconcile(t, key) // no drain: Ready
+	wantPhase(t, d.get(t, key), maintenancev1.PhaseReady)
 	evs := d.events()
 	if diff := cmp.Diff([]string{"Warning PodCompletionTimeout", "Normal Ready"}, reasons(evs)); diff != "" {
 		t.Fatalf("events at the timeout (-want +got):\n%s\nall: %v", diff, evs)
@@ -745,7 +794,8 @@ func TestDirectDrainTimeoutNamesBlockingPods(t *testing.T) {
 	}))
 	d.reconcile(t, key)       // Scheduled -> Cordon
 	d.waitPodsSynced(t, node) // the cordon step waits for the watch of the node's pods
-	d.reconcile(t, key)       // cordon, enter Draining
+	d.reconcile(t, key)       // enter WaitForPodCompletion (nothing to wait for)
+	d.reconcile(t, key)       // enter Draining
 	got := d.get(t, key)
 	wantPhase(t, got, maintenancev1.PhaseDraining)
 	if diff := cmp.Diff([]string{}, reasons(d.events())); diff != "" {
@@ -835,7 +885,8 @@ func TestDirectDeletedDrainEvictsNothingMore(t *testing.T) {
 	key := d.admit(t, "withdrawn", node, withDrain(maintenancev1.DrainSpec{PodSelector: "app=direct-withdrawn"}))
 	d.reconcile(t, key)       // Scheduled -> Cordon
 	d.waitPodsSynced(t, node) // the cordon step waits for the watch of the node's pods
-	d.reconcile(t, key)       // cordon, enter Draining
+	d.reconcile(t, key)       // enter WaitForPodCompletion (nothing to wait for)
+	d.reconcile(t, key)       // enter Draining
 	wantPhase(t, d.get(t, key), maintenancev1.PhaseDraining)
 	d.events()
 
@@ -880,8 +931,9 @@ func TestDirectDeletedDrainEvictsNothingMore(t *testing.T) {
 func (d *directEnv) readyOn(t *testing.T, name, node string, mutate ...func(*maintenancev1.NodeMaintenance)) types.NamespacedName {
 	t.Helper()
 	key := d.admit(t, name, node, mutate...)
-	d.reconcile(t, key)
-	d.reconcile(t, key)
+	for range 4 { // Cordon, WaitForPodCompletion, Draining, Ready
+		d.reconcile(t, key)
+	}
 	wantPhase(t, d.get(t, key), maintenancev1.PhaseReady)
 	d.events()
 	return key
@@ -1098,9 +1150,10 @@ func TestDirectNodeDeletedDeletesObject(t *testing.T) {
 
 // TestDirectScheduledWithNodeStateCordonsAtOnce: an object the scheduler
 // moved to Scheduled carries the node's state, so its first step is the
-// cordon, straight into Draining with the pods to evict already listed;
-// the eviction step then has nothing new to write, and the drain's end is
-// written with the one Normal event of the maintenance.
+// cordon (written as Cordon), then WaitForPodCompletion and Draining with
+// the pods to evict already listed; the eviction step then has nothing new
+// to write, and the drain's end is written with the one Normal event of
+// the maintenance.
 func TestDirectScheduledWithNodeStateCordonsAtOnce(t *testing.T) {
 	d := newDirectEnv(t)
 	node := "gpu-003"
@@ -1114,18 +1167,20 @@ func TestDirectScheduledWithNodeStateCordonsAtOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The first reconcile starts the watch of the node's pods; started
-	// here, it has synced by the cordon.
+	// here, it has synced by the Cordon step.
 	d.r.watchPods(nm)
 	d.waitPodsSynced(t, node)
 
-	if res := d.reconcile(t, key); res != (reconcile.Result{}) {
-		t.Errorf("cordon step returned %+v", res)
+	for _, phase := range []maintenancev1.Phase{maintenancev1.PhaseCordon, maintenancev1.PhaseWaitForPodCompletion, maintenancev1.PhaseDraining} {
+		if res := d.reconcile(t, key); res != (reconcile.Result{}) {
+			t.Errorf("step to %s returned %+v", phase, res)
+		}
+		wantPhase(t, d.get(t, key), phase)
+		if !d.cordoned(t, node) {
+			t.Fatalf("node %s not cordoned in phase %s", node, phase)
+		}
 	}
 	got := d.get(t, key)
-	wantPhase(t, got, maintenancev1.PhaseDraining)
-	if !d.cordoned(t, node) {
-		t.Fatalf("node %s not cordoned by the first step", node)
-	}
 	want := []string{directNS + "/" + pod.Name}
 	if st := got.Status.Drain; st == nil || st.StartTime == nil || st.EvictionPods != 1 || !cmp.Equal(want, st.WaitForEviction) {
 		t.Errorf("drain status %+v, want a start time and %v to evict", st, want)
