@@ -76,6 +76,15 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		}
 		return reconcile.Result{}, client.IgnoreNotFound(err)
 	}
+	if h, held, err := otherOwner(ctx, r.Client, r.Clock.Now()); err != nil || held {
+		// NVIDIA's Maintenance Operator runs: nothing is written, cordoned
+		// or drained beside it (the scheduler's status on the config says
+		// so). A released lease's event, or its expiry, brings us back.
+		if err != nil {
+			return reconcile.Result{}, err
+		}
+		return reconcile.Result{RequeueAfter: h.Until.Sub(r.Clock.Now()) + liveOwnerRecheck}, nil
+	}
 	if r.own.Behind(req.NamespacedName, nm.ResourceVersion) {
 		// Our last write's watch event brings it back; the requeue is a
 		// safety net.
@@ -94,12 +103,8 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	if nm.DeletionTimestamp != nil {
 		return reconcile.Result{}, r.finalize(ctx, nm, node)
 	}
-	if !nm.HasFinalizer() && !nm.InProgress() {
-		controllerutil.AddFinalizer(nm, maintenancev1.Finalizer)
-		if err := r.Client.Update(ctx, nm); err != nil {
-			return reconcile.Result{}, fmt.Errorf("adding finalizer: %w", err)
-		}
-		return reconcile.Result{}, nil // the update event brings us back
+	if !initialised(nm) {
+		return reconcile.Result{}, r.initialise(ctx, nm)
 	}
 	// Versions of nm replaced by this reconcile's writes.
 	var replaced []string
@@ -140,6 +145,31 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	}
 	ev.Flush()
 	return res, err
+}
+
+// initialised reports whether the lifecycle controller has seen the
+// object: it has written its first phase, Pending (or, before gpufleet
+// wrote every phase, its finalizer). Only such objects are scheduled.
+func initialised(nm *maintenancev1.NodeMaintenance) bool {
+	return nm.HasFinalizer() || meta.FindStatusCondition(nm.Status.Conditions, maintenancev1.ConditionTypeReady) != nil
+}
+
+// initialise writes Pending on a new object, as NVIDIA's Maintenance
+// Operator does first; the finalizer comes with the Scheduled step (as
+// there), before anything is done to the node. A Pending object thus has
+// none, and is deleted at once by either operator.
+func (r *Reconciler) initialise(ctx context.Context, nm *maintenancev1.NodeMaintenance) error {
+	orig := nm.DeepCopy()
+	setPhase(nm, maintenancev1.PhasePending, "waiting to be scheduled", r.Clock.Now())
+	nm.Status.ObservedGeneration = nm.Generation
+	if err := patchStatus(ctx, r.Client, orig, nm); err != nil {
+		if apierrors.IsConflict(err) {
+			return nil // the newer version's event brings it back
+		}
+		return fmt.Errorf("writing phase Pending: %w", err)
+	}
+	r.own.Wrote(client.ObjectKeyFromObject(nm), orig.ResourceVersion)
+	return nil
 }
 
 // writeMetadata writes the finalizer and the annotations that metadataFor

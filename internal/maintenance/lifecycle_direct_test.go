@@ -185,15 +185,15 @@ func (d *directEnv) removeNM(t *testing.T, key types.NamespacedName) {
 	}
 }
 
-// admit creates an object, lets the Reconciler take it over (finalizer)
+// admit creates an object, lets the Reconciler take it over (Pending)
 // and moves it to Scheduled as the scheduler would.
 func (d *directEnv) admit(t *testing.T, name, node string, mutate ...func(*maintenancev1.NodeMaintenance)) types.NamespacedName {
 	t.Helper()
 	key := d.newNM(t, name, node, mutate...)
 	d.reconcile(t, key)
 	nm := d.get(t, key)
-	if !nm.HasFinalizer() {
-		t.Fatalf("%s has no finalizer after its first reconcile", key)
+	if c := meta.FindStatusCondition(nm.Status.Conditions, maintenancev1.ConditionTypeReady); c == nil || c.Reason != string(maintenancev1.PhasePending) {
+		t.Fatalf("%s not Pending after its first reconcile: %+v", key, nm.Status.Conditions)
 	}
 	now := metav1.NewTime(d.clock.Now())
 	setPhase(nm, maintenancev1.PhaseScheduled, "scheduled by the test", now.Time)
@@ -283,7 +283,10 @@ func withDrain(spec maintenancev1.DrainSpec) func(*maintenancev1.NodeMaintenance
 	return func(nm *maintenancev1.NodeMaintenance) { nm.Spec.DrainSpec = &spec }
 }
 
-func TestDirectNewObjectGetsFinalizerOnly(t *testing.T) {
+// A new object's first step writes Pending, as NVIDIA's Maintenance
+// Operator does, and nothing else: no finalizer until it is scheduled
+// (there too), so a Pending object is deleted at once by either operator.
+func TestDirectNewObjectGetsPendingOnly(t *testing.T) {
 	d := newDirectEnv(t)
 	node := "gpu-009"
 	d.useNode(t, node)
@@ -294,14 +297,18 @@ func TestDirectNewObjectGetsFinalizerOnly(t *testing.T) {
 		t.Errorf("first reconcile returned %+v, want nothing to come back for", res)
 	}
 	got := d.get(t, key)
-	if diff := cmp.Diff([]string{maintenancev1.Finalizer}, got.Finalizers); diff != "" {
-		t.Errorf("finalizers (-want +got):\n%s", diff)
+	if len(got.Finalizers) != 0 {
+		t.Errorf("finalizers %v on a Pending object", got.Finalizers)
+	}
+	if diff := cmp.Diff(before.ObjectMeta.Annotations, got.Annotations); diff != "" {
+		t.Errorf("annotations changed (-before +after):\n%s", diff)
 	}
 	if diff := cmp.Diff(before.Spec, got.Spec); diff != "" {
 		t.Errorf("spec changed (-before +after):\n%s", diff)
 	}
-	if diff := cmp.Diff(maintenancev1.NodeMaintenanceStatus{}, got.Status); diff != "" {
-		t.Errorf("status written by the finalizer step (-want +got):\n%s", diff)
+	wantPhase(t, got, maintenancev1.PhasePending)
+	if c := meta.FindStatusCondition(got.Status.Conditions, maintenancev1.ConditionTypeReady); c.Status != metav1.ConditionFalse || len(got.Status.Conditions) != 1 {
+		t.Errorf("status of a new object: %+v, want only Ready=False reason Pending", got.Status)
 	}
 	if d.cordoned(t, node) {
 		t.Errorf("node %s cordoned by the finalizer step", node)
