@@ -300,7 +300,7 @@ func TestDirectNewObjectGetsPendingOnly(t *testing.T) {
 	if len(got.Finalizers) != 0 {
 		t.Errorf("finalizers %v on a Pending object", got.Finalizers)
 	}
-	if diff := cmp.Diff(before.ObjectMeta.Annotations, got.Annotations); diff != "" {
+	if diff := cmp.Diff(before.Annotations, got.Annotations); diff != "" {
 		t.Errorf("annotations changed (-before +after):\n%s", diff)
 	}
 	if diff := cmp.Diff(before.Spec, got.Spec); diff != "" {
