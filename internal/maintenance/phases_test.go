@@ -96,7 +96,7 @@ var referencePhases = []string{"Pending", "Scheduled", "Cordon", "WaitForPodComp
 // (its finalizer, the node's state before the cordon, the wait's start),
 // so it could continue the object after a switch back.
 func TestEveryPhaseWrittenInOrder(t *testing.T) {
-	withOperator(t, ios(3), nil)
+	withOperator(t, ios(4), nil)
 	pw := watchPhases(t, "default")
 	deployment(t, "phases", "phases-work", 2, nil, "gpu-001")
 
