@@ -11,22 +11,49 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	maintenancev1 "github.com/gpufleet/gpufleet/api/maintenance/v1alpha1"
+	"github.com/gpufleet/gpufleet/internal/liveowner"
 )
 
 // Condition reasons of a MaintenanceOperatorConfig.
 const (
-	configReasonValid   = "Valid"
-	configReasonOpen    = "Open"
-	configReasonClosed  = "Closed"
-	configReasonAlways  = "NoWindows"
-	configReasonUnknown = "InvalidConfig"
+	configReasonValid     = "Valid"
+	configReasonOpen      = "Open"
+	configReasonClosed    = "Closed"
+	configReasonAlways    = "NoWindows"
+	configReasonUnknown   = "InvalidConfig"
+	configReasonLeaseHeld = "LeaseHeld"
+	configReasonLeaseFree = "NoLiveLease"
 )
 
 // writeConfigStatus records on the config whether it could be read and
 // whether the maintenance calendar is open. It writes only when a condition
 // changed, and emits an event only after the write succeeded.
-func (s *Scheduler) writeConfigStatus(ctx context.Context, cfg *maintenancev1.MaintenanceOperatorConfig, cfgErr error, window CalendarState, now time.Time) error {
+func (s *Scheduler) writeConfigStatus(ctx context.Context, cfg *maintenancev1.MaintenanceOperatorConfig, cfgErr error, window CalendarState, holding *liveowner.Holding, now time.Time) error {
 	after := cfg.DeepCopy()
+	wasHeld := meta.IsStatusConditionTrue(cfg.Status.Conditions, maintenancev1.ConfigConditionOtherOperatorActive)
+	if holding != nil {
+		// Only this condition: the others describe the last pass, which
+		// still holds for when gpufleet may act.
+		meta.SetStatusCondition(&after.Status.Conditions, metav1.Condition{Type: maintenancev1.ConfigConditionOtherOperatorActive,
+			Status: metav1.ConditionTrue, Reason: configReasonLeaseHeld, Message: holding.Message(),
+			ObservedGeneration: cfg.Generation, LastTransitionTime: metav1.NewTime(now)})
+		if conditionsEqual(cfg.Status.Conditions, after.Status.Conditions) {
+			return nil
+		}
+		if err := s.Client.Status().Patch(ctx, after, client.MergeFromWithOptions(cfg, client.MergeFromWithOptimisticLock{})); err != nil {
+			return fmt.Errorf("writing the status of MaintenanceOperatorConfig %s: %w", client.ObjectKeyFromObject(cfg), err)
+		}
+		if !wasHeld {
+			s.Recorder.Eventf(cfg, nil, corev1.EventTypeWarning, ReasonOtherOperatorActive, actionSchedule, "%s", holding.Message())
+		}
+		return nil
+	}
+	if c := meta.FindStatusCondition(cfg.Status.Conditions, maintenancev1.ConfigConditionOtherOperatorActive); c != nil {
+		meta.SetStatusCondition(&after.Status.Conditions, metav1.Condition{Type: maintenancev1.ConfigConditionOtherOperatorActive,
+			Status: metav1.ConditionFalse, Reason: configReasonLeaseFree,
+			Message:            "no live leader lease of " + liveowner.MaintenanceOperator.Name + ": gpufleet acts on NodeMaintenance objects",
+			ObservedGeneration: cfg.Generation, LastTransitionTime: metav1.NewTime(now)})
+	}
 	wasInvalid := meta.IsStatusConditionTrue(cfg.Status.Conditions, maintenancev1.ConfigConditionInvalid)
 	set := func(typ string, status metav1.ConditionStatus, reason, msg string) {
 		meta.SetStatusCondition(&after.Status.Conditions, metav1.Condition{Type: typ, Status: status, Reason: reason,
@@ -57,6 +84,17 @@ func (s *Scheduler) writeConfigStatus(ctx context.Context, cfg *maintenancev1.Ma
 	}
 	s.configEvent(cfg, cfgErr, wasInvalid)
 	return nil
+}
+
+// writeLiveOwnerStatus records on the default config, if there is one,
+// that NVIDIA's Maintenance Operator holds the NodeMaintenance objects
+// (with one Warning event when that starts).
+func (s *Scheduler) writeLiveOwnerStatus(ctx context.Context, holding *liveowner.Holding) error {
+	cfg, err := s.config(ctx)
+	if err != nil || cfg == nil {
+		return err
+	}
+	return s.writeConfigStatus(ctx, cfg, nil, CalendarState{}, holding, s.Clock.Now())
 }
 
 // configEvent reports a change of the config's validity (after its status

@@ -5,8 +5,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -21,6 +23,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/utils/clock"
+	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
@@ -73,6 +76,15 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		}
 		return reconcile.Result{}, client.IgnoreNotFound(err)
 	}
+	if h, held, err := otherOwner(ctx, r.Client, r.Clock.Now()); err != nil || held {
+		// NVIDIA's Maintenance Operator runs: nothing is written, cordoned
+		// or drained beside it (the scheduler's status on the config says
+		// so). A released lease's event, or its expiry, brings us back.
+		if err != nil {
+			return reconcile.Result{}, err
+		}
+		return reconcile.Result{RequeueAfter: h.Until.Sub(r.Clock.Now()) + liveOwnerRecheck}, nil
+	}
 	if r.own.Behind(req.NamespacedName, nm.ResourceVersion) {
 		// Our last write's watch event brings it back; the requeue is a
 		// safety net.
@@ -91,12 +103,22 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	if nm.DeletionTimestamp != nil {
 		return reconcile.Result{}, r.finalize(ctx, nm, node)
 	}
-	if !nm.HasFinalizer() {
-		controllerutil.AddFinalizer(nm, maintenancev1.Finalizer)
-		if err := r.Client.Update(ctx, nm); err != nil {
-			return reconcile.Result{}, fmt.Errorf("adding finalizer: %w", err)
+	if !initialised(nm) {
+		return reconcile.Result{}, r.initialise(ctx, nm)
+	}
+	// Versions of nm replaced by this reconcile's writes.
+	var replaced []string
+	if node != nil {
+		rv := nm.ResourceVersion
+		if wrote, err := r.writeMetadata(ctx, nm, node); err != nil || wrote {
+			if apierrors.IsConflict(err) {
+				return reconcile.Result{}, nil // the newer version's event brings it back
+			}
+			if err != nil {
+				return reconcile.Result{}, err
+			}
+			replaced = append(replaced, rv)
 		}
-		return reconcile.Result{}, nil // the update event brings us back
 	}
 	orig := nm.DeepCopy()
 	ev := pendingevents.New(r.Recorder) // reports of the status change, sent once it is written
@@ -116,11 +138,109 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 			}
 			return reconcile.Result{}, errors.Join(err, fmt.Errorf("updating status: %w", uerr))
 		}
-		r.own.Wrote(client.ObjectKeyFromObject(nm), orig.ResourceVersion)
+		replaced = append(replaced, orig.ResourceVersion)
+	}
+	if len(replaced) > 0 {
+		r.own.Wrote(client.ObjectKeyFromObject(nm), replaced...)
 	}
 	ev.Flush()
 	return res, err
 }
+
+// initialised reports whether the lifecycle controller has seen the
+// object: it has written its first phase, Pending (or, before gpufleet
+// wrote every phase, its finalizer). Only such objects are scheduled.
+func initialised(nm *maintenancev1.NodeMaintenance) bool {
+	return nm.HasFinalizer() || meta.FindStatusCondition(nm.Status.Conditions, maintenancev1.ConditionTypeReady) != nil
+}
+
+// initialise writes Pending on a new object, as NVIDIA's Maintenance
+// Operator does first; the finalizer comes with the Scheduled step (as
+// there), before anything is done to the node. A Pending object thus has
+// none, and is deleted at once by either operator.
+func (r *Reconciler) initialise(ctx context.Context, nm *maintenancev1.NodeMaintenance) error {
+	orig := nm.DeepCopy()
+	setPhase(nm, maintenancev1.PhasePending, "waiting to be scheduled", r.Clock.Now())
+	nm.Status.ObservedGeneration = nm.Generation
+	if err := patchStatus(ctx, r.Client, orig, nm); err != nil {
+		if apierrors.IsConflict(err) {
+			return nil // the newer version's event brings it back
+		}
+		return fmt.Errorf("writing phase Pending: %w", err)
+	}
+	r.own.Wrote(client.ObjectKeyFromObject(nm), orig.ResourceVersion)
+	return nil
+}
+
+// writeMetadata writes the finalizer and the annotations that metadataFor
+// asks for, in one patch (with nm's resourceVersion as a precondition),
+// before the step that relies on them: the node's state is on the object
+// before the cordon.
+func (r *Reconciler) writeMetadata(ctx context.Context, nm *maintenancev1.NodeMaintenance, node *corev1.Node) (bool, error) {
+	finalizer, annotations := metadataFor(nm, node, r.Clock.Now())
+	if !finalizer && len(annotations) == 0 {
+		return false, nil
+	}
+	patch := client.MergeFromWithOptions(nm.DeepCopy(), client.MergeFromWithOptimisticLock{})
+	if finalizer {
+		controllerutil.AddFinalizer(nm, maintenancev1.Finalizer)
+	}
+	if nm.Annotations == nil {
+		nm.Annotations = map[string]string{}
+	}
+	maps.Copy(nm.Annotations, annotations)
+	if err := r.Client.Patch(ctx, nm, patch); err != nil {
+		return false, fmt.Errorf("writing the finalizer and annotations %v: %w", annotations, err)
+	}
+	return true, nil
+}
+
+// metadataFor decides what an object past Pending lacks on its metadata:
+// the finalizer (an object taken over from NVIDIA's Maintenance Operator
+// before it added its own), and the annotations that operator reads, so
+// that each operator can continue the other's objects:
+//   - from Scheduled on, until the node's state is recorded:
+//     node-initial-state.unschedulable, from gpufleet's status (its
+//     scheduler's record) or else the node as it is now (nothing cordoned
+//     it yet: both operators record it before cordoning);
+//   - with waitForPodCompletion, from Scheduled on: the wait's start,
+//     recorded with the cordon (gpufleet's wait starts in the next step),
+//     or, taken over while waiting without one, now (as that operator does).
+func metadataFor(nm *maintenancev1.NodeMaintenance, node *corev1.Node, now time.Time) (finalizer bool, annotations map[string]string) {
+	if nm.DeletionTimestamp != nil || !nm.InProgress() {
+		return false, nil
+	}
+	finalizer = !nm.HasFinalizer()
+	annotations = map[string]string{}
+	phase := nm.Phase()
+	beforeCordon := phase == maintenancev1.PhaseScheduled || phase == maintenancev1.PhaseCordon
+	if beforeCordon && nm.CordonRequested() && !parses(nm.Annotations[maintenancev1.AnnotationNodeInitialUnschedulable], strconv.ParseBool) {
+		before := node.Spec.Unschedulable
+		if b := nm.Status.NodeUnschedulableBefore; b != nil {
+			before = *b
+		}
+		annotations[maintenancev1.AnnotationNodeInitialUnschedulable] = strconv.FormatBool(before)
+	}
+	waiting := beforeCordon || phase == maintenancev1.PhaseWaitForPodCompletion
+	if waiting && nm.Spec.WaitForPodCompletion != nil && !parses(nm.Annotations[maintenancev1.AnnotationWaitPodCompletionStart], rfc3339) {
+		start := now
+		if t := nm.Status.WaitForCompletionStartTime; t != nil {
+			start = t.Time
+		}
+		annotations[maintenancev1.AnnotationWaitPodCompletionStart] = start.UTC().Format(time.RFC3339)
+	}
+	if len(annotations) == 0 {
+		annotations = nil
+	}
+	return finalizer, annotations
+}
+
+func parses[T any](v string, parse func(string) (T, error)) bool {
+	_, err := parse(v)
+	return err == nil
+}
+
+func rfc3339(v string) (time.Time, error) { return time.Parse(time.RFC3339, v) }
 
 // watchPods keeps the node's pods watched while nm is about to wait for
 // or drain them (from the cordon on, so the watch has synced by then), and
@@ -130,12 +250,9 @@ func (r *Reconciler) watchPods(nm *maintenancev1.NodeMaintenance) {
 	needs := false
 	if nm.DeletionTimestamp == nil {
 		switch nm.Phase() {
-		case maintenancev1.PhaseScheduled, maintenancev1.PhaseCordon:
-			// Scheduled with the node's state recorded: the cordon is next.
-			needs = (nm.Phase() == maintenancev1.PhaseCordon || nm.Status.NodeUnschedulableBefore != nil) &&
-				(nm.Spec.WaitForPodCompletion != nil || nm.Spec.DrainSpec != nil)
-		case maintenancev1.PhaseWaitForPodCompletion, maintenancev1.PhaseDraining:
-			needs = true
+		case maintenancev1.PhaseScheduled, maintenancev1.PhaseCordon, maintenancev1.PhaseWaitForPodCompletion, maintenancev1.PhaseDraining:
+			// From the cordon on, when there is something to wait for or drain.
+			needs = nm.Spec.WaitForPodCompletion != nil || nm.Spec.DrainSpec != nil
 		}
 	}
 	if needs {
@@ -178,23 +295,21 @@ func (r *Reconciler) step(ctx context.Context, nm *maintenancev1.NodeMaintenance
 	}
 	switch phase {
 	case maintenancev1.PhaseScheduled:
-		if nm.Status.NodeUnschedulableBefore != nil {
-			// The scheduler recorded the node's state with its decision:
-			// cordon now.
-			return r.cordon(ctx, nm, node, ev)
-		}
-		// Scheduled without that record (by an older version): record the
-		// node's state before touching it, since a crash after the cordon
-		// must not make us believe the admin had cordoned it.
-		before := node.Spec.Unschedulable
-		nm.Status.NodeUnschedulableBefore = &before
-		setPhase(nm, maintenancev1.PhaseCordon, "cordoning node", now)
-		return reconcile.Result{}, nil
+		return r.cordon(ctx, nm, node)
 	case maintenancev1.PhaseCordon:
-		return r.cordon(ctx, nm, node, ev)
+		return r.afterCordon(ctx, nm, node, ev)
 	case maintenancev1.PhaseWaitForPodCompletion:
-		return r.waitForPods(nm, node, ev)
+		if nm.Spec.WaitForPodCompletion == nil {
+			r.enterDraining(ctx, nm, node, ev)
+			return reconcile.Result{}, nil
+		}
+		return r.waitForPods(ctx, nm, node, ev)
 	case maintenancev1.PhaseDraining:
+		if nm.Spec.DrainSpec == nil {
+			nm.Status.Drain = nil
+			r.enter(nm, node, maintenancev1.PhaseReady, ev)
+			return reconcile.Result{}, nil
+		}
 		return r.drain(ctx, nm, node, ev)
 	case maintenancev1.PhaseReady, maintenancev1.PhaseRequestorFailed:
 		if phase == maintenancev1.PhaseRequestorFailed {
@@ -207,25 +322,60 @@ func (r *Reconciler) step(ctx context.Context, nm *maintenancev1.NodeMaintenance
 	}
 }
 
-func (r *Reconciler) cordon(ctx context.Context, nm *maintenancev1.NodeMaintenance, node *corev1.Node, ev *pendingevents.Recorder) (reconcile.Result, error) {
-	if phaseAfterCordon(nm) != maintenancev1.PhaseReady {
-		// The node's pods are watched from now on (watchPods): once the
-		// watch has synced, the next phase is entered knowing them, and
-		// its first step has nothing new to write.
-		if _, synced := r.Pods.Pods(node.Name); !synced {
-			return reconcile.Result{RequeueAfter: unsyncedRetry}, nil // the watch's sync brings us back
-		}
+// cordon is the step of a Scheduled object: cordon the node (its state
+// before is on the object already, see metadataFor) and write Cordon.
+// Every phase of NVIDIA's Maintenance Operator is written, one per step,
+// so a client waiting for any of them sees it.
+func (r *Reconciler) cordon(ctx context.Context, nm *maintenancev1.NodeMaintenance, node *corev1.Node) (reconcile.Result, error) {
+	before := nm.NodeUnschedulableBefore()
+	if before == nil {
+		before = ptr.To(node.Spec.Unschedulable) // no cordon asked for: nothing to restore
 	}
+	nm.Status.NodeUnschedulableBefore = before
+	msg := "node cordoned"
+	if nm.CordonRequested() {
+		if !node.Spec.Unschedulable {
+			if err := r.setUnschedulable(ctx, node, true); err != nil {
+				return reconcile.Result{}, err
+			}
+		}
+	} else {
+		msg = "cordon not requested"
+	}
+	setPhase(nm, maintenancev1.PhaseCordon, msg, r.Clock.Now())
+	return reconcile.Result{}, nil
+}
+
+// afterCordon is the step of an object in Cordon: the node is cordoned
+// (again, if someone uncordoned it, or not yet by an object taken over),
+// then WaitForPodCompletion is entered once the node's pods are known.
+func (r *Reconciler) afterCordon(ctx context.Context, nm *maintenancev1.NodeMaintenance, node *corev1.Node, ev *pendingevents.Recorder) (reconcile.Result, error) {
 	if nm.CordonRequested() && !node.Spec.Unschedulable {
 		if err := r.setUnschedulable(ctx, node, true); err != nil {
 			return reconcile.Result{}, err
 		}
 	}
-	r.enter(nm, node, phaseAfterCordon(nm), ev)
-	if nm.Phase() == maintenancev1.PhaseDraining {
+	if nm.Status.NodeUnschedulableBefore == nil {
+		nm.Status.NodeUnschedulableBefore = nm.NodeUnschedulableBefore()
+	}
+	if nm.Spec.WaitForPodCompletion != nil || nm.Spec.DrainSpec != nil {
+		// The node's pods are watched from the cordon on (watchPods):
+		// once the watch has synced, the next phases are entered knowing
+		// them, and their first steps have nothing new to write.
+		if _, synced := r.Pods.Pods(node.Name); !synced {
+			return reconcile.Result{RequeueAfter: unsyncedRetry}, nil // the watch's sync brings us back
+		}
+	}
+	r.enter(nm, node, maintenancev1.PhaseWaitForPodCompletion, ev)
+	return reconcile.Result{}, nil
+}
+
+// enterDraining moves to Draining, with the pods to evict when there is a drain.
+func (r *Reconciler) enterDraining(ctx context.Context, nm *maintenancev1.NodeMaintenance, node *corev1.Node, ev *pendingevents.Recorder) {
+	r.enter(nm, node, maintenancev1.PhaseDraining, ev)
+	if nm.Spec.DrainSpec != nil {
 		r.planDrain(ctx, nm, node)
 	}
-	return reconcile.Result{}, nil
 }
 
 // enter moves to phase and records what it needs to start.
@@ -234,10 +384,21 @@ func (r *Reconciler) enter(nm *maintenancev1.NodeMaintenance, node *corev1.Node,
 	t := metav1.NewTime(now)
 	switch phase {
 	case maintenancev1.PhaseWaitForPodCompletion:
+		if nm.Spec.WaitForPodCompletion == nil {
+			setPhase(nm, phase, "no waitForPodCompletion: nothing to wait for", now)
+			return
+		}
+		if start := nm.WaitForCompletionStart(); !start.IsZero() {
+			t = metav1.NewTime(start) // recorded with the cordon (metadataFor)
+		}
 		nm.Status.WaitForCompletionStartTime = &t
 		setPhase(nm, phase, "waiting for pods to complete", now)
 		ev.Eventf(nm, node, corev1.EventTypeNormal, ReasonWaitingForPods, actionWait, "Waiting for pods on node %s to complete", node.Name)
 	case maintenancev1.PhaseDraining:
+		if nm.Spec.DrainSpec == nil {
+			setPhase(nm, phase, "no drainSpec: nothing to drain", now)
+			return
+		}
 		nm.Status.Drain = &maintenancev1.DrainStatus{StartTime: &t}
 		setPhase(nm, phase, "draining node", now)
 	case maintenancev1.PhaseReady:
@@ -251,7 +412,7 @@ func (r *Reconciler) enter(nm *maintenancev1.NodeMaintenance, node *corev1.Node,
 // and the drain's start are in the status; the node shows its cordon).
 func preparedBy(nm *maintenancev1.NodeMaintenance, now time.Time) string {
 	var did []string
-	if nm.CordonRequested() && nm.Status.NodeUnschedulableBefore != nil && !*nm.Status.NodeUnschedulableBefore {
+	if nm.CordonedTheNode() {
 		did = append(did, "cordoned")
 	}
 	if d := nm.Status.Drain; d != nil && d.StartTime != nil {
@@ -267,7 +428,7 @@ func preparedBy(nm *maintenancev1.NodeMaintenance, now time.Time) string {
 }
 
 // waitForPods waits until the selected pods on the node have completed.
-func (r *Reconciler) waitForPods(nm *maintenancev1.NodeMaintenance, node *corev1.Node, ev *pendingevents.Recorder) (reconcile.Result, error) {
+func (r *Reconciler) waitForPods(ctx context.Context, nm *maintenancev1.NodeMaintenance, node *corev1.Node, ev *pendingevents.Recorder) (reconcile.Result, error) {
 	now := r.Clock.Now()
 	sel, err := labels.Parse(string(nm.Spec.WaitForPodCompletion.PodSelector))
 	if err != nil {
@@ -293,29 +454,23 @@ func (r *Reconciler) waitForPods(nm *maintenancev1.NodeMaintenance, node *corev1
 	sort.Strings(waiting)
 	nm.Status.WaitForCompletion = waiting
 	if len(waiting) == 0 {
-		r.enter(nm, node, nextAfterWait(nm), ev)
+		r.enterDraining(ctx, nm, node, ev)
 		return reconcile.Result{}, nil
 	}
 	timeout := seconds(nm.Spec.WaitForPodCompletion.TimeoutSeconds, 0)
-	if timeout == 0 || nm.Status.WaitForCompletionStartTime == nil {
+	start := nm.WaitForCompletionStart() // taken over: the other operator's start
+	if timeout == 0 || start.IsZero() {
 		return reconcile.Result{}, nil // pod events bring us back
 	}
-	elapsed := now.Sub(nm.Status.WaitForCompletionStartTime.Time)
+	elapsed := now.Sub(start)
 	if elapsed >= timeout {
 		ev.Eventf(nm, node, corev1.EventTypeWarning, ReasonPodCompletionTimeout, actionWait,
 			"Gave up waiting after %s for %d pod(s) on node %s: %s", timeout, len(waiting), node.Name, summarize(waiting, 5))
 		nm.Status.WaitForCompletion = nil
-		r.enter(nm, node, nextAfterWait(nm), ev)
+		r.enterDraining(ctx, nm, node, ev)
 		return reconcile.Result{}, nil
 	}
 	return reconcile.Result{RequeueAfter: timeout - elapsed}, nil
-}
-
-func nextAfterWait(nm *maintenancev1.NodeMaintenance) maintenancev1.Phase {
-	if nm.Spec.DrainSpec != nil {
-		return maintenancev1.PhaseDraining
-	}
-	return maintenancev1.PhaseReady
 }
 
 // collectGarbage deletes an object that has been Ready for longer than
@@ -395,7 +550,7 @@ func (r *Reconciler) finalize(ctx context.Context, nm *maintenancev1.NodeMainten
 		}
 		return nil
 	}
-	if node != nil && nm.InProgress() && nm.Status.NodeUnschedulableBefore != nil {
+	if node != nil && nm.InProgress() && nm.NodeUnschedulableBefore() != nil {
 		if err := r.release(ctx, nm, node); err != nil {
 			return err
 		}
@@ -418,7 +573,7 @@ func (r *Reconciler) release(ctx context.Context, nm *maintenancev1.NodeMaintena
 		return nil
 	}
 	if !nm.CordonedTheNode() {
-		if before := nm.Status.NodeUnschedulableBefore; before != nil && *before {
+		if before := nm.NodeUnschedulableBefore(); before != nil && *before {
 			r.Recorder.Eventf(nm, node, corev1.EventTypeNormal, ReasonLeftCordoned, actionRelease,
 				"Node %s was cordoned before the maintenance; leaving it cordoned", node.Name)
 		}

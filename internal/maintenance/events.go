@@ -23,6 +23,9 @@ const (
 const (
 	ReasonInvalidConfig = "InvalidConfig" // Warning: the previous valid config keeps applying
 	ReasonConfigValid   = "ConfigValid"
+	// ReasonOtherOperatorActive (Warning): NVIDIA's Maintenance Operator
+	// holds its leader lease; gpufleet does not act on NodeMaintenance.
+	ReasonOtherOperatorActive = "OtherOperatorActive"
 )
 
 // Event actions (events.k8s.io/v1 requires one).

@@ -185,15 +185,15 @@ func (d *directEnv) removeNM(t *testing.T, key types.NamespacedName) {
 	}
 }
 
-// admit creates an object, lets the Reconciler take it over (finalizer)
+// admit creates an object, lets the Reconciler take it over (Pending)
 // and moves it to Scheduled as the scheduler would.
 func (d *directEnv) admit(t *testing.T, name, node string, mutate ...func(*maintenancev1.NodeMaintenance)) types.NamespacedName {
 	t.Helper()
 	key := d.newNM(t, name, node, mutate...)
 	d.reconcile(t, key)
 	nm := d.get(t, key)
-	if !nm.HasFinalizer() {
-		t.Fatalf("%s has no finalizer after its first reconcile", key)
+	if c := meta.FindStatusCondition(nm.Status.Conditions, maintenancev1.ConditionTypeReady); c == nil || c.Reason != string(maintenancev1.PhasePending) {
+		t.Fatalf("%s not Pending after its first reconcile: %+v", key, nm.Status.Conditions)
 	}
 	now := metav1.NewTime(d.clock.Now())
 	setPhase(nm, maintenancev1.PhaseScheduled, "scheduled by the test", now.Time)
@@ -283,7 +283,10 @@ func withDrain(spec maintenancev1.DrainSpec) func(*maintenancev1.NodeMaintenance
 	return func(nm *maintenancev1.NodeMaintenance) { nm.Spec.DrainSpec = &spec }
 }
 
-func TestDirectNewObjectGetsFinalizerOnly(t *testing.T) {
+// A new object's first step writes Pending, as NVIDIA's Maintenance
+// Operator does, and nothing else: no finalizer until it is scheduled
+// (there too), so a Pending object is deleted at once by either operator.
+func TestDirectNewObjectGetsPendingOnly(t *testing.T) {
 	d := newDirectEnv(t)
 	node := "gpu-009"
 	d.useNode(t, node)
@@ -294,14 +297,18 @@ func TestDirectNewObjectGetsFinalizerOnly(t *testing.T) {
 		t.Errorf("first reconcile returned %+v, want nothing to come back for", res)
 	}
 	got := d.get(t, key)
-	if diff := cmp.Diff([]string{maintenancev1.Finalizer}, got.Finalizers); diff != "" {
-		t.Errorf("finalizers (-want +got):\n%s", diff)
+	if len(got.Finalizers) != 0 {
+		t.Errorf("finalizers %v on a Pending object", got.Finalizers)
+	}
+	if diff := cmp.Diff(before.Annotations, got.Annotations); diff != "" {
+		t.Errorf("annotations changed (-before +after):\n%s", diff)
 	}
 	if diff := cmp.Diff(before.Spec, got.Spec); diff != "" {
 		t.Errorf("spec changed (-before +after):\n%s", diff)
 	}
-	if diff := cmp.Diff(maintenancev1.NodeMaintenanceStatus{}, got.Status); diff != "" {
-		t.Errorf("status written by the finalizer step (-want +got):\n%s", diff)
+	wantPhase(t, got, maintenancev1.PhasePending)
+	if c := meta.FindStatusCondition(got.Status.Conditions, maintenancev1.ConditionTypeReady); c.Status != metav1.ConditionFalse || len(got.Status.Conditions) != 1 {
+		t.Errorf("status of a new object: %+v, want only Ready=False reason Pending", got.Status)
 	}
 	if d.cordoned(t, node) {
 		t.Errorf("node %s cordoned by the finalizer step", node)
@@ -342,37 +349,79 @@ func TestDirectNewObjectGetsFinalizerOnly(t *testing.T) {
 	}
 }
 
+// writeTracker records, in order, the patches of NodeMaintenance objects
+// (metadata or status) and of nodes.
+type writeTracker struct {
+	client.Client
+	seq *sequence
+}
+
+func (c *writeTracker) Patch(ctx context.Context, obj client.Object, patch client.Patch, opts ...client.PatchOption) error {
+	err := c.Client.Patch(ctx, obj, patch, opts...)
+	c.seq.add(fmt.Sprintf("patch %T: %v", obj, err))
+	return err
+}
+
+func (c *writeTracker) Status() client.SubResourceWriter {
+	return statusTracker{c.Client.Status(), c.seq}
+}
+
+type statusTracker struct {
+	client.SubResourceWriter
+	seq *sequence
+}
+
+func (s statusTracker) Patch(ctx context.Context, obj client.Object, patch client.Patch, opts ...client.SubResourcePatchOption) error {
+	err := s.SubResourceWriter.Patch(ctx, obj, patch, opts...)
+	s.seq.add(fmt.Sprintf("status %T: %v", obj, err))
+	return err
+}
+
+// The Scheduled step records the node's state on the object (the
+// annotation NVIDIA's Maintenance Operator reads) before it cordons, then
+// writes Cordon; every later phase is one step of its own, also after a
+// restart.
 func TestDirectCordonRecordsNodeStateFirst(t *testing.T) {
 	d := newDirectEnv(t)
 	node := "gpu-008"
 	d.useNode(t, node)
 	key := d.admit(t, "cordon", node)
+	seq := &sequence{}
+	d.r.Client = &writeTracker{Client: d.c, seq: seq}
 
-	// First write: the node's state before the maintenance, nothing else.
 	if res := d.reconcile(t, key); res != (reconcile.Result{}) {
 		t.Errorf("Scheduled step returned %+v", res)
 	}
+	want := []string{"patch *v1alpha1.NodeMaintenance: <nil>", "patch *v1.Node: <nil>", "status *v1alpha1.NodeMaintenance: <nil>"}
+	if diff := cmp.Diff(want, seq.steps); diff != "" {
+		t.Errorf("writes of the Scheduled step (-want +got):\n%s", diff)
+	}
 	got := d.get(t, key)
 	wantPhase(t, got, maintenancev1.PhaseCordon)
+	if a := got.Annotations[maintenancev1.AnnotationNodeInitialUnschedulable]; a != "false" {
+		t.Errorf("%s = %q, want \"false\"", maintenancev1.AnnotationNodeInitialUnschedulable, a)
+	}
 	if diff := cmp.Diff(ptr.To(false), got.Status.NodeUnschedulableBefore); diff != "" {
 		t.Errorf("nodeUnschedulableBefore (-want +got):\n%s", diff)
 	}
-	if d.cordoned(t, node) {
-		t.Fatalf("node %s cordoned in the same step that records its state", node)
+	if !d.cordoned(t, node) {
+		t.Fatalf("node %s not cordoned in phase Cordon", node)
 	}
 	if evs := d.events(); len(evs) != 0 {
-		t.Errorf("events before the cordon: %v", evs)
+		t.Errorf("events of the cordon: %v", evs)
 	}
 
-	// The operator restarts here: the new process cordons from the status.
+	// The operator restarts here: the new process goes on from the object.
 	d.restart()
-	if res := d.reconcile(t, key); res != (reconcile.Result{}) {
-		t.Errorf("Cordon step returned %+v", res)
-	}
-	got = d.get(t, key)
-	wantPhase(t, got, maintenancev1.PhaseReady)
-	if !d.cordoned(t, node) {
-		t.Errorf("node %s not cordoned after the Cordon step", node)
+	for _, phase := range []maintenancev1.Phase{maintenancev1.PhaseWaitForPodCompletion, maintenancev1.PhaseDraining, maintenancev1.PhaseReady} {
+		if res := d.reconcile(t, key); res != (reconcile.Result{}) {
+			t.Errorf("step to %s returned %+v", phase, res)
+		}
+		got = d.get(t, key)
+		wantPhase(t, got, phase)
+		if !d.cordoned(t, node) {
+			t.Errorf("node %s not cordoned in phase %s", node, phase)
+		}
 	}
 	if diff := cmp.Diff(ptr.To(false), got.Status.NodeUnschedulableBefore); diff != "" {
 		t.Errorf("nodeUnschedulableBefore after the cordon (-want +got):\n%s", diff)
@@ -445,6 +494,9 @@ func TestDirectEventsOnlyAfterStatusWrite(t *testing.T) {
 		t.Errorf("status conflicts counted: %v, want 1", got)
 	}
 	wantPhase(t, d.get(t, key), maintenancev1.PhaseCordon) // the write did not happen
+	if !d.cordoned(t, node) {
+		t.Errorf("node %s not cordoned in phase Cordon", node)
+	}
 	evs := d.events()
 	for _, r := range reasons(evs) {
 		switch r {
@@ -455,6 +507,8 @@ func TestDirectEventsOnlyAfterStatusWrite(t *testing.T) {
 
 	// From fresh data the step is taken again and reported once.
 	d.r.Client = d.c
+	d.reconcile(t, key)
+	wantPhase(t, d.get(t, key), maintenancev1.PhaseWaitForPodCompletion)
 	d.reconcile(t, key)
 	wantPhase(t, d.get(t, key), maintenancev1.PhaseDraining)
 	evs = d.events()
@@ -502,9 +556,12 @@ func TestDirectObjectsOnSeveralNodesInterleaved(t *testing.T) {
 		}
 	}
 
-	// Each object needs two steps (record the node's state, cordon); they
-	// are taken in an interleaved order by one Reconciler.
-	order := []string{"gpu-004", "gpu-005", "gpu-004", "gpu-006", "gpu-005", "gpu-006"}
+	// Each object needs four steps (cordon, then one per phase); they are
+	// taken in an interleaved order by one Reconciler.
+	order := []string{"gpu-004", "gpu-005", "gpu-004", "gpu-006", "gpu-005", "gpu-006",
+		"gpu-006", "gpu-004", "gpu-005", "gpu-004", "gpu-006", "gpu-005"}
+	phases := []maintenancev1.Phase{maintenancev1.PhaseScheduled, maintenancev1.PhaseCordon,
+		maintenancev1.PhaseWaitForPodCompletion, maintenancev1.PhaseDraining, maintenancev1.PhaseReady}
 	steps := map[string]int{}
 	for _, node := range order {
 		d.reconcile(t, keys[node])
@@ -512,18 +569,11 @@ func TestDirectObjectsOnSeveralNodesInterleaved(t *testing.T) {
 		want := map[string]bool{}
 		for _, n := range nodes {
 			nm := d.get(t, keys[n])
-			switch steps[n] {
-			case 0:
-				wantPhase(t, nm, maintenancev1.PhaseScheduled)
-			case 1:
-				wantPhase(t, nm, maintenancev1.PhaseCordon)
-			default:
-				wantPhase(t, nm, maintenancev1.PhaseReady)
-			}
+			wantPhase(t, nm, phases[steps[n]])
 			if diff := cmp.Diff(ptr.To(false), nm.Status.NodeUnschedulableBefore); steps[n] > 0 && diff != "" {
 				t.Errorf("%s: nodeUnschedulableBefore (-want +got):\n%s", nm.Name, diff)
 			}
-			want[n] = steps[n] >= 2
+			want[n] = steps[n] >= 1
 		}
 		got := map[string]bool{}
 		for _, n := range nodes {
@@ -608,13 +658,17 @@ func TestDirectWaitForPodCompletionTimeout(t *testing.T) {
 			PodSelector: "app=direct-waiter", TimeoutSeconds: ptr.To(int32(timeout / time.Second)),
 		}
 	})
-	d.reconcile(t, key)       // Scheduled -> Cordon
-	d.waitPodsSynced(t, node) // the cordon step waits for the watch of the node's pods
-	d.reconcile(t, key)       // cordon, enter WaitForPodCompletion
+	d.reconcile(t, key) // Scheduled -> Cordon, the wait's start recorded with it
+	if a := d.get(t, key).Annotations[maintenancev1.AnnotationWaitPodCompletionStart]; a != d.clock.Now().UTC().Format(time.RFC3339) {
+		t.Errorf("%s = %q, want the clock's %v", maintenancev1.AnnotationWaitPodCompletionStart, a, d.clock.Now())
+	}
+	d.clock.Step(time.Second)
+	d.waitPodsSynced(t, node) // the Cordon step waits for the watch of the node's pods
+	d.reconcile(t, key)       // enter WaitForPodCompletion
 	got := d.get(t, key)
 	wantPhase(t, got, maintenancev1.PhaseWaitForPodCompletion)
-	if s := got.Status.WaitForCompletionStartTime; s == nil || !s.Time.Equal(d.clock.Now()) {
-		t.Errorf("waitForCompletionStartTime = %v, want the clock's %v", s, d.clock.Now())
+	if s := got.Status.WaitForCompletionStartTime; s == nil || !s.Time.Equal(d.clock.Now().Add(-time.Second)) {
+		t.Errorf("waitForCompletionStartTime = %v, want the annotation's %v", s, d.clock.Now().Add(-time.Second))
 	}
 	if diff := cmp.Diff([]string{"Normal WaitForPodCompletion"}, reasons(d.events())); diff != "" {
 		t.Errorf("events (-want +got):\n%s", diff)
@@ -644,10 +698,12 @@ func TestDirectWaitForPodCompletionTimeout(t *testing.T) {
 		t.Errorf("proceeding returned %+v", res)
 	}
 	nm := d.get(t, key)
-	wantPhase(t, nm, maintenancev1.PhaseReady)
+	wantPhase(t, nm, maintenancev1.PhaseDraining)
 	if len(nm.Status.WaitForCompletion) != 0 {
 		t.Errorf("waitForCompletion = %v after giving up", nm.Status.WaitForCompletion)
 	}
+	d.reconcile(t, key) // no drain: Ready
+	wantPhase(t, d.get(t, key), maintenancev1.PhaseReady)
 	evs := d.events()
 	if diff := cmp.Diff([]string{"Warning PodCompletionTimeout", "Normal Ready"}, reasons(evs)); diff != "" {
 		t.Fatalf("events at the timeout (-want +got):\n%s\nall: %v", diff, evs)
@@ -745,7 +801,8 @@ func TestDirectDrainTimeoutNamesBlockingPods(t *testing.T) {
 	}))
 	d.reconcile(t, key)       // Scheduled -> Cordon
 	d.waitPodsSynced(t, node) // the cordon step waits for the watch of the node's pods
-	d.reconcile(t, key)       // cordon, enter Draining
+	d.reconcile(t, key)       // enter WaitForPodCompletion (nothing to wait for)
+	d.reconcile(t, key)       // enter Draining
 	got := d.get(t, key)
 	wantPhase(t, got, maintenancev1.PhaseDraining)
 	if diff := cmp.Diff([]string{}, reasons(d.events())); diff != "" {
@@ -835,7 +892,8 @@ func TestDirectDeletedDrainEvictsNothingMore(t *testing.T) {
 	key := d.admit(t, "withdrawn", node, withDrain(maintenancev1.DrainSpec{PodSelector: "app=direct-withdrawn"}))
 	d.reconcile(t, key)       // Scheduled -> Cordon
 	d.waitPodsSynced(t, node) // the cordon step waits for the watch of the node's pods
-	d.reconcile(t, key)       // cordon, enter Draining
+	d.reconcile(t, key)       // enter WaitForPodCompletion (nothing to wait for)
+	d.reconcile(t, key)       // enter Draining
 	wantPhase(t, d.get(t, key), maintenancev1.PhaseDraining)
 	d.events()
 
@@ -880,8 +938,9 @@ func TestDirectDeletedDrainEvictsNothingMore(t *testing.T) {
 func (d *directEnv) readyOn(t *testing.T, name, node string, mutate ...func(*maintenancev1.NodeMaintenance)) types.NamespacedName {
 	t.Helper()
 	key := d.admit(t, name, node, mutate...)
-	d.reconcile(t, key)
-	d.reconcile(t, key)
+	for range 4 { // Cordon, WaitForPodCompletion, Draining, Ready
+		d.reconcile(t, key)
+	}
 	wantPhase(t, d.get(t, key), maintenancev1.PhaseReady)
 	d.events()
 	return key
@@ -1083,24 +1142,19 @@ func TestDirectNodeDeletedDeletesObject(t *testing.T) {
 	if diff := cmp.Diff(want, seq.steps); diff != "" {
 		t.Errorf("order of writes and events (-want +got):\n%s", diff)
 	}
-	if nm := d.get(t, key); nm.DeletionTimestamp == nil {
-		t.Fatalf("object not deleted: %+v", nm.ObjectMeta)
-	}
-	// The finalizer step releases nothing (there is no node) and lets it go.
-	d.reconcile(t, key)
+	// Nothing was done to a node (it never existed): the object had no
+	// finalizer yet, and is gone at once.
 	if !d.gone(t, key) {
-		t.Errorf("object still there after its finalizer step: %+v", d.get(t, key).ObjectMeta)
-	}
-	if evs := d.events(); len(evs) != 0 {
-		t.Errorf("events of the finalizer step: %v", evs)
+		t.Errorf("%s still exists after its deletion", key)
 	}
 }
 
 // TestDirectScheduledWithNodeStateCordonsAtOnce: an object the scheduler
 // moved to Scheduled carries the node's state, so its first step is the
-// cordon, straight into Draining with the pods to evict already listed;
-// the eviction step then has nothing new to write, and the drain's end is
-// written with the one Normal event of the maintenance.
+// cordon (written as Cordon), then WaitForPodCompletion and Draining with
+// the pods to evict already listed; the eviction step then has nothing new
+// to write, and the drain's end is written with the one Normal event of
+// the maintenance.
 func TestDirectScheduledWithNodeStateCordonsAtOnce(t *testing.T) {
 	d := newDirectEnv(t)
 	node := "gpu-003"
@@ -1114,18 +1168,20 @@ func TestDirectScheduledWithNodeStateCordonsAtOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The first reconcile starts the watch of the node's pods; started
-	// here, it has synced by the cordon.
+	// here, it has synced by the Cordon step.
 	d.r.watchPods(nm)
 	d.waitPodsSynced(t, node)
 
-	if res := d.reconcile(t, key); res != (reconcile.Result{}) {
-		t.Errorf("cordon step returned %+v", res)
+	for _, phase := range []maintenancev1.Phase{maintenancev1.PhaseCordon, maintenancev1.PhaseWaitForPodCompletion, maintenancev1.PhaseDraining} {
+		if res := d.reconcile(t, key); res != (reconcile.Result{}) {
+			t.Errorf("step to %s returned %+v", phase, res)
+		}
+		wantPhase(t, d.get(t, key), phase)
+		if !d.cordoned(t, node) {
+			t.Fatalf("node %s not cordoned in phase %s", node, phase)
+		}
 	}
 	got := d.get(t, key)
-	wantPhase(t, got, maintenancev1.PhaseDraining)
-	if !d.cordoned(t, node) {
-		t.Fatalf("node %s not cordoned by the first step", node)
-	}
 	want := []string{directNS + "/" + pod.Name}
 	if st := got.Status.Drain; st == nil || st.StartTime == nil || st.EvictionPods != 1 || !cmp.Equal(want, st.WaitForEviction) {
 		t.Errorf("drain status %+v, want a start time and %v to evict", st, want)

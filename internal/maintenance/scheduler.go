@@ -52,6 +52,19 @@ type Scheduler struct {
 // Reconcile runs one scheduling pass.
 func (s *Scheduler) Reconcile(ctx context.Context, _ reconcile.Request) (reconcile.Result, error) {
 	log := ctrl.LoggerFrom(ctx)
+	holding, held, err := otherOwner(ctx, s.Client, s.Clock.Now())
+	if err != nil {
+		return reconcile.Result{}, err
+	}
+	if held {
+		// NVIDIA's Maintenance Operator runs: nothing is scheduled (nor a
+		// wait reason written) beside it; the config says why.
+		log.V(1).Info("NVIDIA Maintenance Operator holds its lease; waiting", "holder", holding.Holder, "until", holding.Until)
+		if err := s.writeLiveOwnerStatus(ctx, &holding); err != nil {
+			return reconcile.Result{}, err
+		}
+		return reconcile.Result{RequeueAfter: holding.Until.Sub(s.Clock.Now()) + liveOwnerRecheck}, nil
+	}
 	var list maintenancev1.NodeMaintenanceList
 	if err := s.Client.List(ctx, &list); err != nil {
 		return reconcile.Result{}, fmt.Errorf("listing NodeMaintenance: %w", err)
@@ -132,7 +145,7 @@ func (s *Scheduler) Reconcile(ctx context.Context, _ reconcile.Request) (reconci
 	}
 	// The config's own status comes last: it never delays a decision.
 	if cfgObj != nil {
-		if err := s.writeConfigStatus(ctx, cfgObj, cfgErr, plan.Window, began); err != nil {
+		if err := s.writeConfigStatus(ctx, cfgObj, cfgErr, plan.Window, nil, began); err != nil {
 			return reconcile.Result{}, err
 		}
 	}
@@ -202,8 +215,10 @@ func (s *Scheduler) schedule(ctx context.Context, nm *maintenancev1.NodeMaintena
 }
 
 // snapshot converts cached objects into the planner's input. Objects the
-// lifecycle controller has not yet taken over (no finalizer) are left out
-// until it has, so that cleanup is guaranteed for everything scheduled.
+// lifecycle controller has not yet initialised (no phase written) are left
+// out until it has: each is seen Pending before it is Scheduled. (Cleanup
+// is guaranteed: the finalizer is added before anything is done to the
+// node.)
 func snapshot(nodes *corev1.NodeList, list *maintenancev1.NodeMaintenanceList, cfg *Config) Snapshot {
 	s := Snapshot{Nodes: make([]PlanNode, 0, len(nodes.Items)), Objects: make([]PlanObject, 0, len(list.Items))}
 	for i := range nodes.Items {
@@ -214,7 +229,7 @@ func snapshot(nodes *corev1.NodeList, list *maintenancev1.NodeMaintenanceList, c
 	for i := range list.Items {
 		nm := &list.Items[i]
 		inProgress := nm.InProgress()
-		if !inProgress && !nm.HasFinalizer() {
+		if !inProgress && !initialised(nm) {
 			continue
 		}
 		s.Objects = append(s.Objects, PlanObject{

@@ -4,11 +4,13 @@ import (
 	"context"
 	"fmt"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/util/workqueue"
 	"k8s.io/utils/clock"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
@@ -88,6 +90,7 @@ func Setup(mgr manager.Manager, opts Options) error {
 		Watches(&maintenancev1.NodeMaintenance{}, toScheduler, builder.WithPredicates(schedulingRelevantNM)).
 		Watches(&corev1.Node{}, toScheduler, builder.WithPredicates(availabilityChanged)).
 		Watches(&maintenancev1.MaintenanceOperatorConfig{}, toScheduler, builder.WithPredicates(isDefaultConfig, specChanged)).
+		Watches(&coordinationv1.Lease{}, toScheduler, builder.WithPredicates(holderChanged)).
 		WatchesRawSource(alarm.Source(handler.TypedFuncs[struct{}, reconcile.Request]{
 			GenericFunc: func(_ context.Context, _ event.TypedGenericEvent[struct{}], q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
 				q.Add(schedulerKey)
@@ -137,6 +140,13 @@ func Setup(mgr manager.Manager, opts Options) error {
 				return objectsIn(ctx, mgr, maintenancev1.PhaseReady)
 			}),
 			builder.WithPredicates(isDefaultConfig, specChanged)).
+		// NVIDIA's Maintenance Operator released its lease (or another
+		// replica of it took it): every object is looked at again.
+		Watches(&coordinationv1.Lease{}, handler.EnqueueRequestsFromMapFunc(
+			func(ctx context.Context, _ client.Object) []reconcile.Request {
+				return objectsIn(ctx, mgr, "")
+			}),
+			builder.WithPredicates(holderChanged)).
 		// A budget that allows more disruptions lets refused evictions be
 		// retried now rather than after their backoff.
 		Watches(&policyv1.PodDisruptionBudget{}, handler.EnqueueRequestsFromMapFunc(
@@ -166,7 +176,8 @@ func Setup(mgr manager.Manager, opts Options) error {
 
 // objectsIn lists the objects in phase: Ready ones are re-examined when
 // the GC age limit may have changed, Draining ones when a budget allows
-// more disruptions.
+// more disruptions; every object ("") when another operator's lease
+// changed hands.
 func objectsIn(ctx context.Context, mgr manager.Manager, phase maintenancev1.Phase) []reconcile.Request {
 	var list maintenancev1.NodeMaintenanceList
 	if err := mgr.GetClient().List(ctx, &list); err != nil {
@@ -175,7 +186,7 @@ func objectsIn(ctx context.Context, mgr manager.Manager, phase maintenancev1.Pha
 	}
 	var reqs []reconcile.Request
 	for i := range list.Items {
-		if list.Items[i].Phase() == phase && list.Items[i].DeletionTimestamp == nil {
+		if phase == "" || (list.Items[i].Phase() == phase && list.Items[i].DeletionTimestamp == nil) {
 			reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&list.Items[i])})
 		}
 	}
@@ -188,7 +199,7 @@ var schedulingRelevantNM = predicate.Funcs{
 	UpdateFunc: func(e event.UpdateEvent) bool {
 		o, n := e.ObjectOld.(*maintenancev1.NodeMaintenance), e.ObjectNew.(*maintenancev1.NodeMaintenance)
 		return o.Phase() != n.Phase() || (o.DeletionTimestamp == nil) != (n.DeletionTimestamp == nil) ||
-			o.HasFinalizer() != n.HasFinalizer()
+			o.HasFinalizer() != n.HasFinalizer() || initialised(o) != initialised(n)
 	},
 }
 
@@ -206,6 +217,15 @@ var moreDisruptionsAllowed = predicate.Funcs{
 	UpdateFunc: func(e event.UpdateEvent) bool {
 		o, n := e.ObjectOld.(*policyv1.PodDisruptionBudget), e.ObjectNew.(*policyv1.PodDisruptionBudget)
 		return n.Status.DisruptionsAllowed > o.Status.DisruptionsAllowed
+	},
+}
+
+// holderChanged passes leases created, deleted, released or taken by
+// another holder, not their renewals (a holding's expiry is a requeue).
+var holderChanged = predicate.Funcs{
+	UpdateFunc: func(e event.UpdateEvent) bool {
+		o, n := e.ObjectOld.(*coordinationv1.Lease), e.ObjectNew.(*coordinationv1.Lease)
+		return ptr.Deref(o.Spec.HolderIdentity, "") != ptr.Deref(n.Spec.HolderIdentity, "")
 	},
 }
 

@@ -39,18 +39,6 @@ func clearCondition(nm *maintenancev1.NodeMaintenance, typ string) {
 	meta.RemoveStatusCondition(&nm.Status.Conditions, typ)
 }
 
-// phaseAfterCordon is the phase that follows Cordon for this spec.
-func phaseAfterCordon(nm *maintenancev1.NodeMaintenance) maintenancev1.Phase {
-	switch {
-	case nm.Spec.WaitForPodCompletion != nil:
-		return maintenancev1.PhaseWaitForPodCompletion
-	case nm.Spec.DrainSpec != nil:
-		return maintenancev1.PhaseDraining
-	default:
-		return maintenancev1.PhaseReady
-	}
-}
-
 func seconds(p *int32, def int32) time.Duration {
 	if p == nil {
 		return time.Duration(def) * time.Second

@@ -84,7 +84,7 @@ func (w *WaitReasons) reason(k types.NamespacedName) (string, bool) {
 
 // needsReason reports whether a Pending object's status lacks reason.
 func needsReason(nm *maintenancev1.NodeMaintenance, reason string) bool {
-	if !nm.HasFinalizer() || nm.DeletionTimestamp != nil || nm.Phase() != maintenancev1.PhasePending {
+	if !initialised(nm) || nm.DeletionTimestamp != nil || nm.Phase() != maintenancev1.PhasePending {
 		return false // the lifecycle controller initialises it first; or it moved on
 	}
 	c := meta.FindStatusCondition(nm.Status.Conditions, maintenancev1.ConditionTypeReady)

@@ -112,6 +112,7 @@ var registry = []Capability{
 	{
 		Name:        "maintenance",
 		AddToScheme: maintenancev1.AddToScheme,
+		Cache:       func(Options) map[client.Object]cache.ByObject { return maintenance.CacheObjects() },
 		Setup: func(mgr manager.Manager, o Options) error {
 			if err := maintenance.Setup(mgr, maintenance.Options{Namespace: o.Namespace, PodName: o.PodName, Clock: o.Clock}); err != nil {
 				return err

@@ -4,6 +4,7 @@
 package ownwrites
 
 import (
+	"slices"
 	"sync"
 	"time"
 
@@ -21,7 +22,7 @@ type Record struct {
 }
 
 type written struct {
-	rvBefore string
+	rvBefore []string
 	at       time.Time
 }
 
@@ -36,15 +37,17 @@ func (o *Record) Behind(key types.NamespacedName, rv string) bool {
 		return false
 	}
 	// Wall time, not the injected clock: this is about cache propagation.
-	if w.rvBefore != rv || time.Since(w.at) > 5*time.Second {
+	if !slices.Contains(w.rvBefore, rv) || time.Since(w.at) > 5*time.Second {
 		delete(o.m, key) // caught up, changed by someone else, or given up on
 		return false
 	}
 	return true
 }
 
-// Wrote records a write that replaced resourceVersion rvBefore of key.
-func (o *Record) Wrote(key types.NamespacedName, rvBefore string) {
+// Wrote records a write that replaced resourceVersion rvBefore of key
+// (several: successive writes of one step, e.g. metadata then status; a
+// cache showing any of them has not seen the last).
+func (o *Record) Wrote(key types.NamespacedName, rvBefore ...string) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if o.m == nil {
@@ -55,7 +58,7 @@ func (o *Record) Wrote(key types.NamespacedName, rvBefore string) {
 			delete(o.m, k)
 		}
 	}
-	o.m[key] = written{rvBefore: rvBefore, at: time.Now()}
+	o.m[key] = written{rvBefore: slices.Clone(rvBefore), at: time.Now()}
 }
 
 // Retain forgets the objects keep rejects.

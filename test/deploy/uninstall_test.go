@@ -14,6 +14,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -72,10 +73,11 @@ func TestHelmUninstallLeavesNoNodeCordoned(t *testing.T) {
 	pending := mk("pending", "gpu-002") // over maxParallelOperations=2
 	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
 		err := kube.Get(ctx, client.ObjectKeyFromObject(pending), pending)
-		return err == nil && pending.HasFinalizer(), err
+		// Pending written by the operator (the finalizer comes with Scheduled).
+		return err == nil && meta.FindStatusCondition(pending.Status.Conditions, maintenancev1.ConditionTypeReady) != nil, err
 	})
 	if err != nil || pending.InProgress() {
-		t.Fatalf("third NodeMaintenance: want Pending with the finalizer, got in progress %t: %v", pending.InProgress(), err)
+		t.Fatalf("third NodeMaintenance: want Pending, got in progress %t: %v", pending.InProgress(), err)
 	}
 
 	uninstall := hookCommand(t, cluster, operatorName)

@@ -180,6 +180,10 @@ const (
 	// ConfigConditionWindowOpen is True while new maintenance may start
 	// under the windows and exclusions; its message says when that changes.
 	ConfigConditionWindowOpen = "MaintenanceWindowOpen"
+	// ConfigConditionOtherOperatorActive is True while NVIDIA's Maintenance
+	// Operator holds its leader lease: gpufleet then leaves every
+	// NodeMaintenance to it; its message names the lease and its holder.
+	ConfigConditionOtherOperatorActive = "OtherOperatorActive"
 )
 
 // MaintenanceOperatorConfigStatus is written by gpufleet's scheduler.
@@ -187,7 +191,7 @@ type MaintenanceOperatorConfigStatus struct {
 	// ObservedGeneration is the generation the conditions describe.
 	// +optional
 	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
-	// Conditions: InvalidConfig and MaintenanceWindowOpen.
+	// Conditions: InvalidConfig, MaintenanceWindowOpen and OtherOperatorActive.
 	// +optional
 	// +listType=map
 	// +listMapKey=type

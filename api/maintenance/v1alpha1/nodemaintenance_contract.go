@@ -2,6 +2,8 @@ package v1alpha1
 
 import (
 	"slices"
+	"strconv"
+	"time"
 
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -68,8 +70,37 @@ func (nm *NodeMaintenance) CordonRequested() bool {
 // before. Only then does releasing the object uncordon the node (the
 // lifecycle controller's finalizer, and gpufleet uninstall).
 func (nm *NodeMaintenance) CordonedTheNode() bool {
-	return nm.InProgress() && nm.CordonRequested() &&
-		nm.Status.NodeUnschedulableBefore != nil && !*nm.Status.NodeUnschedulableBefore
+	before := nm.NodeUnschedulableBefore()
+	return nm.InProgress() && nm.CordonRequested() && before != nil && !*before
+}
+
+// NodeUnschedulableBefore returns whether the node was already
+// unschedulable before this maintenance touched it, nil when that is not
+// recorded yet: the Maintenance Operator's annotation when it is set (it
+// is written before the cordon, by that operator and by gpufleet), else
+// gpufleet's status field (written by its scheduler).
+func (nm *NodeMaintenance) NodeUnschedulableBefore() *bool {
+	if v, ok := nm.Annotations[AnnotationNodeInitialUnschedulable]; ok {
+		if b, err := strconv.ParseBool(v); err == nil {
+			return &b
+		}
+	}
+	return nm.Status.NodeUnschedulableBefore
+}
+
+// WaitForCompletionStart returns when waiting for pod completion began,
+// zero if it has not: gpufleet's status field, else the Maintenance
+// Operator's annotation (an object taken over from it).
+func (nm *NodeMaintenance) WaitForCompletionStart() time.Time {
+	if t := nm.Status.WaitForCompletionStartTime; t != nil {
+		return t.Time
+	}
+	if v, ok := nm.Annotations[AnnotationWaitPodCompletionStart]; ok {
+		if t, err := time.Parse(time.RFC3339, v); err == nil {
+			return t
+		}
+	}
+	return time.Time{}
 }
 
 // HasFinalizer reports whether the maintenance finalizer is set: the

@@ -2,6 +2,7 @@ package v1alpha1
 
 import (
 	"testing"
+	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
@@ -98,5 +99,64 @@ func TestSpecAccessors(t *testing.T) {
 		if got := o.RequestedBy(requestor); got != want {
 			t.Errorf("RequestedBy(%q) = %t, want %t", requestor, got, want)
 		}
+	}
+}
+
+func TestNodeUnschedulableBefore(t *testing.T) {
+	tests := map[string]struct {
+		annotation   *string
+		status       *bool
+		want         *bool
+		wantCordoned bool
+	}{
+		"nothing recorded":                    {},
+		"gpufleet status only":                {status: ptr.To(false), want: ptr.To(false), wantCordoned: true},
+		"reference annotation false":          {annotation: ptr.To("false"), want: ptr.To(false), wantCordoned: true},
+		"reference annotation true (admin)":   {annotation: ptr.To("true"), want: ptr.To(true)},
+		"annotation wins over status":         {annotation: ptr.To("true"), status: ptr.To(false), want: ptr.To(true)},
+		"unparsable annotation: status":       {annotation: ptr.To("yes"), status: ptr.To(true), want: ptr.To(true)},
+		"unparsable annotation and no status": {annotation: ptr.To("")},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			o := nm(string(PhaseDraining), metav1.ConditionFalse)
+			if tc.annotation != nil {
+				o.Annotations = map[string]string{AnnotationNodeInitialUnschedulable: *tc.annotation}
+			}
+			o.Status.NodeUnschedulableBefore = tc.status
+			got := o.NodeUnschedulableBefore()
+			if (got == nil) != (tc.want == nil) || (got != nil && *got != *tc.want) {
+				t.Errorf("NodeUnschedulableBefore() = %v, want %v", ptr.Deref(got, false), ptr.Deref(tc.want, false))
+			}
+			if o.CordonedTheNode() != tc.wantCordoned {
+				t.Errorf("CordonedTheNode() = %t, want %t", o.CordonedTheNode(), tc.wantCordoned)
+			}
+		})
+	}
+}
+
+func TestWaitForCompletionStart(t *testing.T) {
+	at := time.Date(2026, 7, 1, 10, 0, 0, 0, time.UTC)
+	tests := map[string]struct {
+		annotation string
+		status     *metav1.Time
+		want       time.Time
+	}{
+		"none":                        {},
+		"reference annotation":        {annotation: "2026-07-01T10:00:00Z", want: at},
+		"status wins":                 {annotation: "2026-07-01T09:00:00Z", status: &metav1.Time{Time: at}, want: at},
+		"unparsable annotation: zero": {annotation: "yesterday"},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			o := nm(string(PhaseWaitForPodCompletion), metav1.ConditionFalse)
+			if tc.annotation != "" {
+				o.Annotations = map[string]string{AnnotationWaitPodCompletionStart: tc.annotation}
+			}
+			o.Status.WaitForCompletionStartTime = tc.status
+			if got := o.WaitForCompletionStart(); !got.Equal(tc.want) {
+				t.Errorf("WaitForCompletionStart() = %s, want %s", got, tc.want)
+			}
+		})
 	}
 }

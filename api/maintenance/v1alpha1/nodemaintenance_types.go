@@ -43,6 +43,20 @@ const AnnotationUrgent = "maintenance.gpufleet.dev/urgent"
 // Finalizer guarantees cleanup (uncordon) before a NodeMaintenance goes away.
 const Finalizer = "maintenance.nvidia.com/finalizer"
 
+// Annotations of NVIDIA's Maintenance Operator on a NodeMaintenance, byte
+// for byte: gpufleet reads them on objects it takes over from that
+// operator, and writes the ones that operator reads, so that a switch in
+// either direction continues each object where it is.
+const (
+	// AnnotationNodeInitialUnschedulable records, before the cordon,
+	// whether the node was already unschedulable ("true"/"false"); only a
+	// node recorded "false" is uncordoned when the object goes away.
+	AnnotationNodeInitialUnschedulable = "maintenance.nvidia.com/node-initial-state.unschedulable"
+	// AnnotationWaitPodCompletionStart is when waiting for pod completion
+	// began (RFC 3339); waitForPodCompletion.timeoutSeconds counts from it.
+	AnnotationWaitPodCompletionStart = "maintenance.nvidia.com/wait-pod-completion-start-time"
+)
+
 // NodeMaintenanceSpec is what a requestor asks for.
 type NodeMaintenanceSpec struct {
 	// RequestorID identifies the requestor, in domain-name notation
