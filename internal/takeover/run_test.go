@@ -3,6 +3,7 @@ package takeover
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -69,11 +70,10 @@ func TestRun(t *testing.T) {
 				if err := c.Get(t.Context(), client.ObjectKey{Namespace: stackNS, Name: name}, d); err != nil {
 					t.Fatal(err)
 				}
-				if got := string(rune('0'+*d.Spec.Replicas)) + " " + d.Annotations[AnnotationScaledDownFrom]; got != want {
+				if got := fmt.Sprintf("%d %s", *d.Spec.Replicas, d.Annotations[AnnotationScaledDownFrom]); got != want {
 					t.Errorf("Deployment %s: %q, want %q", name, got, want)
 				}
 			}
 		})
 	}
 }
-
