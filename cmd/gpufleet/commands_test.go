@@ -64,6 +64,9 @@ func TestCommandsRefuseBadInput(t *testing.T) {
 		"operator with a bad log level":   {[]string{"operator", "--log-level", "loud"}, "--log-level"},
 		"an unknown flag":                 {[]string{"operator", "--no-such-flag"}, "unknown flag"},
 		"an unknown subcommand":           {[]string{"frobnicate"}, "unknown command"},
+		"takeover without a direction":    {[]string{"takeover"}, "--from or --to is required"},
+		"takeover both ways":              {[]string{"takeover", "--from", "gpu-operator", "--to", "gpu-operator"}, "exclude each other"},
+		"takeover from an unknown one":    {[]string{"takeover", "--from", "network-operator"}, `unknown operator "network-operator"`},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {

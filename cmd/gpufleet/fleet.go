@@ -42,7 +42,7 @@ func newPluginCommand() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newStatusCommand(), newExplainCommand(), newUICommand(), newUninstallCommand(), newVersionCommand())
+	root.AddCommand(newStatusCommand(), newExplainCommand(), newUICommand(), newUninstallCommand(), newTakeoverCommand(), newVersionCommand())
 	return root
 }
 

@@ -28,8 +28,8 @@ func TestPluginCommands(t *testing.T) {
 	for _, c := range root.Commands() {
 		names = append(names, c.Name())
 	}
-	if got := strings.Join(names, ","); got != "explain,status,ui,uninstall,version" {
-		t.Errorf("plugin commands %s, want explain,status,ui,uninstall,version (no operator, agent, dev or sim)", got)
+	if got := strings.Join(names, ","); got != "explain,status,takeover,ui,uninstall,version" {
+		t.Errorf("plugin commands %s, want explain,status,takeover,ui,uninstall,version (no operator, agent, dev or sim)", got)
 	}
 }
 

@@ -39,7 +39,7 @@ func newRootCommand() *cobra.Command {
 		SilenceErrors: true,
 	}
 	root.AddCommand(newOperatorCommand(), newDevCommand(), agentcmd.NewCommand("agent"), newSimCommand(), newVersionCommand(),
-		newStatusCommand(), newExplainCommand(), newUICommand(), newUninstallCommand())
+		newStatusCommand(), newExplainCommand(), newUICommand(), newUninstallCommand(), newTakeoverCommand())
 	return root
 }
 

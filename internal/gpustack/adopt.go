@@ -268,3 +268,12 @@ func sortedKeys[V any](m map[string]V) []string {
 	sort.Strings(keys)
 	return keys
 }
+
+// LiveTemplateKept reports whether writing the rendered DaemonSet want
+// (as Adopt returns it) over the live DaemonSet have keeps have's pod
+// template, so that none of its pods restarts: the template runs what the
+// policy asks for (taken over from another operator), or gpufleet
+// accepted it for this rendered template before.
+func LiveTemplateKept(want, have *appsv1.DaemonSet) bool {
+	return takeOver(want, have).Annotations[AnnotationAcceptedTemplate] != ""
+}

@@ -216,7 +216,7 @@ func (r *Reconciler) reconcile(ctx context.Context, req reconcile.Request) (reco
 	meta.RemoveStatusCondition(&status.Conditions, ConditionPreviousOperator)
 	status.Namespace = r.Namespace
 	r.setUnsupported(policy, status, ev)
-	facts := factsOf(&nodes, r.Namespace, policy.Spec.Operator.DefaultRuntime)
+	facts := FactsOf(&nodes, r.Namespace, policy.Spec.Operator.DefaultRuntime)
 	drivers, err := r.nvidiaDrivers(ctx, policy)
 	if err != nil {
 		return reconcile.Result{}, "", err
@@ -276,7 +276,7 @@ func (r *Reconciler) activePolicy(ctx context.Context) (string, error) {
 	if err := r.Client.List(ctx, &list); err != nil {
 		return "", fmt.Errorf("listing ClusterPolicies: %w", err)
 	}
-	if p := oldestPolicy(list.Items); p != nil {
+	if p := OldestPolicy(list.Items); p != nil {
 		return p.Name, nil
 	}
 	return "", nil
@@ -310,8 +310,8 @@ func (r *Reconciler) nvidiaDrivers(ctx context.Context, policy *nvidiav1.Cluster
 	return list.Items, nil
 }
 
-// factsOf collects the OS flavours and runtimes of the GPU nodes.
-func factsOf(nodes *corev1.NodeList, ns, defaultRuntime string) Facts {
+// FactsOf collects the OS flavours and runtimes of the GPU nodes.
+func FactsOf(nodes *corev1.NodeList, ns, defaultRuntime string) Facts {
 	f := Facts{Namespace: ns}
 	seenOS, seenRT := map[OSFlavour]bool{}, map[string]bool{}
 	for i := range nodes.Items {

@@ -102,13 +102,13 @@ func (r *DriverStatusReconciler) crdOn(ctx context.Context) (bool, error) {
 	if err := r.Client.List(ctx, &list); err != nil {
 		return false, fmt.Errorf("listing ClusterPolicies: %w", err)
 	}
-	p := oldestPolicy(list.Items)
+	p := OldestPolicy(list.Items)
 	return p != nil && p.Spec.Driver.IsEnabled() && isTrue(p.Spec.Driver.UseNvidiaDriverCRD), nil
 }
 
-// oldestPolicy is the active ClusterPolicy: the oldest not being deleted
+// OldestPolicy is the active ClusterPolicy: the oldest not being deleted
 // (name breaks ties); nil when there is none.
-func oldestPolicy(items []nvidiav1.ClusterPolicy) *nvidiav1.ClusterPolicy {
+func OldestPolicy(items []nvidiav1.ClusterPolicy) *nvidiav1.ClusterPolicy {
 	items = slices.DeleteFunc(slices.Clone(items), func(p nvidiav1.ClusterPolicy) bool { return p.DeletionTimestamp != nil })
 	if len(items) == 0 {
 		return nil

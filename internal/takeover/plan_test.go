@@ -1,0 +1,382 @@
+package takeover
+
+import (
+	"bytes"
+	"flag"
+	"fmt"
+	"maps"
+	"os"
+	"path/filepath"
+	"regexp"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	appsv1 "k8s.io/api/apps/v1"
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/yaml"
+
+	maintenancev1 "github.com/gpufleet/gpufleet/api/maintenance/v1alpha1"
+	nvidiav1 "github.com/gpufleet/gpufleet/api/nvidia/v1"
+	"github.com/gpufleet/gpufleet/internal/devcluster"
+	"github.com/gpufleet/gpufleet/internal/gpustack"
+)
+
+var update = flag.Bool("update", false, "rewrite the golden reports in testdata/")
+
+var now = time.Date(2026, 9, 1, 12, 0, 0, 0, time.UTC)
+
+const stackNS = "gpu-operator"
+
+func chartDefaultPolicy(t *testing.T) *nvidiav1.ClusterPolicy {
+	t.Helper()
+	data, err := os.ReadFile("../gpustack/testdata/clusterpolicy-chart-default.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &nvidiav1.ClusterPolicy{}
+	if err := yaml.UnmarshalStrict(data, p); err != nil {
+		t.Fatal(err)
+	}
+	p.UID = "policy-uid"
+	p.Status.Namespace = stackNS
+	return p
+}
+
+func gpuNode(name, osID, osVersion string) corev1.Node {
+	labels := devcluster.GPUOperatorNodeLabels(false)
+	labels["feature.node.kubernetes.io/pci-10de.present"] = "true"
+	labels["feature.node.kubernetes.io/system-os_release.ID"] = osID
+	labels["feature.node.kubernetes.io/system-os_release.VERSION_ID"] = osVersion
+	n := corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels}}
+	n.Status.NodeInfo.ContainerRuntimeVersion = "containerd://1.7.24"
+	return n
+}
+
+func deployment(ns, name string, replicas int32, labels map[string]string) appsv1.Deployment {
+	return appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: labels},
+		Spec: appsv1.DeploymentSpec{Replicas: ptr.To(replicas)}}
+}
+
+var gpuOperatorHelmLabels = map[string]string{"app": "gpu-operator", "app.kubernetes.io/component": "gpu-operator",
+	"app.kubernetes.io/managed-by": "Helm", "app.kubernetes.io/instance": "gpu-operator"}
+
+func lease(ns, name, holder string) coordinationv1.Lease {
+	renewed := metav1.NewMicroTime(now.Add(-5 * time.Second))
+	return coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To(holder), LeaseDurationSeconds: ptr.To[int32](15), RenewTime: &renewed}}
+}
+
+// stack is the GPU Operator's converged stack on nodes for the policy,
+// with images overriding the policy's, and one pod per DaemonSet and
+// node (mig-manager on none: no node is MIG-capable).
+func stack(t *testing.T, p *nvidiav1.ClusterPolicy, nodes []corev1.Node, images map[string]string) ([]appsv1.DaemonSet, []corev1.Pod) {
+	t.Helper()
+	facts := gpustack.FactsOf(&corev1.NodeList{Items: nodes}, stackNS, "")
+	objs, err := gpustack.Render(p, facts, gpustack.Assets)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{}
+	for _, o := range objs {
+		if ds, ok := o.(*appsv1.DaemonSet); ok {
+			want[ds.Labels[gpustack.LabelComponent]] = ds.Spec.Template.Spec.Containers[0].Image
+		}
+	}
+	maps.Copy(want, images)
+	s := devcluster.GPUOperatorStack{Namespace: stackNS, Images: want, ChartVersion: "v26.7.0",
+		Owner: *metav1.NewControllerRef(p, nvidiav1.GroupVersion.WithKind("ClusterPolicy"))}
+	var dss []appsv1.DaemonSet
+	var pods []corev1.Pod
+	for _, o := range s.Objects() {
+		ds, ok := o.(*appsv1.DaemonSet)
+		if !ok {
+			continue
+		}
+		dss = append(dss, *ds)
+		if ds.Name == "nvidia-mig-manager" {
+			continue
+		}
+		for _, n := range nodes {
+			pods = append(pods, corev1.Pod{
+				ObjectMeta: metav1.ObjectMeta{Namespace: stackNS, Name: ds.Name + "-" + n.Name, Labels: ds.Spec.Template.Labels,
+					OwnerReferences: []metav1.OwnerReference{*metav1.NewControllerRef(ds, appsv1.SchemeGroupVersion.WithKind("DaemonSet"))}},
+				Spec: *ds.Spec.Template.Spec.DeepCopy(),
+			})
+		}
+	}
+	return dss, pods
+}
+
+// adoptedBy makes dss what gpufleet leaves after adopting them: its
+// labels, the adopted-from annotation, the hash annotation removed, the
+// template accepted (unless replaced names it).
+func adoptedBy(dss []appsv1.DaemonSet, replaced string) []appsv1.DaemonSet {
+	out := make([]appsv1.DaemonSet, 0, len(dss))
+	for _, ds := range dss {
+		ds := *ds.DeepCopy()
+		ds.Labels[gpustack.LabelManagedBy] = "gpufleet"
+		ds.Labels[gpustack.LabelComponent] = componentOf[ds.Name]
+		delete(ds.Annotations, gpustack.AnnotationPreviousHash)
+		ds.Annotations[gpustack.AnnotationAdoptedFrom] = "gpu-operator"
+		if ds.Name != replaced {
+			ds.Annotations[gpustack.AnnotationAcceptedTemplate] = "0123456789abcdef"
+		}
+		out = append(out, ds)
+	}
+	return out
+}
+
+var componentOf = map[string]string{}
+
+func init() {
+	for c, name := range devcluster.GPUOperatorDaemonSetNames() {
+		componentOf[name] = c
+	}
+}
+
+func nm(name, node string, phase maintenancev1.Phase, finalizer bool) maintenancev1.NodeMaintenance {
+	o := maintenancev1.NodeMaintenance{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name}}
+	o.Spec.NodeName, o.Spec.RequestorID = node, "nvidia.network-operator"
+	if phase != "" {
+		o.Status.Conditions = []metav1.Condition{{Type: maintenancev1.ConditionTypeReady, Status: metav1.ConditionFalse, Reason: string(phase)}}
+		if phase == maintenancev1.PhaseReady {
+			o.Status.Conditions[0].Status = metav1.ConditionTrue
+		}
+	}
+	if finalizer {
+		o.Finalizers = []string{maintenancev1.Finalizer}
+	}
+	return o
+}
+
+// summary is what a case checks besides its golden report.
+type summary struct {
+	Stop, Start       []string
+	LeaseHeld         bool
+	Adopted, Restarts []string
+	New, Blocked      int
+	InFlight          []string
+	Problems          int
+}
+
+func summarize(p Plan) summary {
+	s := summary{LeaseHeld: p.StopLease != nil, New: len(p.New), Blocked: len(p.Blocked), Problems: len(p.Problems)}
+	for _, w := range p.Stop {
+		s.Stop = append(s.Stop, w.Namespace+"/"+w.Name)
+	}
+	for _, w := range p.Start {
+		s.Start = append(s.Start, fmt.Sprintf("%s/%s=%d", w.Namespace, w.Name, w.RestoreReplicas()))
+	}
+	for _, d := range p.Adopted {
+		s.Adopted = append(s.Adopted, d.Name)
+	}
+	for _, d := range p.Restarts {
+		s.Restarts = append(s.Restarts, d.Name)
+	}
+	for _, f := range p.InFlight {
+		s.InFlight = append(s.InFlight, string(f.Phase)+" "+f.Key.Name)
+	}
+	return s
+}
+
+var allAdopted = []string{"nvidia-driver-daemonset", "nvidia-container-toolkit-daemonset", "nvidia-device-plugin-daemonset",
+	"nvidia-operator-validator", "nvidia-dcgm-exporter", "gpu-feature-discovery", "nvidia-mig-manager"}
+
+func TestMakePlan(t *testing.T) {
+	p := chartDefaultPolicy(t)
+	nodes := []corev1.Node{gpuNode("gpu-000", "ubuntu", "22.04"), gpuNode("gpu-001", "ubuntu", "22.04")}
+	dss, pods := stack(t, p, nodes, nil)
+	oldDriver := "nvcr.io/nvidia/driver:550.127.08-ubuntu22.04"
+	oldDSS, oldPods := stack(t, p, nodes, map[string]string{"driver": oldDriver})
+	twoOS := []corev1.Node{nodes[0], gpuNode("gpu-002", "ubuntu", "24.04")}
+	twoOSDSS, twoOSPods := stack(t, p, twoOS, nil)
+
+	ownHere := deployment(stackNS, "gpufleet-operator", 2, nil)
+	ownStopped := ownHere
+	ownStopped.Spec.Replicas = ptr.To[int32](0)
+	ownStopped.Annotations = map[string]string{AnnotationScaledDownFrom: "2"}
+	gpuOp := deployment(stackNS, "gpu-operator", 1, gpuOperatorHelmLabels)
+	gpuOpStopped := gpuOp
+	gpuOpStopped.Spec.Replicas = ptr.To[int32](0)
+	gpuOpLease := lease(stackNS, liveowner53822513, "gpu-operator-6c8649f9d9-x7k2p_0c1d2e3f")
+	released := gpuOpLease
+	released.Spec.HolderIdentity = ptr.To("")
+
+	gpufleetCreated := dss[0]
+	gpufleetCreated.Name = "gpufleet-driver-ubuntu24.04"
+	gpufleetCreated.Labels = map[string]string{gpustack.LabelManagedBy: "gpufleet", gpustack.LabelComponent: "driver"}
+	gpufleetCreated.Annotations = nil
+
+	mo := deployment("maintenance-operator", "maintenance-operator", 1, map[string]string{
+		"app.kubernetes.io/component": "maintenance-operator-controller-manager", "app.kubernetes.io/managed-by": "Helm",
+		"app.kubernetes.io/instance": "maintenance-operator"})
+	moStopped := mo
+	moStopped.Spec.Replicas = ptr.To[int32](0)
+	moLease := lease("maintenance-operator", "a9620a8f.nvidia.com", "maintenance-operator-5d9f7c-abcde_1234")
+	nms := []maintenancev1.NodeMaintenance{
+		nm("ready", "gpu-005", maintenancev1.PhaseReady, true),
+		nm("pending", "gpu-000", "", false),
+		nm("draining", "gpu-004", maintenancev1.PhaseDraining, true),
+		nm("scheduled", "gpu-001", maintenancev1.PhaseScheduled, false),
+		nm("cordon", "gpu-002", maintenancev1.PhaseCordon, true),
+		nm("waiting", "gpu-003", maintenancev1.PhaseWaitForPodCompletion, true),
+		nm("failed", "gpu-006", maintenancev1.PhaseRequestorFailed, true),
+	}
+	moOwn := deployment("gpufleet-system", "gpufleet-operator", 2, nil)
+
+	tests := map[string]struct {
+		snap Snapshot
+		dir  Direction
+		want summary
+	}{
+		"converged chart-default stack: all adopted, nothing restarts": {
+			snap: Snapshot{Namespace: stackNS, Deployments: []appsv1.Deployment{gpuOp, ownHere}, Leases: []coordinationv1.Lease{gpuOpLease},
+				Policies: []nvidiav1.ClusterPolicy{*p}, Nodes: nodes, DaemonSets: dss, Pods: pods},
+			dir:  Direction{Operator: GPUOperator},
+			want: summary{Stop: []string{"gpu-operator/gpu-operator"}, LeaseHeld: true, Adopted: allAdopted},
+		},
+		"another driver version: the driver is replaced through NodeMaintenance": {
+			snap: Snapshot{Namespace: stackNS, Deployments: []appsv1.Deployment{gpuOp, ownHere}, Leases: []coordinationv1.Lease{gpuOpLease},
+				Policies: []nvidiav1.ClusterPolicy{*p}, Nodes: nodes, DaemonSets: oldDSS, Pods: oldPods},
+			dir: Direction{Operator: GPUOperator},
+			want: summary{Stop: []string{"gpu-operator/gpu-operator"}, LeaseHeld: true, Adopted: allAdopted[1:],
+				Restarts: []string{"nvidia-driver-daemonset"}},
+		},
+		"two OS flavours: the driver is blocked": {
+			snap: Snapshot{Namespace: stackNS, Deployments: []appsv1.Deployment{gpuOp, ownHere}, Leases: []coordinationv1.Lease{gpuOpLease},
+				Policies: []nvidiav1.ClusterPolicy{*p}, Nodes: twoOS, DaemonSets: twoOSDSS, Pods: twoOSPods},
+			dir:  Direction{Operator: GPUOperator},
+			want: summary{Stop: []string{"gpu-operator/gpu-operator"}, LeaseHeld: true, Adopted: allAdopted[1:], Blocked: 1, Problems: 1},
+		},
+		"gpufleet in another namespace than the stack": {
+			snap: Snapshot{Namespace: "gpufleet-system", Deployments: []appsv1.Deployment{gpuOp, moOwn}, Leases: []coordinationv1.Lease{gpuOpLease},
+				Policies: []nvidiav1.ClusterPolicy{*p}, Nodes: nodes, DaemonSets: dss, Pods: pods},
+			dir:  Direction{Operator: GPUOperator},
+			want: summary{Stop: []string{"gpu-operator/gpu-operator"}, LeaseHeld: true, Adopted: allAdopted, Problems: 1},
+		},
+		"already stopped, lease released, gpufleet scaled down by a hand-back: started again": {
+			snap: Snapshot{Namespace: stackNS, Deployments: []appsv1.Deployment{gpuOpStopped, ownStopped}, Leases: []coordinationv1.Lease{released},
+				Policies: []nvidiav1.ClusterPolicy{*p}, Nodes: nodes, DaemonSets: dss, Pods: pods},
+			dir:  Direction{Operator: GPUOperator},
+			want: summary{Start: []string{"gpu-operator/gpufleet-operator=2"}, Adopted: allAdopted},
+		},
+		"lease held, no Deployment found": {
+			snap: Snapshot{Namespace: stackNS, Deployments: []appsv1.Deployment{ownHere}, Leases: []coordinationv1.Lease{gpuOpLease},
+				Policies: []nvidiav1.ClusterPolicy{*p}, Nodes: nodes, DaemonSets: dss, Pods: pods},
+			dir:  Direction{Operator: GPUOperator},
+			want: summary{LeaseHeld: true, Adopted: allAdopted, Problems: 1},
+		},
+		"back to the GPU Operator: kept templates, one replaced, one created by gpufleet": {
+			snap: Snapshot{Namespace: stackNS, Deployments: []appsv1.Deployment{gpuOpStopped, ownHere},
+				Leases:   []coordinationv1.Lease{lease(stackNS, "gpufleet-operator", "gpufleet-operator-7d9c-xyz")},
+				Policies: []nvidiav1.ClusterPolicy{*p}, Nodes: nodes, DaemonSets: append(adoptedBy(dss, "nvidia-dcgm-exporter"), gpufleetCreated), Pods: pods},
+			dir: Direction{Operator: GPUOperator, Back: true},
+			want: summary{Stop: []string{"gpu-operator/gpufleet-operator"}, Start: []string{"gpu-operator/gpu-operator=1"}, LeaseHeld: true,
+				Adopted: []string{"nvidia-driver-daemonset", "nvidia-container-toolkit-daemonset", "nvidia-operator-validator",
+					"nvidia-device-plugin-daemonset", "gpu-feature-discovery", "nvidia-mig-manager"},
+				Restarts: []string{"nvidia-dcgm-exporter"}, Problems: 1},
+		},
+		"maintenance objects in every phase": {
+			snap: Snapshot{Namespace: "gpufleet-system", Deployments: []appsv1.Deployment{mo, moOwn}, Leases: []coordinationv1.Lease{moLease},
+				NodeMaintenances: nms},
+			dir: Direction{Operator: MaintenanceOperator},
+			want: summary{Stop: []string{"maintenance-operator/maintenance-operator"}, LeaseHeld: true,
+				InFlight: []string{"Pending pending", "Scheduled scheduled", "Cordon cordon", "WaitForPodCompletion waiting", "Draining draining",
+					"Ready ready", "RequestorFailed failed"}},
+		},
+		"maintenance operator stopped, lease not held": {
+			snap: Snapshot{Namespace: "gpufleet-system", Deployments: []appsv1.Deployment{moStopped, moOwn}, NodeMaintenances: nms[:1]},
+			dir:  Direction{Operator: MaintenanceOperator},
+			want: summary{InFlight: []string{"Ready ready"}},
+		},
+		"back to the maintenance operator": {
+			snap: Snapshot{Namespace: "gpufleet-system", Deployments: []appsv1.Deployment{moStopped, moOwn}, NodeMaintenances: nms[2:3]},
+			dir:  Direction{Operator: MaintenanceOperator, Back: true},
+			want: summary{Stop: []string{"gpufleet-system/gpufleet-operator"}, Start: []string{"maintenance-operator/maintenance-operator=1"},
+				InFlight: []string{"Draining draining"}},
+		},
+		"no gpufleet Deployment": {
+			snap: Snapshot{Namespace: "gpufleet-system", Deployments: []appsv1.Deployment{mo}},
+			dir:  Direction{Operator: MaintenanceOperator},
+			want: summary{Stop: []string{"maintenance-operator/maintenance-operator"}, Problems: 1},
+		},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			tc.snap.Now, tc.snap.OwnDeployment = now, "gpufleet-operator"
+			plan := MakePlan(tc.snap, tc.dir)
+			if diff := cmp.Diff(tc.want, summarize(plan)); diff != "" {
+				t.Errorf("plan (-want +got):\n%s\nproblems: %q", diff, plan.Problems)
+			}
+			var out bytes.Buffer
+			if err := plan.Write(&out); err != nil {
+				t.Fatal(err)
+			}
+			golden(t, out.Bytes())
+		})
+	}
+}
+
+const liveowner53822513 = "53822513.nvidia.com"
+
+func golden(t *testing.T, got []byte) {
+	t.Helper()
+	path := filepath.Join("testdata", sanitize(t.Name())+".golden")
+	if *update {
+		if err := os.MkdirAll("testdata", 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, got, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("%v (run go test ./internal/takeover -update to write it)", err)
+	}
+	if diff := cmp.Diff(string(want), string(got)); diff != "" {
+		t.Errorf("report differs from %s (-want +got; go test ./internal/takeover -update rewrites it):\n%s", path, diff)
+	}
+}
+
+var unsafeInName = regexp.MustCompile(`[^A-Za-z0-9_-]`)
+
+func sanitize(name string) string { return unsafeInName.ReplaceAllString(name, "_") }
+
+func TestParseOperator(t *testing.T) {
+	for _, s := range []string{"gpu-operator", "maintenance-operator"} {
+		if o, err := ParseOperator(s); err != nil || string(o) != s {
+			t.Errorf("ParseOperator(%q) = %q, %v", s, o, err)
+		}
+	}
+	if _, err := ParseOperator("network-operator"); err == nil {
+		t.Error("ParseOperator accepted network-operator")
+	}
+}
+
+func TestIsDeployment(t *testing.T) {
+	tests := map[string]struct {
+		op   Operator
+		d    appsv1.Deployment
+		want bool
+	}{
+		"GPU Operator by name":                     {GPUOperator, deployment("x", "gpu-operator", 1, nil), true},
+		"GPU Operator by label":                    {GPUOperator, deployment("x", "my-gpu-op", 1, map[string]string{"app": "gpu-operator"}), true},
+		"NFD is not the GPU Operator":              {GPUOperator, deployment("x", "gpu-operator-node-feature-discovery-master", 1, map[string]string{"app.kubernetes.io/name": "node-feature-discovery"}), false},
+		"Maintenance Operator, Helm":               {MaintenanceOperator, deployment("maintenance-operator", "maintenance-operator", 1, nil), true},
+		"Maintenance Operator, kustomize":          {MaintenanceOperator, deployment("maintenance-operator-system", "maintenance-operator-controller-manager", 1, nil), true},
+		"Maintenance Operator, another release":    {MaintenanceOperator, deployment("m", "x-maintenance-operator", 1, map[string]string{"app.kubernetes.io/component": "maintenance-operator-controller-manager"}), true},
+		"gpufleet is not the Maintenance Operator": {MaintenanceOperator, deployment("gpufleet-system", "gpufleet-operator", 1, nil), false},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			if got := tc.op.IsDeployment(&tc.d); got != tc.want {
+				t.Errorf("IsDeployment = %t, want %t", got, tc.want)
+			}
+		})
+	}
+}
