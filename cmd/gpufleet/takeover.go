@@ -2,12 +2,10 @@ package main
 
 import (
 	"errors"
-	"fmt"
 	"time"
 
 	"github.com/spf13/cobra"
 	"k8s.io/cli-runtime/pkg/genericclioptions"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/gpufleet/gpufleet/internal/operator"
 	"github.com/gpufleet/gpufleet/internal/takeover"
@@ -46,21 +44,9 @@ again after any interruption; it finishes what is left.
 			if err != nil {
 				return err
 			}
-			cfg, err := flags.ToRESTConfig()
-			if err != nil {
-				return fmt.Errorf("loading the kubeconfig: %w", err)
-			}
-			ns := operator.DefaultNamespace
-			if cmd.Flags().Changed("namespace") {
-				ns = *flags.Namespace
-			}
-			scheme, err := operator.Scheme()
+			c, ns, err := operatorClient(cmd, flags)
 			if err != nil {
 				return err
-			}
-			c, err := client.New(cfg, client.Options{Scheme: scheme})
-			if err != nil {
-				return fmt.Errorf("connecting to the cluster: %w", err)
 			}
 			return takeover.Run(cmd.Context(), takeover.Options{
 				Client: c, Direction: dir, Namespace: ns, Deployment: deployment,

@@ -45,21 +45,9 @@ kustomize, run it before deleting the manifests:
   kubectl delete -f install.yaml`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			cfg, err := flags.ToRESTConfig()
-			if err != nil {
-				return fmt.Errorf("loading the kubeconfig: %w", err)
-			}
-			ns := operator.DefaultNamespace
-			if cmd.Flags().Changed("namespace") {
-				ns = *flags.Namespace
-			}
-			scheme, err := operator.Scheme()
+			c, ns, err := operatorClient(cmd, flags)
 			if err != nil {
 				return err
-			}
-			c, err := client.New(cfg, client.Options{Scheme: scheme})
-			if err != nil {
-				return fmt.Errorf("connecting to the cluster: %w", err)
 			}
 			return uninstall.Run(cmd.Context(), uninstall.Options{
 				Client: c, Namespace: ns, Deployment: deployment, Lease: lease,
@@ -74,4 +62,27 @@ kustomize, run it before deleting the manifests:
 	f.DurationVar(&timeout, "timeout", 2*time.Minute, "how long to wait for the operator to stop")
 	f.BoolVar(&dryRun, "dry-run", false, "print what would be done, change nothing")
 	return cmd
+}
+
+// operatorClient connects to the cluster of the command's kubeconfig flags
+// with the operator's scheme; ns is --namespace, else the operator's
+// default namespace.
+func operatorClient(cmd *cobra.Command, flags *genericclioptions.ConfigFlags) (client.Client, string, error) {
+	cfg, err := flags.ToRESTConfig()
+	if err != nil {
+		return nil, "", fmt.Errorf("loading the kubeconfig: %w", err)
+	}
+	ns := operator.DefaultNamespace
+	if cmd.Flags().Changed("namespace") {
+		ns = *flags.Namespace
+	}
+	scheme, err := operator.Scheme()
+	if err != nil {
+		return nil, "", err
+	}
+	c, err := client.New(cfg, client.Options{Scheme: scheme})
+	if err != nil {
+		return nil, "", fmt.Errorf("connecting to the cluster: %w", err)
+	}
+	return c, ns, nil
 }
