@@ -85,6 +85,14 @@ func (r *refusals) refused(what string, desired uint64, err error, now time.Time
 	return at
 }
 
+// has reports whether the last write of what was refused.
+func (r *refusals) has(what string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	_, ok := r.byWhat[what]
+	return ok
+}
+
 // accepted forgets a refusal once the write went through (or is no
 // longer wanted).
 func (r *refusals) accepted(what string) {

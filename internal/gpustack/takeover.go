@@ -82,8 +82,8 @@ func allCached(objs []client.Object, cached []appsv1.DaemonSet) bool {
 // operator in this pass.
 func (r *Reconciler) reportAdoptions(ctx context.Context, policy *nvidiav1.ClusterPolicy, adoptions []Adoption, ev *pendingevents.Recorder) {
 	for _, a := range adoptions {
-		if a.From == "" {
-			continue
+		if a.From == "" || r.refused.has("DaemonSet "+r.Namespace+"/"+a.Live) {
+			continue // adopted before, or its write was refused (reported as such)
 		}
 		ctrl.LoggerFrom(ctx).Info("adopting a DaemonSet of another operator", "daemonSet", a.Live, "component", a.Component, "from", a.From, "renderedName", a.Rendered)
 		ev.Eventf(policy, nil, corev1.EventTypeNormal, ReasonAdopted, actionDeploy,
