@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	resourcev1 "k8s.io/api/resource/v1"
@@ -164,7 +165,7 @@ func (r *Isolator) desired(ctx context.Context, gf *repairv1.GPUFault) (isolatio
 	dev, ok := DeviceOf(published.Items, draDriver(&policy.Spec), node.Name, gf.Spec.GPU)
 	switch {
 	case !ok:
-		return isolation{note: devicePluginNote(node, draDriver(&policy.Spec))}, nil
+		return isolation{note: devicePluginNote(node, draDriver(&policy.Spec), gf.Status.Allocation)}, nil
 	case policy.Spec.DryRun:
 		return isolation{note: fmt.Sprintf("dry run (policy %s): would taint device %s/%s/%s", policy.Name, dev.Driver, dev.Pool, dev.Name)}, nil
 	}
@@ -233,15 +234,40 @@ func sameSelector(a, b *resourcev1.DeviceTaintRule) bool {
 // a faulty GPU that DRA does not publish from new pods: the kubelet gives
 // out only the GPUs the plugin reports healthy, so allocatable below
 // capacity means the plugin took GPUs out (gpufleet cannot tell the kubelet
-// which device to skip).
-func devicePluginNote(node *corev1.Node, driver string) string {
+// which device to skip). Otherwise it says what the repair does instead,
+// as the repair does it: drain the pods the kubelet gave this GPU when the
+// node agent read them (alloc), else every pod of the node requesting the
+// device plugin's resource.
+func devicePluginNote(node *corev1.Node, driver string, alloc *repairv1.GPUAllocation) string {
 	capacity, allocatable := node.Status.Capacity[gpuResource], node.Status.Allocatable[gpuResource]
 	if allocatable.Cmp(capacity) < 0 {
 		return fmt.Sprintf("device plugin: %s allocatable %s of %s (the plugin took unhealthy GPUs out; not published by DRA driver %s)",
 			gpuResource, allocatable.String(), capacity.String(), driver)
 	}
-	return fmt.Sprintf("NOT isolated: not published by DRA driver %s and the device plugin still advertises all %s %s; the repair drains the node's GPU pods before the reset",
-		driver, capacity.String(), gpuResource)
+	drains := fmt.Sprintf("which pods hold this GPU is not known yet, so the repair drains every pod of the node that requests %s before the reset", gpuResource)
+	if alloc != nil {
+		pods := make([]string, len(alloc.Pods))
+		for i, p := range alloc.Pods {
+			pods[i] = p.String()
+		}
+		switch len(pods) {
+		case 0:
+			drains = "no pod holds this GPU (the kubelet's pod-resources), so the repair drains none before the reset"
+		default:
+			drains = fmt.Sprintf("the repair drains only the %d pod(s) the kubelet gave this GPU (pod-resources: %s) before the reset",
+				len(pods), summarizePods(pods))
+		}
+	}
+	return fmt.Sprintf("NOT isolated: not published by DRA driver %s and the device plugin still advertises all %s %s (new pods may still be given this GPU); %s",
+		driver, capacity.String(), gpuResource, drains)
+}
+
+// summarizePods names up to three pods and counts the rest.
+func summarizePods(pods []string) string {
+	if len(pods) <= 3 {
+		return strings.Join(pods, ", ")
+	}
+	return fmt.Sprintf("%s and %d more", strings.Join(pods[:3], ", "), len(pods)-3)
 }
 
 const gpuResource corev1.ResourceName = "nvidia.com/gpu"
