@@ -12,6 +12,8 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/gpufleet/gpufleet/internal/liveowner"
 )
 
 // A GPU stack as NVIDIA's GPU Operator (v26.7, installed by its Helm chart,
@@ -21,9 +23,6 @@ import (
 // writes. Written from what the GPU Operator's manifests and controllers
 // do; used to try and test a switch to gpufleet (gpufleet dev, tests). The
 // pods are made by the cluster's DaemonSet controller, as they were.
-
-// GPUOperatorLeaseName is the GPU Operator's leader-election Lease.
-const GPUOperatorLeaseName = "53822513.nvidia.com"
 
 // GPUOperatorStack is the GPU Operator's operands for one ClusterPolicy.
 type GPUOperatorStack struct {
@@ -189,7 +188,7 @@ func GPUOperatorNodeAnnotations() map[string]string {
 // holder and renewed at renewed (controller-runtime's 15 s duration).
 func GPUOperatorLease(namespace, holder string, renewed time.Time) *coordinationv1.Lease {
 	return &coordinationv1.Lease{
-		ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: GPUOperatorLeaseName},
+		ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: liveowner.GPUOperator.Lease},
 		Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To(holder), LeaseDurationSeconds: ptr.To[int32](15),
 			AcquireTime: &metav1.MicroTime{Time: renewed}, RenewTime: &metav1.MicroTime{Time: renewed}},
 	}

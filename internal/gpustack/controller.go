@@ -233,12 +233,12 @@ func (r *Reconciler) reconcile(ctx context.Context, req reconcile.Request) (reco
 		held, err := r.writeStatus(ctx, policy, status, ev)
 		return reconcile.Result{RequeueAfter: held}, result(held), err
 	}
-	objs, adoptions, blocked, err := r.adoptLive(ctx, objs)
+	objs, adoptions, blocked, uncached, err := r.adoptLive(ctx, objs)
 	if err != nil {
 		return reconcile.Result{}, "", err
 	}
 	touched := map[string]bool{}
-	if err := r.apply(ctx, objs, touched); err != nil {
+	if err := r.apply(ctx, objs, uncached, touched); err != nil {
 		return reconcile.Result{}, "", err
 	}
 	r.reportAdoptions(ctx, policy, adoptions, ev)
@@ -336,11 +336,16 @@ func FactsOf(nodes *corev1.NodeList, ns, defaultRuntime string) Facts {
 
 // apply creates missing objects and reverts drift in existing ones; an
 // object that already matches is not written. An object the API server
-// refuses does not stop the others (refusals.go).
-func (r *Reconciler) apply(ctx context.Context, objs []client.Object, touched map[string]bool) error {
+// refuses does not stop the others (refusals.go). The DaemonSets named in
+// uncached exist but are not cached (to adopt): they are read live.
+func (r *Reconciler) apply(ctx context.Context, objs []client.Object, uncached, touched map[string]bool) error {
 	for _, want := range objs {
+		from := client.Reader(r.Client)
+		if _, ok := want.(*appsv1.DaemonSet); ok && uncached[want.GetName()] {
+			from = r.Live
+		}
 		err := r.try(ctx, describeObject(want), desiredHash(want), touched, func() error {
-			return r.applyFrom(ctx, r.Client, []client.Object{want})
+			return r.applyFrom(ctx, from, []client.Object{want})
 		})
 		if err != nil {
 			return err

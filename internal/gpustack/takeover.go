@@ -40,28 +40,40 @@ const ConditionPreviousOperator = "PreviousOperatorRunning"
 // stack's namespace (Adopt). gpufleet's own, adopted ones included, are in
 // the cache; the live list (another operator's are not cached) is read on
 // the first pass and whenever a rendered DaemonSet is not in the cache
-// (about to be created): a converged stack costs no read.
-func (r *Reconciler) adoptLive(ctx context.Context, objs []client.Object) ([]client.Object, []Adoption, []Blocked, error) {
+// (about to be created): a converged stack costs no read. uncached names
+// the rendered DaemonSets that exist but are not in the cache (another
+// operator's, to adopt): apply reads them live instead of creating them.
+func (r *Reconciler) adoptLive(ctx context.Context, objs []client.Object) (out []client.Object, adoptions []Adoption, blocked []Blocked, uncached map[string]bool, err error) {
 	var cached appsv1.DaemonSetList
 	if err := r.Client.List(ctx, &cached, client.InNamespace(r.Namespace), client.MatchingLabels{LabelManagedBy: managedBy}); err != nil {
-		return nil, nil, nil, fmt.Errorf("listing DaemonSets: %w", err)
+		return nil, nil, nil, nil, fmt.Errorf("listing DaemonSets: %w", err)
 	}
-	out, adoptions, blocked := Adopt(objs, cached.Items)
+	out, adoptions, blocked = Adopt(objs, cached.Items)
 	r.mu.Lock()
 	scanned := r.scanned
 	r.mu.Unlock()
 	if scanned && allCached(out, cached.Items) {
-		return out, adoptions, blocked, nil
+		return out, adoptions, blocked, nil, nil
 	}
 	var live appsv1.DaemonSetList
 	if err := r.Live.List(ctx, &live, client.InNamespace(r.Namespace)); err != nil {
-		return nil, nil, nil, fmt.Errorf("listing DaemonSets: %w", err)
+		return nil, nil, nil, nil, fmt.Errorf("listing DaemonSets: %w", err)
 	}
 	r.mu.Lock()
 	r.scanned = true
 	r.mu.Unlock()
 	out, adoptions, blocked = Adopt(objs, live.Items)
-	return out, adoptions, blocked, nil
+	inCache := map[string]bool{}
+	for i := range cached.Items {
+		inCache[cached.Items[i].Name] = true
+	}
+	uncached = map[string]bool{}
+	for i := range live.Items {
+		if !inCache[live.Items[i].Name] {
+			uncached[live.Items[i].Name] = true
+		}
+	}
+	return out, adoptions, blocked, uncached, nil
 }
 
 // allCached reports whether every rendered DaemonSet is among cached.

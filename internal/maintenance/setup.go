@@ -10,7 +10,6 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/util/workqueue"
 	"k8s.io/utils/clock"
-	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
@@ -22,6 +21,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	maintenancev1 "github.com/gpufleet/gpufleet/api/maintenance/v1alpha1"
+	"github.com/gpufleet/gpufleet/internal/liveowner"
 )
 
 // Cache indexes.
@@ -90,7 +90,7 @@ func Setup(mgr manager.Manager, opts Options) error {
 		Watches(&maintenancev1.NodeMaintenance{}, toScheduler, builder.WithPredicates(schedulingRelevantNM)).
 		Watches(&corev1.Node{}, toScheduler, builder.WithPredicates(availabilityChanged)).
 		Watches(&maintenancev1.MaintenanceOperatorConfig{}, toScheduler, builder.WithPredicates(isDefaultConfig, specChanged)).
-		Watches(&coordinationv1.Lease{}, toScheduler, builder.WithPredicates(holderChanged)).
+		Watches(&coordinationv1.Lease{}, toScheduler, builder.WithPredicates(liveowner.HolderChanged)).
 		WatchesRawSource(alarm.Source(handler.TypedFuncs[struct{}, reconcile.Request]{
 			GenericFunc: func(_ context.Context, _ event.TypedGenericEvent[struct{}], q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
 				q.Add(schedulerKey)
@@ -146,7 +146,7 @@ func Setup(mgr manager.Manager, opts Options) error {
 			func(ctx context.Context, _ client.Object) []reconcile.Request {
 				return objectsIn(ctx, mgr, "")
 			}),
-			builder.WithPredicates(holderChanged)).
+			builder.WithPredicates(liveowner.HolderChanged)).
 		// A budget that allows more disruptions lets refused evictions be
 		// retried now rather than after their backoff.
 		Watches(&policyv1.PodDisruptionBudget{}, handler.EnqueueRequestsFromMapFunc(
@@ -217,15 +217,6 @@ var moreDisruptionsAllowed = predicate.Funcs{
 	UpdateFunc: func(e event.UpdateEvent) bool {
 		o, n := e.ObjectOld.(*policyv1.PodDisruptionBudget), e.ObjectNew.(*policyv1.PodDisruptionBudget)
 		return n.Status.DisruptionsAllowed > o.Status.DisruptionsAllowed
-	},
-}
-
-// holderChanged passes leases created, deleted, released or taken by
-// another holder, not their renewals (a holding's expiry is a requeue).
-var holderChanged = predicate.Funcs{
-	UpdateFunc: func(e event.UpdateEvent) bool {
-		o, n := e.ObjectOld.(*coordinationv1.Lease), e.ObjectNew.(*coordinationv1.Lease)
-		return ptr.Deref(o.Spec.HolderIdentity, "") != ptr.Deref(n.Spec.HolderIdentity, "")
 	},
 }
 

@@ -36,7 +36,7 @@ func TestDevicePluginNote(t *testing.T) {
 		"the plugin took it out (7 of 8)": {node: node("7"), alloc: pods("a"),
 			want: []string{"allocatable 7 of 8"}, avoid: []string{"NOT isolated"}},
 		"one pod holds it": {node: node("8"), alloc: pods("train-0"),
-			want: []string{"NOT isolated", "drains only the 1 pod(s) the kubelet gave this GPU (pod-resources: ml/train-0)"},
+			want:  []string{"NOT isolated", "drains only the 1 pod(s) the kubelet gave this GPU (pod-resources: ml/train-0)"},
 			avoid: []string{"every pod", "node's GPU pods"}},
 		"many pods": {node: node("8"), alloc: pods("a", "b", "c", "d", "e"),
 			want: []string{"only the 5 pod(s)", "ml/a, ml/b, ml/c and 2 more"}},

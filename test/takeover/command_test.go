@@ -17,11 +17,13 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/gpufleet/gpufleet/internal/devcluster"
 	"github.com/gpufleet/gpufleet/internal/devcluster/devtest"
 	"github.com/gpufleet/gpufleet/internal/gpustack"
+	"github.com/gpufleet/gpufleet/internal/liveowner"
 	"github.com/gpufleet/gpufleet/internal/takeover"
 )
 
@@ -36,7 +38,7 @@ func operatorDeployment(name string, labels map[string]string) *appsv1.Deploymen
 	}
 	return &appsv1.Deployment{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: podLabels},
-		Spec: appsv1.DeploymentSpec{Replicas: ptrTo[int32](1), Selector: &metav1.LabelSelector{MatchLabels: sel},
+		Spec: appsv1.DeploymentSpec{Replicas: ptr.To[int32](1), Selector: &metav1.LabelSelector{MatchLabels: sel},
 			Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: podLabels},
 				Spec: corev1.PodSpec{NodeSelector: map[string]string{"gpufleet.dev/no-such-node": "true"},
 					Containers: []corev1.Container{{Name: name, Image: "example.com/" + name + ":v1"}}}}},
@@ -110,7 +112,7 @@ func TestTakeoverCommandFromTheGPUOperator(t *testing.T) {
 		}
 		t.Cleanup(func() { _ = k8s.Delete(context.Background(), d) })
 	}
-	_ = k8s.Delete(ctx, &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: devcluster.GPUOperatorLeaseName}})
+	_ = k8s.Delete(ctx, &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: liveowner.GPUOperator.Lease}})
 	lease := holdLease(t)
 	t.Cleanup(func() { _ = k8s.Delete(context.Background(), lease) })
 
@@ -168,7 +170,7 @@ func TestTakeoverCommandFromTheGPUOperator(t *testing.T) {
 			if err := k8s.Get(ctx, client.ObjectKeyFromObject(lease), l); err != nil {
 				return false, nil //nolint:nilerr // try again
 			}
-			l.Spec.HolderIdentity = ptrTo("")
+			l.Spec.HolderIdentity = ptr.To("")
 			return k8s.Update(ctx, l) == nil, nil
 		})
 	}()

@@ -31,6 +31,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/rest"
 	"k8s.io/kubectl/pkg/util/podutils"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
@@ -39,6 +40,7 @@ import (
 	"github.com/gpufleet/gpufleet/internal/devcluster"
 	"github.com/gpufleet/gpufleet/internal/devcluster/devtest"
 	"github.com/gpufleet/gpufleet/internal/gpustack"
+	"github.com/gpufleet/gpufleet/internal/liveowner"
 	"github.com/gpufleet/gpufleet/internal/operator"
 )
 
@@ -227,14 +229,12 @@ func restarted(before map[types.UID]string, now []corev1.Pod) map[string]int {
 func holdLease(t *testing.T) *coordinationv1.Lease {
 	t.Helper()
 	l := devcluster.GPUOperatorLease(ns, "gpu-operator-6c8649f9d9-x7k2p_0c1d2e3f", time.Now())
-	l.Spec.LeaseDurationSeconds = ptrTo[int32](3600)
+	l.Spec.LeaseDurationSeconds = ptr.To[int32](3600)
 	if err := k8s.Create(t.Context(), l); err != nil {
 		t.Fatal(err)
 	}
 	return l
 }
-
-func ptrTo[T any](v T) *T { return &v }
 
 func getPolicy(t *testing.T, name string) *nvidiav1.ClusterPolicy {
 	t.Helper()
@@ -280,7 +280,7 @@ func TestTakeOverFromTheGPUOperator(t *testing.T) {
 
 	// 2. The GPU Operator stops (controller-runtime releases its lease).
 	stopped := time.Now()
-	lease.Spec.HolderIdentity = ptrTo("")
+	lease.Spec.HolderIdentity = ptr.To("")
 	if err := k8s.Update(ctx, lease); err != nil {
 		t.Fatal(err)
 	}
@@ -463,7 +463,7 @@ func waitClean(t *testing.T) {
 	if err != nil {
 		t.Fatalf("an earlier test's stack is still there")
 	}
-	_ = k8s.Delete(t.Context(), &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: devcluster.GPUOperatorLeaseName}})
+	_ = k8s.Delete(t.Context(), &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: liveowner.GPUOperator.Lease}})
 }
 
 // gpufleet installed in its default namespace while the GPU Operator's
