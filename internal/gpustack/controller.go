@@ -65,6 +65,9 @@ type Reconciler struct {
 	Leases client.Reader
 	// Assets are the component manifests (default: the embedded ones).
 	Assets fs.FS
+	// Schemas compares the served ClusterPolicy and NVIDIADriver schemas
+	// with gpufleet's (nil: not compared, no SchemaCurrent condition).
+	Schemas *ServedSchemas
 	// Monitors finds out whether the API server serves ServiceMonitors and
 	// reads gpufleet's (nil: never served; dcgmExporter.serviceMonitor is
 	// then reported as not created).
@@ -866,8 +869,9 @@ func (r *Reconciler) setUnsupported(policy *nvidiav1.ClusterPolicy, status *nvid
 	meta.SetStatusCondition(&status.Conditions, cond)
 }
 
-// writeStatus patches the status when it changed, then emits the events
-// that report it. The patch carries the resourceVersion the status was
+// writeStatus sets the SchemaCurrent condition and leaves out the status
+// fields the served schema lacks (setSchemaCurrent), patches the status
+// when it changed, then emits the events that report it. The patch carries the resourceVersion the status was
 // computed from (optimistic lock): a policy changed meanwhile is a
 // conflict, retried quietly with the newer version. The write is recorded
 // until the cache shows it (Reconcile waits for that before computing the
@@ -875,6 +879,11 @@ func (r *Reconciler) setUnsupported(policy *nvidiav1.ClusterPolicy, status *nvid
 // StatusInterval of the last write, is held back: held is when to look
 // again.
 func (r *Reconciler) writeStatus(ctx context.Context, policy *nvidiav1.ClusterPolicy, status *nvidiav1.ClusterPolicyStatus, ev *pendingevents.Recorder) (held time.Duration, err error) {
+	status, err = r.setSchemaCurrent(ctx, policy, status, ev)
+	if err != nil {
+		ev.Drop()
+		return 0, err
+	}
 	if equality.Semantic.DeepEqual(&policy.Status, status) {
 		ev.Flush()
 		return 0, nil
@@ -899,6 +908,37 @@ func (r *Reconciler) writeStatus(ctx context.Context, policy *nvidiav1.ClusterPo
 	r.mu.Unlock()
 	ev.Flush()
 	return 0, nil
+}
+
+// setSchemaCurrent sets the SchemaCurrent condition from the schemas the
+// API server serves (nil Schemas: not looked at, no condition): False
+// naming the fields they lack, reported by a Warning event and a log line
+// when new or changed; True otherwise. The stack is not held back by it.
+// It returns status without the fields the served ClusterPolicy schema
+// lacks, as the API server would keep it.
+func (r *Reconciler) setSchemaCurrent(ctx context.Context, policy *nvidiav1.ClusterPolicy, status *nvidiav1.ClusterPolicyStatus, ev *pendingevents.Recorder) (*nvidiav1.ClusterPolicyStatus, error) {
+	if r.Schemas == nil {
+		return status, nil
+	}
+	reports, err := r.Schemas.Reports(ctx, policy)
+	if err != nil {
+		return nil, err
+	}
+	s, reason, msg := SchemaCondition(reports)
+	if s == metav1.ConditionFalse {
+		if c := meta.FindStatusCondition(policy.Status.Conditions, ConditionSchemaCurrent); c == nil || c.Message != msg {
+			ev.Eventf(policy, nil, corev1.EventTypeWarning, ReasonOlderSchemaInstalled, actionDeploy, "%s", msg)
+			for _, rep := range reports {
+				if len(rep.Missing) > 0 {
+					ctrl.LoggerFrom(ctx).Info("the API server serves an older schema; its missing fields are dropped",
+						"crd", rep.CRD, "version", rep.Version, "missing", len(rep.Missing), "first", summarize(rep.Missing, 5))
+				}
+			}
+		}
+	}
+	meta.SetStatusCondition(&status.Conditions, metav1.Condition{Type: ConditionSchemaCurrent, Status: s, Reason: reason, Message: msg,
+		ObservedGeneration: policy.Generation, LastTransitionTime: metav1.NewTime(r.Clock.Now())})
+	return servedStatus(status, reports)
 }
 
 // holdStatus is how long to hold back a status change that only updates

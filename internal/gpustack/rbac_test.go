@@ -121,8 +121,9 @@ func TestOperatorRBACCoversTheStack(t *testing.T) {
 
 // TestOperatorRBACCoversServiceMonitors: dcgm-exporter's ServiceMonitor is
 // written through the Role of the operator's namespace only, and of the
-// CRDs the operator may read the ServiceMonitor one only (a list or watch
-// of it by name: the cache selects it with metadata.name).
+// CRDs the operator may read the ServiceMonitor, ClusterPolicy and
+// NVIDIADriver ones only (a list or watch of each by name: the caches
+// select them with metadata.name).
 func TestOperatorRBACCoversServiceMonitors(t *testing.T) {
 	cluster, namespaced := generatedRules(t)
 	sm := schema.GroupResource{Group: gpustack.ServiceMonitorGVK.Group, Resource: "servicemonitors"}
@@ -136,8 +137,12 @@ func TestOperatorRBACCoversServiceMonitors(t *testing.T) {
 	}
 	crd := schema.GroupResource{Group: "apiextensions.k8s.io", Resource: "customresourcedefinitions"}
 	for _, verb := range []string{"get", "list", "watch"} {
-		if !allows(cluster, crd, verb, gpustack.ServiceMonitorCRD) {
-			t.Errorf("the ClusterRole does not allow %s of CRD %s", verb, gpustack.ServiceMonitorCRD)
+		// The ServiceMonitor CRD, and the two whose served schema is
+		// compared with gpufleet's (SchemaCurrent).
+		for _, name := range []string{gpustack.ServiceMonitorCRD, gpustack.ClusterPolicyCRD, gpustack.NVIDIADriverCRD} {
+			if !allows(cluster, crd, verb, name) {
+				t.Errorf("the ClusterRole does not allow %s of CRD %s", verb, name)
+			}
 		}
 		if allows(cluster, crd, verb, "") || allows(cluster, crd, verb, "nodemaintenances.maintenance.nvidia.com") {
 			t.Errorf("the ClusterRole allows %s of other CRDs", verb)

@@ -52,7 +52,7 @@ import (
 // +kubebuilder:rbac:groups=maintenance.nvidia.com,resources=nodemaintenances,verbs=get;list;watch;delete;patch
 // +kubebuilder:rbac:groups=repair.gpufleet.dev,resources=noderepairs,verbs=get;list;watch;create
 // +kubebuilder:rbac:groups=monitoring.coreos.com,resources=servicemonitors,verbs=get;list;watch;create;update;patch;delete,namespace=gpufleet-system
-// +kubebuilder:rbac:groups=apiextensions.k8s.io,resources=customresourcedefinitions,verbs=get;list;watch,resourceNames=servicemonitors.monitoring.coreos.com
+// +kubebuilder:rbac:groups=apiextensions.k8s.io,resources=customresourcedefinitions,verbs=get;list;watch,resourceNames=servicemonitors.monitoring.coreos.com;clusterpolicies.nvidia.com;nvidiadrivers.nvidia.com
 // +kubebuilder:rbac:groups=coordination.k8s.io,resources=leases,verbs=get;list;watch
 
 // Options configure the GPU stack controller.
@@ -92,10 +92,18 @@ func Setup(mgr manager.Manager, opts Options) error {
 	if err != nil {
 		return err
 	}
+	ours, err := OwnCRDs()
+	if err != nil {
+		return err
+	}
+	schemaCaches, err := newSchemaCaches(mgr)
+	if err != nil {
+		return err
+	}
 	r := &Reconciler{
 		Client: countingWrites(mgr.GetClient()), StatusInterval: opts.StatusInterval, Live: mgr.GetAPIReader(), Namespace: opts.Namespace, Clock: opts.Clock, Assets: Assets,
 		DegradedAfter: opts.DegradedAfter, UpgradeTimeout: opts.UpgradeTimeout, PassInterval: opts.PassInterval, Recorder: mgr.GetEventRecorder("gpufleet-gpustack"),
-		Monitors: monitors, Leases: leases.GetCache(),
+		Monitors: monitors, Leases: leases.GetCache(), Schemas: &ServedSchemas{Ours: ours, Served: byName(schemaCaches)},
 	}
 	allPolicies := enqueueAll(mgr, func() client.ObjectList { return &nvidiav1.ClusterPolicyList{} }, "ClusterPolicies")
 	stackPod := predicate.NewPredicateFuncs(func(o client.Object) bool {
@@ -130,6 +138,13 @@ func Setup(mgr manager.Manager, opts Options) error {
 	// NVIDIA's GPU Operator's leader lease: gpufleet waits while it is
 	// held (a new holder, a release); its expiry is a requeue.
 	b = b.WatchesRawSource(source.Kind[client.Object](leases.GetCache(), &coordinationv1.Lease{}, allPolicies, liveowner.HolderChanged))
+	// The ClusterPolicy and NVIDIADriver CRDs: a new schema (the GPU
+	// Operator chart's upgrade hook putting its own back, or gpufleet's
+	// reinstalled) is compared at once.
+	for _, name := range []string{ClusterPolicyCRD, NVIDIADriverCRD} {
+		b = b.WatchesRawSource(source.Kind[client.Object](schemaCaches[name], &apiextensionsv1.CustomResourceDefinition{}, allPolicies,
+			predicate.GenerationChangedPredicate{}))
+	}
 	c, err := b.Build(r)
 	if err != nil {
 		return fmt.Errorf("setting up the ClusterPolicy controller: %w", err)
