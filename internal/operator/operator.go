@@ -38,6 +38,7 @@ import (
 	repairv1 "github.com/gpufleet/gpufleet/api/repair/v1alpha1"
 	"github.com/gpufleet/gpufleet/internal/allocation"
 	"github.com/gpufleet/gpufleet/internal/apirequest"
+	"github.com/gpufleet/gpufleet/internal/gpucluster"
 	"github.com/gpufleet/gpufleet/internal/gpustack"
 	"github.com/gpufleet/gpufleet/internal/maintenance"
 	"github.com/gpufleet/gpufleet/internal/repair"
@@ -138,10 +139,22 @@ var registry = []Capability{
 			// apiextensions: the stack reads the ServiceMonitor CRD.
 			return errors.Join(nvidiav1.AddToScheme(s), nvidiav1alpha1.AddToScheme(s), apiextensionsv1.AddToScheme(s))
 		},
-		Cache: func(o Options) map[client.Object]cache.ByObject { return gpustack.CacheObjects(o.Namespace) },
+		Cache: func(o Options) map[client.Object]cache.ByObject {
+			out := gpustack.CacheObjects(o.Namespace)
+			maps.Copy(out, gpucluster.CacheObjects(o.Namespace))
+			return out
+		},
 		Setup: func(mgr manager.Manager, o Options) error {
 			if err := gpustack.Setup(mgr, gpustack.Options{Namespace: o.Namespace, Clock: o.Clock,
 				DegradedAfter: o.GPUStackDegradedAfter, UpgradeTimeout: o.DriverUpgradeTimeout, PassInterval: o.GPUStackPassInterval}); err != nil {
+				return err
+			}
+			// The GPUCluster controller runs when the API server serves
+			// GPUCluster and DRA's DeviceClass (a cluster with an older
+			// CRD set, or without DRA, runs the ClusterPolicy alone).
+			if missing := gpucluster.Unserved(mgr.GetRESTMapper()); missing != "" {
+				mgr.GetLogger().Info("the GPUCluster controller is off: the API server does not serve "+missing+" (restart the operator once it does)")
+			} else if err := gpucluster.Setup(mgr, gpucluster.Options{Namespace: o.Namespace, Clock: o.Clock}); err != nil {
 				return err
 			}
 			gpustack.ServeMetrics(mgr.GetCache(), mgr.Elected())

@@ -1,6 +1,7 @@
-// Package v1alpha1 holds the nvidia.com/v1alpha1 API: NVIDIADriver, one
-// driver per node pool, accepted as the NVIDIA GPU Operator's clients
-// write it.
+// Package v1alpha1 holds the nvidia.com/v1alpha1 API, accepted as the
+// NVIDIA GPU Operator's clients write it: NVIDIADriver, one driver per
+// node pool, and GPUCluster, the stack of a cluster that allocates its
+// GPUs through Dynamic Resource Allocation.
 //
 // +kubebuilder:object:generate=true
 // +groupName=nvidia.com
@@ -18,7 +19,7 @@ var (
 	// SchemeBuilder collects what adds these types to a scheme.
 	SchemeBuilder = runtime.NewSchemeBuilder(func(s *runtime.Scheme) error {
 		metav1.AddToGroupVersion(s, GroupVersion)
-		s.AddKnownTypes(GroupVersion, &NVIDIADriver{}, &NVIDIADriverList{})
+		s.AddKnownTypes(GroupVersion, &NVIDIADriver{}, &NVIDIADriverList{}, &GPUCluster{}, &GPUClusterList{})
 		return nil
 	})
 	// AddToScheme adds the types to a scheme.
