@@ -58,9 +58,9 @@ func TestMain(m *testing.M) {
 	}))
 }
 
-func startOperator(t *testing.T) func() {
+func startOperator(t *testing.T) {
 	t.Helper()
-	return devtest.StartOperator(t, operatorCfg, operator.Options{Namespace: ns, Capabilities: []string{"gpustack", "maintenance"}})
+	devtest.StartOperator(t, operatorCfg, operator.Options{Namespace: ns, Capabilities: []string{"gpustack", "maintenance"}})
 }
 
 // strictCreate creates the YAML document as kubectl does: untyped, with
@@ -107,9 +107,9 @@ func TestGPUClusterSchema(t *testing.T) {
 	}
 }
 
-func createGPUCluster(t *testing.T, file string) *nvidiav1alpha1.GPUCluster {
+func createGPUCluster(t *testing.T) *nvidiav1alpha1.GPUCluster {
 	t.Helper()
-	data, err := os.ReadFile(file)
+	data, err := os.ReadFile("testdata/gpucluster-chart-default.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -133,7 +133,7 @@ func deleteAndWait(t *testing.T, obj client.Object) {
 	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 60*time.Second, true, func(ctx context.Context) (bool, error) {
 		var list appsv1.DaemonSetList
 		if err := k8s.List(ctx, &list, client.InNamespace(ns)); err != nil {
-			return false, nil
+			return false, nil //nolint:nilerr // retried until the timeout
 		}
 		err := k8s.Get(ctx, client.ObjectKeyFromObject(obj), obj.DeepCopyObject().(client.Object))
 		return apierrors.IsNotFound(err) && len(list.Items) == 0, nil
@@ -263,7 +263,7 @@ func TestGPUClusterDeploysTheDRAStack(t *testing.T) {
 	ctx := t.Context()
 	setAdminAccess(t, false)
 	startOperator(t)
-	createGPUCluster(t, "testdata/gpucluster-chart-default.yaml")
+	createGPUCluster(t)
 
 	gc := waitState(t, nvidiav1alpha1.GPUClusterNotReady, gpucluster.ReasonOperandNotReady)
 	waitFor(t, "the missing admin-access label reported", 30*time.Second, func(ctx context.Context) (bool, string) {
@@ -323,7 +323,7 @@ func TestGPUClusterWaitsWhileAnOlderClusterPolicyExists(t *testing.T) {
 	}
 	t.Cleanup(func() { deleteAndWait(t, p) })
 	time.Sleep(1100 * time.Millisecond) // creation times have a second's resolution
-	createGPUCluster(t, "testdata/gpucluster-chart-default.yaml")
+	createGPUCluster(t)
 	gc := waitState(t, nvidiav1alpha1.GPUClusterNotReady, gpucluster.ReasonClusterPolicyPresent)
 	if r := meta.FindStatusCondition(gc.Status.Conditions, gpucluster.ConditionReady); !strings.Contains(r.Message, "ClusterPolicy cluster-policy") {
 		t.Errorf("message: %s", r.Message)
@@ -397,7 +397,7 @@ func TestGPUClusterTakesOverTheGPUOperatorsKubeletPlugin(t *testing.T) {
 	})
 
 	startOperator(t)
-	createGPUCluster(t, "testdata/gpucluster-chart-default.yaml")
+	createGPUCluster(t)
 	waitState(t, nvidiav1alpha1.GPUClusterReady, gpucluster.ReasonReconciled)
 	ds := &appsv1.DaemonSet{}
 	if err := k8s.Get(ctx, client.ObjectKeyFromObject(theirs), ds); err != nil {
@@ -438,7 +438,7 @@ func TestGPUClusterARefusedObjectDoesNotStopTheStack(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = k8s.Delete(context.Background(), bad) })
 	startOperator(t)
-	createGPUCluster(t, "testdata/gpucluster-chart-default.yaml")
+	createGPUCluster(t)
 	var gc *nvidiav1alpha1.GPUCluster
 	waitFor(t, "the refusal reported", 60*time.Second, func(ctx context.Context) (bool, string) {
 		gc, _ = getGPUCluster(ctx)
@@ -451,4 +451,47 @@ func TestGPUClusterARefusedObjectDoesNotStopTheStack(t *testing.T) {
 	if gc.Status.State != nvidiav1alpha1.GPUClusterNotReady {
 		t.Errorf("state %s with a refused object", gc.Status.State)
 	}
+}
+
+// The other way round: a ClusterPolicy created after a GPUCluster is held
+// (nothing of it deployed, the reason in its status) and the GPUCluster
+// keeps running; once the GPUCluster is deleted, the ClusterPolicy deploys.
+func TestClusterPolicyWaitsWhileAnOlderGPUClusterExists(t *testing.T) {
+	devtest.NeedCluster(t)
+	ctx := t.Context()
+	setAdminAccess(t, true)
+	t.Cleanup(func() { setAdminAccess(t, false) })
+	startOperator(t)
+	gc := createGPUCluster(t)
+	waitState(t, nvidiav1alpha1.GPUClusterReady, gpucluster.ReasonReconciled)
+	time.Sleep(1100 * time.Millisecond) // creation times have a second's resolution
+	p := &nvidiav1.ClusterPolicy{ObjectMeta: metav1.ObjectMeta{Name: "cluster-policy"}}
+	if err := k8s.Create(ctx, p); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { deleteAndWait(t, p) })
+	policyHeld := func(ctx context.Context) (bool, string) {
+		got := &nvidiav1.ClusterPolicy{}
+		if err := k8s.Get(ctx, client.ObjectKeyFromObject(p), got); err != nil {
+			return false, err.Error()
+		}
+		r := meta.FindStatusCondition(got.Status.Conditions, nvidiav1.ConditionReady)
+		return got.Status.State == nvidiav1.StateIgnored && r != nil && r.Reason == gpustack.ReasonGPUClusterPresent &&
+			strings.Contains(r.Message, "GPUCluster gpu-cluster"), fmt.Sprintf("%s %+v", got.Status.State, got.Status.Conditions)
+	}
+	waitFor(t, "the ClusterPolicy held", 30*time.Second, policyHeld)
+	time.Sleep(time.Second)
+	var list appsv1.DaemonSetList
+	if err := k8s.List(ctx, &list, client.InNamespace(ns), client.MatchingLabels{gpustack.LabelPartOf: "gpufleet-gpu-stack"}); err != nil || len(list.Items) != 0 {
+		t.Errorf("the ClusterPolicy deployed beside the GPUCluster: %d DaemonSets (%v)", len(list.Items), err)
+	}
+	if got, _ := getGPUCluster(ctx); got.Status.State != nvidiav1alpha1.GPUClusterReady {
+		t.Errorf("the GPUCluster stopped being ready: %+v", got.Status)
+	}
+	deleteAndWait(t, gc)
+	waitFor(t, "the ClusterPolicy deploys once the GPUCluster is gone", 60*time.Second, func(ctx context.Context) (bool, string) {
+		var list appsv1.DaemonSetList
+		_ = k8s.List(ctx, &list, client.InNamespace(ns), client.MatchingLabels{gpustack.LabelPartOf: "gpufleet-gpu-stack"})
+		return len(list.Items) > 0, "no DaemonSet of the ClusterPolicy"
+	})
 }

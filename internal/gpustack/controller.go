@@ -38,8 +38,10 @@ import (
 const (
 	ReasonRenderFailed = "RenderFailed" // Warning
 	ReasonIgnored      = "Ignored"
-	ReasonNodeDegraded = "NodeDegraded" // Warning
-	ReasonStackReady   = "StackReady"
+	// ReasonGPUClusterPresent: an older GPUCluster runs the DRA stack.
+	ReasonGPUClusterPresent = "GPUClusterPresent"
+	ReasonNodeDegraded      = "NodeDegraded" // Warning
+	ReasonStackReady        = "StackReady"
 	// ReasonObjectRefused: the API server refused a write of the stack
 	// (Warning; the reason of the Degraded condition while it lasts).
 	ReasonObjectRefused = "ObjectRefused"
@@ -198,7 +200,16 @@ func (r *Reconciler) reconcile(ctx context.Context, req reconcile.Request) (reco
 	}
 	if active != policy.Name {
 		nodesDegraded.forget(policy.Name)
-		held, err := r.ignore(ctx, policy, active, ev)
+		held, err := r.ignore(ctx, policy, ReasonIgnored, fmt.Sprintf("ClusterPolicy %s is active; only the oldest ClusterPolicy is used", active), ev)
+		return reconcile.Result{RequeueAfter: held}, result(held), err
+	}
+	if gc, err := r.olderGPUCluster(ctx, policy); err != nil {
+		return reconcile.Result{}, "", err
+	} else if gc != nil {
+		nodesDegraded.forget(policy.Name)
+		msg := fmt.Sprintf("GPUCluster %s (created %s) runs the DRA stack; the device plugin beside NVIDIA's DRA driver would offer the same GPUs a second time. Nothing of this ClusterPolicy is deployed while it exists: delete the GPUCluster to switch back to the device plugin",
+			gc.Name, gc.CreationTimestamp.UTC().Format(time.RFC3339))
+		held, err := r.ignore(ctx, policy, ReasonGPUClusterPresent, msg, ev)
 		return reconcile.Result{RequeueAfter: held}, result(held), err
 	}
 	if h, running, err := r.previousOperator(ctx); err != nil {
@@ -285,16 +296,36 @@ func (r *Reconciler) activePolicy(ctx context.Context) (string, error) {
 	return "", nil
 }
 
-func (r *Reconciler) ignore(ctx context.Context, policy *nvidiav1.ClusterPolicy, active string, ev *pendingevents.Recorder) (time.Duration, error) {
+// olderGPUCluster is the GPUCluster created before the policy (at the same
+// second the policy wins), or nil; none when the API server does not serve
+// GPUCluster. NVIDIA's GPU Operator refuses both at once; gpufleet keeps
+// the older running and holds the newer, so that creating one never stops
+// a running stack.
+func (r *Reconciler) olderGPUCluster(ctx context.Context, policy *nvidiav1.ClusterPolicy) (*nvidiav1alpha1.GPUCluster, error) {
+	var list nvidiav1alpha1.GPUClusterList
+	if err := r.Client.List(ctx, &list); meta.IsNoMatchError(err) {
+		return nil, nil
+	} else if err != nil {
+		return nil, fmt.Errorf("listing GPUClusters: %w", err)
+	}
+	for i := range list.Items {
+		if gc := &list.Items[i]; gc.CreationTimestamp.Before(&policy.CreationTimestamp) && gc.DeletionTimestamp == nil {
+			return gc, nil
+		}
+	}
+	return nil, nil
+}
+
+// ignore holds a policy that is not deployed, saying why.
+func (r *Reconciler) ignore(ctx context.Context, policy *nvidiav1.ClusterPolicy, reason, msg string, ev *pendingevents.Recorder) (time.Duration, error) {
 	status := policy.Status.DeepCopy()
 	status.State = nvidiav1.StateIgnored
 	status.Components = nil
 	meta.RemoveStatusCondition(&status.Conditions, nvidiav1.ConditionServiceMonitor) // the active policy's
 	r.setUnsupported(policy, status, ev)
-	msg := fmt.Sprintf("ClusterPolicy %s is active; only the oldest ClusterPolicy is used", active)
-	r.setConditions(policy, status, metav1.ConditionFalse, metav1.ConditionFalse, metav1.ConditionFalse, ReasonIgnored, msg)
-	if policy.Status.State != nvidiav1.StateIgnored {
-		ev.Eventf(policy, nil, corev1.EventTypeNormal, ReasonIgnored, actionDeploy, "%s", msg)
+	r.setConditions(policy, status, metav1.ConditionFalse, metav1.ConditionFalse, metav1.ConditionFalse, reason, msg)
+	if policy.Status.State != nvidiav1.StateIgnored || !hasReason(policy.Status.Conditions, reason) {
+		ev.Eventf(policy, nil, corev1.EventTypeNormal, reason, actionDeploy, "%s", msg)
 	}
 	return r.writeStatus(ctx, policy, status, ev)
 }
@@ -996,4 +1027,9 @@ func unschedulableReason(p *corev1.Pod) string {
 		}
 	}
 	return ""
+}
+
+// hasReason reports whether a condition has the reason.
+func hasReason(conds []metav1.Condition, reason string) bool {
+	return slices.ContainsFunc(conds, func(c metav1.Condition) bool { return c.Reason == reason })
 }

@@ -135,6 +135,13 @@ func Setup(mgr manager.Manager, opts Options) error {
 				return e.ObjectOld.(*repairv1.NodeRepair).Status.Phase != e.ObjectNew.(*repairv1.NodeRepair).Status.Phase
 			}}))
 	}
+	if _, err := mgr.GetRESTMapper().RESTMapping(schema.GroupKind{Group: nvidiav1alpha1.GroupVersion.Group, Kind: "GPUCluster"}, nvidiav1alpha1.GroupVersion.Version); err == nil {
+		// A GPUCluster created or deleted holds or releases the policies.
+		b = b.Watches(&nvidiav1alpha1.GPUCluster{}, allPolicies, builder.WithPredicates(predicate.Funcs{
+			UpdateFunc: func(e event.UpdateEvent) bool {
+				return (e.ObjectOld.GetDeletionTimestamp() == nil) != (e.ObjectNew.GetDeletionTimestamp() == nil)
+			}}))
+	}
 	// NVIDIA's GPU Operator's leader lease: gpufleet waits while it is
 	// held (a new holder, a release); its expiry is a requeue.
 	b = b.WatchesRawSource(source.Kind[client.Object](leases.GetCache(), &coordinationv1.Lease{}, allPolicies, liveowner.HolderChanged))

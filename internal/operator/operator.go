@@ -153,7 +153,7 @@ var registry = []Capability{
 			// GPUCluster and DRA's DeviceClass (a cluster with an older
 			// CRD set, or without DRA, runs the ClusterPolicy alone).
 			if missing := gpucluster.Unserved(mgr.GetRESTMapper()); missing != "" {
-				mgr.GetLogger().Info("the GPUCluster controller is off: the API server does not serve "+missing+" (restart the operator once it does)")
+				mgr.GetLogger().Info("the GPUCluster controller is off: the API server does not serve " + missing + " (restart the operator once it does)")
 			} else if err := gpucluster.Setup(mgr, gpucluster.Options{Namespace: o.Namespace, Clock: o.Clock}); err != nil {
 				return err
 			}
