@@ -6,8 +6,10 @@ import (
 	"fmt"
 	"maps"
 	"strings"
+	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	resourcev1 "k8s.io/api/resource/v1"
@@ -25,6 +27,7 @@ import (
 	nvidiav1 "github.com/gpufleet/gpufleet/api/nvidia/v1"
 	nvidiav1alpha1 "github.com/gpufleet/gpufleet/api/nvidia/v1alpha1"
 	"github.com/gpufleet/gpufleet/internal/gpustack"
+	"github.com/gpufleet/gpufleet/internal/liveowner"
 	"github.com/gpufleet/gpufleet/internal/pendingevents"
 )
 
@@ -38,7 +41,10 @@ type Reconciler struct {
 	Client client.Client
 	// Live reads objects the cache does not hold: another operator's
 	// DaemonSet (to take over), a DeviceClass someone else created.
-	Live      client.Reader
+	Live client.Reader
+	// Leases reads NVIDIA's GPU Operator's leader lease (a cache of that
+	// name alone; nil: not looked at).
+	Leases    client.Reader
 	Namespace string
 	Clock     clock.PassiveClock
 	Recorder  events.EventRecorder
@@ -54,14 +60,19 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		return reconcile.Result{}, nil // its objects go with it (owner references)
 	}
 	ev := pendingevents.New(r.Recorder)
-	obs := Observed{Namespace: r.Namespace, Ignored: Ignored(gc)}
+	if h, running, err := r.previousOperator(ctx); err != nil {
+		return reconcile.Result{}, err
+	} else if running {
+		return r.waitForPreviousOperator(ctx, gc, h, ev)
+	}
+	obs := Observed{Namespace: r.Namespace, Ignored: Ignored(gc), OtherNamespace: OtherNamespace(gc, r.Namespace)}
 	var policies nvidiav1.ClusterPolicyList
 	if err := r.Client.List(ctx, &policies); err != nil {
 		return reconcile.Result{}, fmt.Errorf("listing ClusterPolicies: %w", err)
 	}
 	obs.Blocking = BlockingPolicy(gc, policies.Items)
 	var refusedErr error
-	if obs.Blocking == nil {
+	if obs.Blocking == nil && obs.OtherNamespace == "" {
 		objs, err := Render(gc, r.Namespace)
 		if err != nil {
 			obs.InvalidSpec = err.Error()
@@ -131,6 +142,51 @@ func (r *Reconciler) writeStatus(ctx context.Context, gc *nvidiav1alpha1.GPUClus
 	return nil
 }
 
+// previousOperator reads whether NVIDIA's GPU Operator holds its leader
+// lease (it reconciles GPUClusters too).
+func (r *Reconciler) previousOperator(ctx context.Context) (liveowner.Holding, bool, error) {
+	if r.Leases == nil {
+		return liveowner.Holding{}, false, nil
+	}
+	var leases coordinationv1.LeaseList
+	if err := r.Leases.List(ctx, &leases); err != nil {
+		return liveowner.Holding{}, false, fmt.Errorf("listing leases: %w", err)
+	}
+	h, ok := liveowner.Held(leases.Items, liveowner.GPUOperator, r.Clock.Now())
+	return h, ok, nil
+}
+
+// waitForPreviousOperator writes that the GPU Operator runs and gpufleet
+// waits (its own condition; one Warning when the wait starts) and touches
+// nothing else: the GPU Operator writes the state and Ready meanwhile. It
+// looks again when the lease would expire.
+func (r *Reconciler) waitForPreviousOperator(ctx context.Context, gc *nvidiav1alpha1.GPUCluster, h liveowner.Holding, ev *pendingevents.Recorder) (reconcile.Result, error) {
+	again := reconcile.Result{RequeueAfter: max(h.Until.Sub(r.Clock.Now()), time.Second)}
+	prev := meta.FindStatusCondition(gc.Status.Conditions, gpustack.ConditionPreviousOperator)
+	if prev != nil && prev.Status == metav1.ConditionTrue && strings.HasPrefix(prev.Message, waitingPrefix(h)) {
+		return again, nil // the message changes with each renewal: rewritten when the holder does
+	}
+	updated := gc.DeepCopy()
+	meta.SetStatusCondition(&updated.Status.Conditions, metav1.Condition{Type: gpustack.ConditionPreviousOperator, Status: metav1.ConditionTrue,
+		Reason: gpustack.ReasonPreviousOperatorRunning, Message: h.Message(), ObservedGeneration: gc.Generation, LastTransitionTime: metav1.NewTime(r.Clock.Now())})
+	if prev == nil || prev.Status != metav1.ConditionTrue {
+		ev.Eventf(gc, nil, corev1.EventTypeWarning, gpustack.ReasonPreviousOperatorRunning, "Deploy", "%s", h.Message())
+	}
+	if err := r.Client.Status().Update(ctx, updated); err != nil {
+		ev.Drop()
+		return reconcile.Result{}, fmt.Errorf("writing the GPUCluster's status: %w", err)
+	}
+	ev.Flush()
+	ctrl.LoggerFrom(ctx).Info("NVIDIA's GPU Operator is running; waiting", "lease", h.Namespace+"/"+h.Operator.Lease, "holder", h.Holder)
+	return again, nil
+}
+
+// waitingPrefix is the start of the waiting message that stays the same
+// while the same holder renews the lease.
+func waitingPrefix(h liveowner.Holding) string {
+	return h.Operator.Name + " is running (Lease " + h.Namespace + "/" + h.Operator.Lease + " held by " + h.Holder + ","
+}
+
 // isRefusal: the API server's final no for this object as sent.
 func isRefusal(err error) bool {
 	return apierrors.IsInvalid(err) || apierrors.IsForbidden(err) || apierrors.IsBadRequest(err)
@@ -193,9 +249,7 @@ func (r *Reconciler) apply(ctx context.Context, want client.Object, obs *Observe
 		return fmt.Errorf("reading %s: %w", what, err)
 	}
 	adopted := have.GetLabels()[gpustack.LabelManagedBy] != managedBy
-	if ds, ok := want.(*appsv1.DaemonSet); ok {
-		want = takeOver(ds, have.(*appsv1.DaemonSet))
-	}
+	want = takeOver(want, have)
 	if UpToDate(want, have) {
 		return nil
 	}
@@ -223,37 +277,63 @@ func (r *Reconciler) apply(ctx context.Context, want client.Object, obs *Observe
 	}
 	if adopted {
 		ev.Eventf(gc, nil, corev1.EventTypeNormal, "Adopted", "Adopt", "%s is now gpufleet's (%s)", what,
-			map[bool]string{true: "its pods kept: they run what the GPUCluster asks for", false: "its pods are replaced by the DaemonSet's update strategy"}[updated.GetAnnotations()[gpustack.AnnotationAcceptedTemplate] != ""])
+			map[bool]string{true: "its pods kept: they run what the GPUCluster asks for", false: "its pods are replaced by its update strategy"}[updated.GetAnnotations()[gpustack.AnnotationAcceptedTemplate] != ""])
 	}
 	ctrl.LoggerFrom(ctx).Info("updated to the rendered spec", "object", what, "adopted", adopted)
 	return nil
 }
 
-// takeOver is the DaemonSet to write over the live one: the rendered one
-// with the live selector (immutable), and the live pod template while it
-// stands for the rendered one (adopted running the same images, or
-// accepted earlier for this very rendering).
-func takeOver(want, have *appsv1.DaemonSet) *appsv1.DaemonSet {
-	out := want.DeepCopy()
-	if have.Spec.Selector != nil && !equality.Semantic.DeepEqual(want.Spec.Selector, have.Spec.Selector) {
-		out.Spec.Selector = have.Spec.Selector.DeepCopy()
-		maps.Copy(out.Spec.Template.Labels, have.Spec.Selector.MatchLabels)
+// takeOver is the workload (a DaemonSet or a Deployment) to write over the
+// live one: the rendered one with the live selector (immutable), and the
+// live pod template while it stands for the rendered one (another
+// operator's running the same images, or accepted earlier for this very
+// rendering). Other objects are written as rendered.
+func takeOver(want, have client.Object) client.Object {
+	out := want.DeepCopyObject().(client.Object)
+	var sel, haveSel **metav1.LabelSelector
+	var tpl, haveTpl *corev1.PodTemplateSpec
+	switch w := out.(type) {
+	case *appsv1.DaemonSet:
+		h := have.(*appsv1.DaemonSet)
+		sel, tpl, haveSel, haveTpl = &w.Spec.Selector, &w.Spec.Template, &h.Spec.Selector, &h.Spec.Template
+	case *appsv1.Deployment:
+		h := have.(*appsv1.Deployment)
+		sel, tpl, haveSel, haveTpl = &w.Spec.Selector, &w.Spec.Template, &h.Spec.Selector, &h.Spec.Template
+	default:
+		return out
 	}
-	rendered := TemplateHash(&out.Spec.Template)
-	ours := have.Labels[gpustack.LabelManagedBy] == managedBy
-	if have.Annotations[gpustack.AnnotationAcceptedTemplate] == rendered || (!ours && sameImages(&out.Spec.Template.Spec, &have.Spec.Template.Spec)) {
-		out.Spec.Template = *have.Spec.Template.DeepCopy()
-		if out.Annotations == nil {
-			out.Annotations = map[string]string{}
+	if *haveSel != nil && !equality.Semantic.DeepEqual(*sel, *haveSel) {
+		*sel = (*haveSel).DeepCopy()
+		if tpl.Labels == nil {
+			tpl.Labels = map[string]string{}
 		}
-		out.Annotations[gpustack.AnnotationAcceptedTemplate] = rendered
-		if !ours {
-			out.Annotations[gpustack.AnnotationAdoptedFrom] = "gpu-operator"
-		} else if from := have.Annotations[gpustack.AnnotationAdoptedFrom]; from != "" {
-			out.Annotations[gpustack.AnnotationAdoptedFrom] = from
-		}
+		maps.Copy(tpl.Labels, (*haveSel).MatchLabels)
 	}
+	rendered := TemplateHash(tpl)
+	ours := have.GetLabels()[gpustack.LabelManagedBy] == managedBy
+	if have.GetAnnotations()[gpustack.AnnotationAcceptedTemplate] != rendered && (ours || !sameImages(&tpl.Spec, &haveTpl.Spec)) {
+		return out
+	}
+	*tpl = *haveTpl.DeepCopy()
+	annotations := maps.Clone(out.GetAnnotations())
+	if annotations == nil {
+		annotations = map[string]string{}
+	}
+	annotations[gpustack.AnnotationAcceptedTemplate] = rendered
+	if !ours {
+		annotations[gpustack.AnnotationAdoptedFrom] = "gpu-operator"
+	} else if from := have.GetAnnotations()[gpustack.AnnotationAdoptedFrom]; from != "" {
+		annotations[gpustack.AnnotationAdoptedFrom] = from
+	}
+	out.SetAnnotations(annotations)
 	return out
+}
+
+// KeepsLiveTemplate reports whether taking over the live workload have
+// (another operator's, or gpufleet's) as the rendered want keeps its pod
+// template, so that none of its pods restarts.
+func KeepsLiveTemplate(want, have client.Object) bool {
+	return takeOver(want, have).GetAnnotations()[gpustack.AnnotationAcceptedTemplate] != ""
 }
 
 // sameImages: the same containers (by name) run the same images.

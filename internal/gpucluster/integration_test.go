@@ -22,6 +22,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/rest"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
@@ -390,15 +391,65 @@ func TestGPUClusterTakesOverTheGPUOperatorsKubeletPlugin(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = k8s.Delete(context.Background(), theirs) })
-	var before map[string]string
+	var pods map[string]string
 	waitFor(t, "the GPU Operator's kubelet plugin pods", 60*time.Second, func(ctx context.Context) (bool, string) {
-		before = podsOf(ctx, gpucluster.KubeletPlugin)
-		return len(before) == len(gpuNodes), fmt.Sprint(before)
+		pods = podsOf(ctx, gpucluster.KubeletPlugin)
+		return len(pods) == len(gpuNodes), fmt.Sprint(pods)
 	})
 
-	startOperator(t)
+	// The GPU Operator still runs (its leader lease held): gpufleet says
+	// so and writes nothing else.
+	lease := devcluster.GPUOperatorLease(ns, "gpu-operator-6c8649f9d9-x7k2p_0c1d2e3f", time.Now())
+	lease.Spec.LeaseDurationSeconds = ptr.To[int32](3600)
+	if err := k8s.Create(ctx, lease); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = k8s.Delete(context.Background(), lease) })
+	cfg, wire := devcluster.CountRequests(operatorCfg)
+	devtest.StartOperator(t, cfg, operator.Options{Namespace: ns, Capabilities: []string{"gpustack", "maintenance"}})
 	createGPUCluster(t)
-	waitState(t, nvidiav1alpha1.GPUClusterReady, gpucluster.ReasonReconciled)
+	waitFor(t, "PreviousOperatorRunning while the GPU Operator's lease is held", 60*time.Second, func(ctx context.Context) (bool, string) {
+		gc, err := getGPUCluster(ctx)
+		if err != nil {
+			return false, err.Error()
+		}
+		c := meta.FindStatusCondition(gc.Status.Conditions, gpustack.ConditionPreviousOperator)
+		return c != nil && c.Status == metav1.ConditionTrue && strings.Contains(c.Message, lease.Name), fmt.Sprint(gc.Status.Conditions)
+	})
+	waiting := wire.Snapshot()
+	time.Sleep(2 * time.Second) // a window in which gpufleet must write nothing
+	for k, v := range wire.Since(waiting) {
+		if devcluster.IsWrite(k) && !strings.Contains(k, "leases") && !strings.Contains(k, "events") {
+			t.Errorf("gpufleet wrote while the GPU Operator runs: %s x%d", k, v)
+		}
+	}
+	held := &appsv1.DaemonSet{}
+	if err := k8s.Get(ctx, client.ObjectKeyFromObject(theirs), held); err != nil {
+		t.Fatal(err)
+	}
+	if held.Labels[gpustack.LabelManagedBy] == "gpufleet" || held.Annotations[gpustack.AnnotationPreviousHash] == "" {
+		t.Errorf("gpufleet touched the GPU Operator's DaemonSet while it runs: labels %v annotations %v", held.Labels, held.Annotations)
+	}
+
+	// The GPU Operator stops (controller-runtime releases its lease).
+	released := time.Now()
+	lease.Spec.HolderIdentity = ptr.To("")
+	if err := k8s.Update(ctx, lease); err != nil {
+		t.Fatal(err)
+	}
+	before := wire.Snapshot()
+	gc := waitState(t, nvidiav1alpha1.GPUClusterReady, gpucluster.ReasonReconciled)
+	took, sent := time.Since(released), wire.Since(before)
+	writes := 0
+	for k, v := range sent {
+		if devcluster.IsWrite(k) {
+			writes += v
+		}
+	}
+	t.Logf("taken over: Ready %.1f s after the lease was released, %d requests (%d writes): %v", took.Seconds(), total(sent), writes, sent)
+	if c := meta.FindStatusCondition(gc.Status.Conditions, gpustack.ConditionPreviousOperator); c != nil {
+		t.Errorf("PreviousOperatorRunning kept after the release: %+v", c)
+	}
 	ds := &appsv1.DaemonSet{}
 	if err := k8s.Get(ctx, client.ObjectKeyFromObject(theirs), ds); err != nil {
 		t.Fatal(err)
@@ -407,8 +458,8 @@ func TestGPUClusterTakesOverTheGPUOperatorsKubeletPlugin(t *testing.T) {
 		ds.Annotations[gpustack.AnnotationPreviousHash] != "" || ds.Annotations[gpustack.AnnotationAcceptedTemplate] == "" {
 		t.Errorf("not adopted as expected: uid %s→%s labels %v annotations %v", theirs.UID, ds.UID, ds.Labels, ds.Annotations)
 	}
-	if after := podsOf(ctx, gpucluster.KubeletPlugin); !maps.Equal(before, after) {
-		t.Errorf("kubelet plugin pods restarted on adoption: before %v after %v", before, after)
+	if after := podsOf(ctx, gpucluster.KubeletPlugin); !maps.Equal(pods, after) {
+		t.Errorf("kubelet plugin pods restarted on adoption: before %v after %v", pods, after)
 	}
 	var list appsv1.DaemonSetList
 	if err := k8s.List(ctx, &list, client.InNamespace(ns)); err != nil {
@@ -494,4 +545,12 @@ func TestClusterPolicyWaitsWhileAnOlderGPUClusterExists(t *testing.T) {
 		_ = k8s.List(ctx, &list, client.InNamespace(ns), client.MatchingLabels{gpustack.LabelPartOf: "gpufleet-gpu-stack"})
 		return len(list.Items) > 0, "no DaemonSet of the ClusterPolicy"
 	})
+}
+
+func total(m map[string]int) int {
+	n := 0
+	for _, v := range m {
+		n += v
+	}
+	return n
 }

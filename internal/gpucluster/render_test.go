@@ -246,3 +246,52 @@ func FuzzRender(f *testing.F) {
 		}
 	})
 }
+
+// Taking over another operator's workload keeps its pod template (no pod
+// restarts) while it runs the rendered images; the selector is always the
+// live one. The same for the kubelet plugin's DaemonSet and the
+// controller's Deployment.
+func TestKeepsLiveTemplate(t *testing.T) {
+	objs, err := gpucluster.Render(load(t, "testdata/gpucluster-chart-default.yaml"), "ns")
+	if err != nil {
+		t.Fatal(err)
+	}
+	theirs := func(o client.Object, image string) client.Object {
+		o = o.DeepCopyObject().(client.Object)
+		o.SetLabels(map[string]string{"app": o.GetName(), "app.kubernetes.io/managed-by": "gpu-operator"})
+		var tpl *corev1.PodTemplateSpec
+		switch w := o.(type) {
+		case *appsv1.DaemonSet:
+			tpl = &w.Spec.Template
+		case *appsv1.Deployment:
+			tpl = &w.Spec.Template
+		}
+		tpl.Labels = map[string]string{"app": o.GetName()}
+		tpl.Spec.Containers[0].Args = append(tpl.Spec.Containers[0].Args, "--v=4") // not an image: kept
+		if image != "" {
+			tpl.Spec.Containers[0].Image = image
+		}
+		return o
+	}
+	for _, name := range []string{gpucluster.KubeletPlugin, gpucluster.Controller} {
+		var want client.Object
+		for _, o := range objs {
+			if o.GetName() == name && (gpucluster.Kind(o) == "DaemonSet" || gpucluster.Kind(o) == "Deployment") {
+				want = o
+			}
+		}
+		if want == nil {
+			t.Fatalf("%s not rendered", name)
+		}
+		if !gpucluster.KeepsLiveTemplate(want, theirs(want, "")) {
+			t.Errorf("%s: the GPU Operator's template with the same images is not kept", name)
+		}
+		if gpucluster.KeepsLiveTemplate(want, theirs(want, "nvcr.io/nvidia/dra-driver-nvidia-gpu:v0.4.0")) {
+			t.Errorf("%s: a template with another image is kept", name)
+		}
+		ours := want.DeepCopyObject().(client.Object)
+		if gpucluster.KeepsLiveTemplate(want, ours) {
+			t.Errorf("%s: gpufleet's own template without an accepted rendering counts as kept", name)
+		}
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	appsv1 "k8s.io/api/apps/v1"
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	resourcev1 "k8s.io/api/resource/v1"
@@ -16,16 +17,19 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/cluster"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	nvidiav1 "github.com/gpufleet/gpufleet/api/nvidia/v1"
 	nvidiav1alpha1 "github.com/gpufleet/gpufleet/api/nvidia/v1alpha1"
 	"github.com/gpufleet/gpufleet/internal/gpustack"
+	"github.com/gpufleet/gpufleet/internal/liveowner"
 )
 
 // +kubebuilder:rbac:groups=nvidia.com,resources=gpuclusters,verbs=get;list;watch
@@ -52,6 +56,10 @@ type Options struct {
 	// Namespace the stack is deployed in (the operator's).
 	Namespace string
 	Clock     clock.PassiveClock
+	// Leases is the cache of NVIDIA's GPU Operator's leader lease
+	// (liveowner.NewCache; nil: Setup makes one). While that lease is
+	// held, the GPUCluster is the GPU Operator's.
+	Leases cluster.Cluster
 }
 
 // CacheObjects restricts the manager's cache of the kinds only the
@@ -77,7 +85,14 @@ func Setup(mgr manager.Manager, opts Options) error {
 	if opts.Clock == nil {
 		opts.Clock = clock.RealClock{}
 	}
-	r := &Reconciler{Client: mgr.GetClient(), Live: mgr.GetAPIReader(), Namespace: opts.Namespace, Clock: opts.Clock,
+	leases := opts.Leases
+	if leases == nil {
+		var err error
+		if leases, err = liveowner.NewCache(mgr, liveowner.GPUOperator); err != nil {
+			return err
+		}
+	}
+	r := &Reconciler{Client: mgr.GetClient(), Live: mgr.GetAPIReader(), Leases: leases.GetCache(), Namespace: opts.Namespace, Clock: opts.Clock,
 		Recorder: mgr.GetEventRecorder("gpufleet-gpucluster")}
 	// Everything maps to the one GPUCluster.
 	one := handler.EnqueueRequestsFromMapFunc(func(context.Context, client.Object) []reconcile.Request {
@@ -92,7 +107,8 @@ func Setup(mgr manager.Manager, opts Options) error {
 		UpdateFunc: func(e event.UpdateEvent) bool { return statusOf(e.ObjectOld) != statusOf(e.ObjectNew) }})
 	err := builder.ControllerManagedBy(mgr).
 		Named("gpucluster").
-		For(&nvidiav1alpha1.GPUCluster{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
+		// A spec change, or an annotation (AnnotationOtherNamespaceCleared).
+		For(&nvidiav1alpha1.GPUCluster{}, builder.WithPredicates(predicate.Or[client.Object](predicate.GenerationChangedPredicate{}, predicate.AnnotationChangedPredicate{}))).
 		Watches(&nvidiav1.ClusterPolicy{}, one, builder.WithPredicates(predicate.Funcs{
 			UpdateFunc: func(event.UpdateEvent) bool { return false }})).
 		Watches(&appsv1.DaemonSet{}, one, builder.WithPredicates(ours, rollout)).
@@ -100,6 +116,9 @@ func Setup(mgr manager.Manager, opts Options) error {
 		Watches(&corev1.Node{}, one, builder.WithPredicates(nodeChanged)).
 		Watches(&corev1.Namespace{}, one, builder.WithPredicates(predicate.LabelChangedPredicate{})).
 		Watches(&resourcev1.DeviceClass{}, one, builder.WithPredicates(ours)).
+		// The GPU Operator's leader lease: a new holder or a release; its
+		// expiry is a requeue.
+		WatchesRawSource(source.Kind[client.Object](leases.GetCache(), &coordinationv1.Lease{}, one, liveowner.HolderChanged)).
 		WithOptions(controller.Options{MaxConcurrentReconciles: 1}).
 		Complete(r)
 	if err != nil {

@@ -12,6 +12,7 @@ import (
 
 	nvidiav1 "github.com/gpufleet/gpufleet/api/nvidia/v1"
 	nvidiav1alpha1 "github.com/gpufleet/gpufleet/api/nvidia/v1alpha1"
+	"github.com/gpufleet/gpufleet/internal/gpustack"
 )
 
 // Condition types and reasons of a GPUCluster.
@@ -28,7 +29,25 @@ const (
 	ReasonAdminAccessNotAllowed = "AdminAccessNotAllowed"
 	ReasonNone                  = "AsExpected"
 	ReasonFieldsIgnored         = "FieldsIgnored"
+	// ReasonStackInAnotherNamespace: the GPU Operator deployed this
+	// GPUCluster's stack in another namespace (status.namespace) than
+	// gpufleet's; nothing is deployed beside it.
+	ReasonStackInAnotherNamespace = gpustack.ReasonStackInAnotherNamespace
 )
+
+// OtherNamespace is the namespace the GPUCluster's status places its
+// stack in (the GPU Operator writes its own namespace there), when that is
+// not gpufleet's and not confirmed gone with the annotation
+// gpustack.AnnotationOtherNamespaceCleared; "" otherwise. DaemonSets do
+// not move between namespaces: deploying in gpufleet's beside that stack
+// would run the DRA driver's kubelet plugin twice on every GPU node.
+func OtherNamespace(gc *nvidiav1alpha1.GPUCluster, namespace string) string {
+	prev := gc.Status.Namespace
+	if prev == "" || prev == namespace || gc.Annotations[gpustack.AnnotationOtherNamespaceCleared] == prev {
+		return ""
+	}
+	return prev
+}
 
 // BlockingPolicy returns the ClusterPolicy that keeps the GPUCluster from
 // being deployed, or nil: the oldest ClusterPolicy created before the
@@ -55,6 +74,8 @@ func BlockingPolicy(gc *nvidiav1alpha1.GPUCluster, policies []nvidiav1.ClusterPo
 // Observed is what a pass found, for the status.
 type Observed struct {
 	Namespace string
+	// OtherNamespace: the stack runs in that namespace (OtherNamespace).
+	OtherNamespace string
 	// Blocking is the ClusterPolicy that holds the GPUCluster, if any.
 	Blocking *nvidiav1.ClusterPolicy
 	// InvalidSpec is why the spec could not be rendered.
@@ -79,12 +100,23 @@ type Observed struct {
 // conditions keep their transition times while their status is unchanged.
 func Status(gc *nvidiav1alpha1.GPUCluster, o Observed, now time.Time) nvidiav1alpha1.GPUClusterStatus {
 	st := gc.Status.DeepCopy()
-	st.Namespace = o.Namespace
 	st.ObservedGeneration = gc.Generation
+	meta.RemoveStatusCondition(&st.Conditions, gpustack.ConditionPreviousOperator)
 	set := func(t string, s metav1.ConditionStatus, reason, msg string) {
 		meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: t, Status: s, Reason: reason, Message: msg,
 			ObservedGeneration: gc.Generation, LastTransitionTime: metav1.NewTime(now)})
 	}
+	if o.OtherNamespace != "" {
+		st.State = nvidiav1alpha1.GPUClusterNotReady
+		st.Components = nil
+		msg := fmt.Sprintf("the stack of this GPUCluster runs in namespace %s (status.namespace) and gpufleet runs in %s: deploying here would run the DRA driver's kubelet plugin twice on every GPU node. "+
+			"Run gpufleet in namespace %s to take that stack over without restarting it, or remove that stack and annotate the GPUCluster %s=%s",
+			o.OtherNamespace, o.Namespace, o.OtherNamespace, gpustack.AnnotationOtherNamespaceCleared, o.OtherNamespace)
+		set(ConditionReady, metav1.ConditionFalse, ReasonStackInAnotherNamespace, msg)
+		set(ConditionDegraded, metav1.ConditionTrue, ReasonStackInAnotherNamespace, msg)
+		return *st
+	}
+	st.Namespace = o.Namespace
 	if len(o.Ignored) > 0 {
 		set(ConditionUnsupported, metav1.ConditionTrue, ReasonFieldsIgnored,
 			"accepted but not acted on by gpufleet: "+strings.Join(o.Ignored, ", "))

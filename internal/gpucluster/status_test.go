@@ -14,6 +14,7 @@ import (
 	nvidiav1 "github.com/gpufleet/gpufleet/api/nvidia/v1"
 	nvidiav1alpha1 "github.com/gpufleet/gpufleet/api/nvidia/v1alpha1"
 	"github.com/gpufleet/gpufleet/internal/gpucluster"
+	"github.com/gpufleet/gpufleet/internal/gpustack"
 )
 
 var t0 = time.Date(2026, 12, 6, 10, 0, 0, 0, time.UTC)
@@ -154,5 +155,46 @@ func TestNodeLabels(t *testing.T) {
 		gpucluster.DeployDRADriver: "true", gpucluster.DeployDCGMExporter: "true"}
 	if got := gpucluster.NodeLabels(node(full), gc); len(got) != 0 {
 		t.Errorf("a labelled node needs nothing: %v", got)
+	}
+}
+
+func TestOtherNamespace(t *testing.T) {
+	for _, tc := range []struct {
+		name, status, cleared, want string
+	}{
+		{name: "never deployed"},
+		{name: "deployed by gpufleet here", status: "ns"},
+		{name: "the GPU Operator's stack in its namespace", status: "gpu-operator", want: "gpu-operator"},
+		{name: "confirmed gone", status: "gpu-operator", cleared: "gpu-operator"},
+		{name: "confirmed gone from another namespace only", status: "gpu-operator", cleared: "old", want: "gpu-operator"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			gc := &nvidiav1alpha1.GPUCluster{Status: nvidiav1alpha1.GPUClusterStatus{Namespace: tc.status}}
+			if tc.cleared != "" {
+				gc.Annotations = map[string]string{gpustack.AnnotationOtherNamespaceCleared: tc.cleared}
+			}
+			if got := gpucluster.OtherNamespace(gc, "ns"); got != tc.want {
+				t.Errorf("got %q, want %q", got, tc.want)
+			}
+		})
+	}
+}
+
+// A stack in another namespace: nothing deployed, the status keeps that
+// namespace (so the next pass still sees it), Ready False says why and how
+// to go on; once the lease is free, a previous PreviousOperatorRunning
+// condition is gone.
+func TestStatusStackInAnotherNamespace(t *testing.T) {
+	gc := &nvidiav1alpha1.GPUCluster{ObjectMeta: metav1.ObjectMeta{Name: "gpu-cluster", Generation: 1},
+		Status: nvidiav1alpha1.GPUClusterStatus{Namespace: "gpu-operator", State: nvidiav1alpha1.GPUClusterReady,
+			Conditions: []metav1.Condition{{Type: gpustack.ConditionPreviousOperator, Status: metav1.ConditionTrue, Reason: gpustack.ReasonPreviousOperatorRunning}}}}
+	st := gpucluster.Status(gc, gpucluster.Observed{Namespace: "ns", OtherNamespace: "gpu-operator"}, t0)
+	r := meta.FindStatusCondition(st.Conditions, gpucluster.ConditionReady)
+	if st.Namespace != "gpu-operator" || st.State != nvidiav1alpha1.GPUClusterNotReady || r == nil || r.Reason != gpucluster.ReasonStackInAnotherNamespace ||
+		!strings.Contains(r.Message, gpustack.AnnotationOtherNamespaceCleared+"=gpu-operator") {
+		t.Fatalf("status %+v", st)
+	}
+	if meta.FindStatusCondition(st.Conditions, gpustack.ConditionPreviousOperator) != nil {
+		t.Errorf("PreviousOperatorRunning kept after the lease was free: %+v", st.Conditions)
 	}
 }

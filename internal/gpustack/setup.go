@@ -67,6 +67,10 @@ type Options struct {
 	// PassInterval: a ClusterPolicy's reconcile pass starts at most this
 	// often (default 200ms; negative: a pass per event).
 	PassInterval time.Duration
+	// Leases is the cache of NVIDIA's GPU Operator's leader lease
+	// (liveowner.NewCache), shared with the GPUCluster controller; nil:
+	// Setup makes one.
+	Leases cluster.Cluster
 }
 
 // Setup registers the ClusterPolicy controller with mgr.
@@ -88,9 +92,11 @@ func Setup(mgr manager.Manager, opts Options) error {
 		return err
 	}
 	monitors := &ServiceMonitors{CRDs: mgr.GetClient(), Mapper: mgr.GetRESTMapper(), Reader: monitorCache.GetCache()}
-	leases, err := liveowner.NewCache(mgr, liveowner.GPUOperator)
-	if err != nil {
-		return err
+	leases := opts.Leases
+	if leases == nil {
+		if leases, err = liveowner.NewCache(mgr, liveowner.GPUOperator); err != nil {
+			return err
+		}
 	}
 	ours, err := OwnCRDs()
 	if err != nil {

@@ -40,6 +40,7 @@ import (
 	"github.com/gpufleet/gpufleet/internal/apirequest"
 	"github.com/gpufleet/gpufleet/internal/gpucluster"
 	"github.com/gpufleet/gpufleet/internal/gpustack"
+	"github.com/gpufleet/gpufleet/internal/liveowner"
 	"github.com/gpufleet/gpufleet/internal/maintenance"
 	"github.com/gpufleet/gpufleet/internal/repair"
 )
@@ -145,7 +146,13 @@ var registry = []Capability{
 			return out
 		},
 		Setup: func(mgr manager.Manager, o Options) error {
-			if err := gpustack.Setup(mgr, gpustack.Options{Namespace: o.Namespace, Clock: o.Clock,
+			// One cache of the GPU Operator's leader lease for both
+			// controllers: neither acts while it is held.
+			leases, err := liveowner.NewCache(mgr, liveowner.GPUOperator)
+			if err != nil {
+				return err
+			}
+			if err := gpustack.Setup(mgr, gpustack.Options{Namespace: o.Namespace, Clock: o.Clock, Leases: leases,
 				DegradedAfter: o.GPUStackDegradedAfter, UpgradeTimeout: o.DriverUpgradeTimeout, PassInterval: o.GPUStackPassInterval}); err != nil {
 				return err
 			}
@@ -154,7 +161,7 @@ var registry = []Capability{
 			// CRD set, or without DRA, runs the ClusterPolicy alone).
 			if missing := gpucluster.Unserved(mgr.GetRESTMapper()); missing != "" {
 				mgr.GetLogger().Info("the GPUCluster controller is off: the API server does not serve " + missing + " (restart the operator once it does)")
-			} else if err := gpucluster.Setup(mgr, gpucluster.Options{Namespace: o.Namespace, Clock: o.Clock}); err != nil {
+			} else if err := gpucluster.Setup(mgr, gpucluster.Options{Namespace: o.Namespace, Clock: o.Clock, Leases: leases}); err != nil {
 				return err
 			}
 			gpustack.ServeMetrics(mgr.GetCache(), mgr.Elected())

@@ -23,12 +23,15 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	maintenancev1 "github.com/gpufleet/gpufleet/api/maintenance/v1alpha1"
 	nvidiav1 "github.com/gpufleet/gpufleet/api/nvidia/v1"
 	nvidiav1alpha1 "github.com/gpufleet/gpufleet/api/nvidia/v1alpha1"
+	"github.com/gpufleet/gpufleet/internal/gpucluster"
 	"github.com/gpufleet/gpufleet/internal/gpustack"
 	"github.com/gpufleet/gpufleet/internal/liveowner"
 )
@@ -111,20 +114,39 @@ type Snapshot struct {
 	// (StackNamespace).
 	Policies      []nvidiav1.ClusterPolicy
 	NVIDIADrivers []nvidiav1alpha1.NVIDIADriver
-	Nodes         []corev1.Node
-	DaemonSets    []appsv1.DaemonSet
-	Pods          []corev1.Pod
+	// GPUClusters: the GPU Operator's DRA stack (at most one).
+	GPUClusters []nvidiav1alpha1.GPUCluster
+	Nodes       []corev1.Node
+	DaemonSets  []appsv1.DaemonSet
+	Pods        []corev1.Pod
 	// For the Maintenance Operator: every NodeMaintenance.
 	NodeMaintenances []maintenancev1.NodeMaintenance
 }
 
-// StackNamespace is where the active ClusterPolicy's stack runs: its
-// status.namespace (the GPU Operator's namespace), else gpufleet's.
-func StackNamespace(policies []nvidiav1.ClusterPolicy, namespace string) string {
-	if p := gpustack.OldestPolicy(policies); p != nil && p.Status.Namespace != "" {
+// StackNamespace is where the running stack is: the status.namespace (the
+// GPU Operator's namespace) of the GPUCluster that runs, else of the
+// active ClusterPolicy, else gpufleet's namespace.
+func (s Snapshot) StackNamespace() string {
+	if gc := runningGPUCluster(s); gc != nil {
+		return cmp.Or(gc.Status.Namespace, s.Namespace)
+	}
+	if p := gpustack.OldestPolicy(s.Policies); p != nil && p.Status.Namespace != "" {
 		return p.Status.Namespace
 	}
-	return namespace
+	return s.Namespace
+}
+
+// runningGPUCluster is the GPUCluster whose stack runs (nil: none): one
+// not being deleted and not held by an older ClusterPolicy (gpufleet runs
+// whichever of the two came first).
+func runningGPUCluster(s Snapshot) *nvidiav1alpha1.GPUCluster {
+	for i := range s.GPUClusters {
+		gc := &s.GPUClusters[i]
+		if gc.DeletionTimestamp == nil && gpucluster.BlockingPolicy(gc, s.Policies) == nil {
+			return gc
+		}
+	}
+	return nil
 }
 
 // Workload is a Deployment a takeover stops or starts.
@@ -153,9 +175,11 @@ func (w Workload) RestoreReplicas() int32 {
 	return 1
 }
 
-// DaemonSet is one DaemonSet of the stack and what the takeover does to
-// its pods.
+// DaemonSet is one workload of the stack (a DaemonSet, or the DRA
+// driver's controller Deployment) and what the takeover does to its pods.
 type DaemonSet struct {
+	// Kind is "" for a DaemonSet, else the workload's kind.
+	Kind            string
 	Component, Name string
 	Pods            int
 	// Why its pods restart ("" they do not).
@@ -188,8 +212,9 @@ type Plan struct {
 	// Own is gpufleet's Deployment (nil: not found).
 	Own *Workload
 	// Policy and StackNamespace: the active ClusterPolicy and where its
-	// stack runs (GPU Operator only).
-	Policy, StackNamespace string
+	// stack runs (GPU Operator only); GPUCluster instead of Policy when a
+	// GPUCluster's DRA stack runs.
+	Policy, GPUCluster, StackNamespace string
 	// Adopted: DaemonSets taken over with their pods; Restarts: those
 	// whose pods are replaced; New: DaemonSets gpufleet creates (no
 	// running counterpart); Blocked: components not deployed.
@@ -324,13 +349,21 @@ func helmNote(d Direction, w Workload) string {
 // Operator's DaemonSets gpufleet adopts, and whose pods restart (or, on
 // the way back, what the GPU Operator finds).
 func planGPUStack(p *Plan, s Snapshot) {
-	policy := gpustack.OldestPolicy(s.Policies)
-	if policy == nil {
-		p.Notes = append(p.Notes, "no ClusterPolicy: the GPU Operator runs no stack, nothing to adopt")
+	if gc := runningGPUCluster(s); gc != nil {
+		planGPUCluster(p, s, gc)
 		return
 	}
+	policy := gpustack.OldestPolicy(s.Policies)
+	if policy == nil {
+		p.Notes = append(p.Notes, "no ClusterPolicy and no GPUCluster: the GPU Operator runs no stack, nothing to adopt")
+		return
+	}
+	for _, gc := range s.GPUClusters {
+		p.Notes = append(p.Notes, fmt.Sprintf("GPUCluster %s was created after ClusterPolicy %s: gpufleet deploys nothing of it while the ClusterPolicy exists "+
+			"(the device plugin and the DRA driver would offer the same GPUs twice)", gc.Name, policy.Name))
+	}
 	p.Policy = policy.Name
-	p.StackNamespace = StackNamespace(s.Policies, s.Namespace)
+	p.StackNamespace = s.StackNamespace()
 	if p.StackNamespace != s.Namespace && policy.Annotations[gpustack.AnnotationOtherNamespaceCleared] != p.StackNamespace && !p.Direction.Back {
 		p.Problems = append(p.Problems, fmt.Sprintf("the stack runs in namespace %s (ClusterPolicy %s status.namespace) and gpufleet in %s: "+
 			"gpufleet would not deploy beside it; install gpufleet into namespace %s, so that it adopts the stack without restarting it",
@@ -338,7 +371,7 @@ func planGPUStack(p *Plan, s Snapshot) {
 	}
 	pods := podsByDaemonSet(s.Pods)
 	if p.Direction.Back {
-		planHandBack(p, s.DaemonSets, pods)
+		planHandBack(p, daemonSetObjects(s.DaemonSets), func(o client.Object) int { return len(pods[o.GetName()]) })
 		return
 	}
 	nodes := &corev1.NodeList{Items: s.Nodes}
@@ -397,12 +430,19 @@ func restartReason(want, have *appsv1.DaemonSet, pods []corev1.Pod) string {
 	if want.Labels[gpustack.LabelComponent] == gpustack.Driver {
 		how = "replaced node by node through NodeMaintenance (cordon, drain, new driver pod)"
 	}
-	if !gpustack.LiveTemplateKept(want, have) {
-		return "restarts: " + imageChange(want.Spec.Template.Spec.Containers, have.Spec.Template.Spec.Containers) + "; " + how
+	return templateRestart(&want.Spec.Template, &have.Spec.Template, gpustack.LiveTemplateKept(want, have), pods, how)
+}
+
+// templateRestart says why taking over a workload restarts its pods ("" it
+// does not): its template is replaced (kept false), or some of its pods
+// still run another image than want's.
+func templateRestart(want, have *corev1.PodTemplateSpec, kept bool, pods []corev1.Pod, how string) string {
+	if !kept {
+		return "restarts: " + imageChange(want.Spec.Containers, have.Spec.Containers) + "; " + how
 	}
 	stale := map[string]int{}
 	for _, pod := range pods {
-		for _, w := range want.Spec.Template.Spec.Containers {
+		for _, w := range want.Spec.Containers {
 			i := slices.IndexFunc(pod.Spec.Containers, func(c corev1.Container) bool { return c.Name == w.Name })
 			if i >= 0 && pod.Spec.Containers[i].Image != w.Image {
 				stale[pod.Spec.Containers[i].Image+" → "+w.Image]++
@@ -443,22 +483,26 @@ func imageChange(want, have []corev1.Container) string {
 // template; one whose template gpufleet kept is the GPU Operator's own
 // (no restart, unless the policy changed since), one gpufleet replaced
 // restarts. A DaemonSet gpufleet created would run beside the GPU
-// Operator's own: a problem.
-func planHandBack(p *Plan, dss []appsv1.DaemonSet, pods map[string][]corev1.Pod) {
-	for i := range dss {
-		ds := &dss[i]
-		if ds.Labels[gpustack.LabelManagedBy] != "gpufleet" || ds.DeletionTimestamp != nil {
+// Operator's own: a problem. workloads are the stack namespace's
+// DaemonSets (and, for a GPUCluster, its controller Deployment).
+func planHandBack(p *Plan, workloads []client.Object, pods func(client.Object) int) {
+	for _, w := range workloads {
+		if w.GetLabels()[gpustack.LabelManagedBy] != "gpufleet" || w.GetDeletionTimestamp() != nil {
 			continue
 		}
-		c := ds.Labels[gpustack.LabelComponent]
-		if ds.Annotations[gpustack.AnnotationAdoptedFrom] == "" {
-			p.Problems = append(p.Problems, fmt.Sprintf("DaemonSet %s/%s (%s) was created by gpufleet: the GPU Operator would start its own beside it; "+
-				"delete it first (kubectl -n %s delete daemonset %s; its pods stop)", ds.Namespace, ds.Name, c, ds.Namespace, ds.Name))
+		kind, c := gpucluster.Kind(w), w.GetLabels()[gpustack.LabelComponent]
+		ref := fmt.Sprintf("%s %s/%s", kind, w.GetNamespace(), w.GetName())
+		if w.GetAnnotations()[gpustack.AnnotationAdoptedFrom] == "" {
+			p.Problems = append(p.Problems, fmt.Sprintf("%s (%s) was created by gpufleet: the GPU Operator would start its own beside it; "+
+				"delete it first (kubectl -n %s delete %s %s; its pods stop)", ref, c, w.GetNamespace(), strings.ToLower(kind), w.GetName()))
 			continue
 		}
-		d := DaemonSet{Component: c, Name: ds.Name, Pods: len(pods[ds.Name])}
-		if ds.Annotations[gpustack.AnnotationAcceptedTemplate] == "" {
-			d.Why = "restarts: gpufleet replaced its pod template (the policy changed); the GPU Operator rewrites it from its own template"
+		d := DaemonSet{Component: c, Name: w.GetName(), Pods: pods(w)}
+		if kind != "DaemonSet" {
+			d.Kind = kind
+		}
+		if w.GetAnnotations()[gpustack.AnnotationAcceptedTemplate] == "" {
+			d.Why = "restarts: gpufleet replaced its pod template (the spec changed); the GPU Operator rewrites it from its own template"
 			p.Restarts = append(p.Restarts, d)
 			continue
 		}
@@ -466,8 +510,122 @@ func planHandBack(p *Plan, dss []appsv1.DaemonSet, pods map[string][]corev1.Pod)
 	}
 	if len(p.Adopted) > 0 {
 		p.Notes = append(p.Notes, "the GPU Operator finds its DaemonSets without its hash annotation (nvidia.com/last-applied-hash) and rewrites each "+
-			"from its own template: their templates are still its own, so nothing restarts unless the ClusterPolicy changed meanwhile")
+			"from its own template: their templates are still its own, so nothing restarts unless the ClusterPolicy or GPUCluster changed meanwhile")
 	}
+}
+
+// daemonSetObjects are dss as objects, for planHandBack.
+func daemonSetObjects(dss []appsv1.DaemonSet) []client.Object {
+	out := make([]client.Object, 0, len(dss))
+	for i := range dss {
+		out = append(out, &dss[i])
+	}
+	return out
+}
+
+// planGPUCluster adds the GPUCluster's DRA stack: which of the GPU
+// Operator's workloads gpufleet takes over (same name; the live selector
+// and, while it runs the images the GPUCluster asks for, the live pod
+// template are kept) and whose pods restart, or on the way back what the
+// GPU Operator finds.
+func planGPUCluster(p *Plan, s Snapshot, gc *nvidiav1alpha1.GPUCluster) {
+	p.GPUCluster = gc.Name
+	p.StackNamespace = s.StackNamespace()
+	for _, pol := range s.Policies {
+		p.Notes = append(p.Notes, fmt.Sprintf("ClusterPolicy %s was created after GPUCluster %s: gpufleet deploys nothing of it while the GPUCluster exists "+
+			"(reason GPUClusterPresent; the device plugin and the DRA driver would offer the same GPUs twice)", pol.Name, gc.Name))
+	}
+	if p.StackNamespace != s.Namespace && gc.Annotations[gpustack.AnnotationOtherNamespaceCleared] != p.StackNamespace && !p.Direction.Back {
+		p.Problems = append(p.Problems, fmt.Sprintf("the DRA stack runs in namespace %s (GPUCluster %s status.namespace) and gpufleet in %s: "+
+			"gpufleet would not deploy beside it; install gpufleet into namespace %s, so that it takes the stack over without restarting it",
+			p.StackNamespace, gc.Name, s.Namespace, p.StackNamespace))
+	}
+	deployments := map[string]*appsv1.Deployment{}
+	for i := range s.Deployments {
+		if d := &s.Deployments[i]; d.Namespace == p.StackNamespace {
+			deployments[d.Name] = d
+		}
+	}
+	byDaemonSet := podsByDaemonSet(s.Pods)
+	pods := func(o client.Object) []corev1.Pod {
+		switch w := o.(type) {
+		case *appsv1.DaemonSet:
+			return byDaemonSet[w.Name]
+		case *appsv1.Deployment:
+			return podsSelected(s.Pods, w.Spec.Selector)
+		}
+		return nil
+	}
+	if p.Direction.Back {
+		workloads := daemonSetObjects(s.DaemonSets)
+		if d := deployments[gpucluster.Controller]; d != nil {
+			workloads = append(workloads, d)
+		}
+		planHandBack(p, workloads, func(o client.Object) int { return len(pods(o)) })
+		return
+	}
+	rendered, err := gpucluster.Render(gc, p.StackNamespace)
+	if err != nil {
+		p.Problems = append(p.Problems, fmt.Sprintf("gpufleet cannot render GPUCluster %s: %v", gc.Name, err))
+		return
+	}
+	live := map[string]*appsv1.DaemonSet{}
+	for i := range s.DaemonSets {
+		live[s.DaemonSets[i].Name] = &s.DaemonSets[i]
+	}
+	for _, want := range rendered {
+		var have client.Object
+		var wantTpl, haveTpl *corev1.PodTemplateSpec
+		how := "rolling update (the DaemonSet's update strategy)"
+		switch w := want.(type) {
+		case *appsv1.DaemonSet:
+			if h := live[w.Name]; h != nil {
+				have, wantTpl, haveTpl = h, &w.Spec.Template, &h.Spec.Template
+			}
+		case *appsv1.Deployment:
+			how = "rolling update (the Deployment's strategy)"
+			if h := deployments[w.Name]; h != nil {
+				have, wantTpl, haveTpl = h, &w.Spec.Template, &h.Spec.Template
+			}
+		default:
+			continue
+		}
+		kind := gpucluster.Kind(want)
+		switch {
+		case have == nil:
+			p.New = append(p.New, fmt.Sprintf("%s (%s): none runs it, gpufleet creates it", want.GetName(), kind))
+			continue
+		case have.GetLabels()[gpustack.LabelManagedBy] == "gpufleet":
+			continue // gpufleet's own already
+		}
+		d := DaemonSet{Component: want.GetLabels()[gpustack.LabelComponent], Name: have.GetName(), Pods: len(pods(have))}
+		if kind != "DaemonSet" {
+			d.Kind = kind
+		}
+		d.Why = templateRestart(wantTpl, haveTpl, gpucluster.KeepsLiveTemplate(want, have), pods(have), how)
+		if d.Why == "" {
+			p.Adopted = append(p.Adopted, d)
+		} else {
+			p.Restarts = append(p.Restarts, d)
+		}
+	}
+	p.Notes = append(p.Notes, "the DRA driver's ServiceAccounts, RBAC, DeviceClasses, Services and ResourceClaimTemplates of the same names are "+
+		"updated in place (no pod restarts); the GPU Operator's DRA validator DaemonSet is not deployed by gpufleet and is left as it is")
+}
+
+// podsSelected are the pods (not being deleted) that sel selects.
+func podsSelected(pods []corev1.Pod, sel *metav1.LabelSelector) []corev1.Pod {
+	selector, err := metav1.LabelSelectorAsSelector(sel)
+	if err != nil || sel == nil {
+		return nil
+	}
+	var out []corev1.Pod
+	for _, pod := range pods {
+		if pod.DeletionTimestamp == nil && selector.Matches(labels.Set(pod.Labels)) {
+			out = append(out, pod)
+		}
+	}
+	return out
 }
 
 func podsByDaemonSet(pods []corev1.Pod) map[string][]corev1.Pod {

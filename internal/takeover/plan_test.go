@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"testing"
 	"time"
 
@@ -21,7 +22,9 @@ import (
 
 	maintenancev1 "github.com/gpufleet/gpufleet/api/maintenance/v1alpha1"
 	nvidiav1 "github.com/gpufleet/gpufleet/api/nvidia/v1"
+	nvidiav1alpha1 "github.com/gpufleet/gpufleet/api/nvidia/v1alpha1"
 	"github.com/gpufleet/gpufleet/internal/devcluster"
+	"github.com/gpufleet/gpufleet/internal/gpucluster"
 	"github.com/gpufleet/gpufleet/internal/gpustack"
 )
 
@@ -130,6 +133,94 @@ func adoptedBy(dss []appsv1.DaemonSet, replaced string) []appsv1.DaemonSet {
 	return out
 }
 
+// draStack is the GPU Operator's DRA stack for the GPUCluster as it leaves
+// it (its labels, its hash annotation, no gpufleet bookkeeping; the
+// workloads' names and selectors as gpufleet renders them, which are the
+// GPU Operator's), with images overriding the GPUCluster's by workload
+// name, and a pod per node of each DaemonSet plus the controller's pod.
+func draStack(t *testing.T, gc *nvidiav1alpha1.GPUCluster, nodes []corev1.Node, images map[string]string) ([]appsv1.DaemonSet, appsv1.Deployment, []corev1.Pod) {
+	t.Helper()
+	objs, err := gpucluster.Render(gc, stackNS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	theirs := func(m *metav1.ObjectMeta, tpl *corev1.PodTemplateSpec) {
+		m.Labels = map[string]string{"app.kubernetes.io/name": "nvidia-dra-driver", "app.kubernetes.io/component": m.Name, "app": m.Name,
+			"nvidia.com/gpu-operator.state": "state-dra-driver"}
+		m.Annotations = map[string]string{gpustack.AnnotationPreviousHash: "7f3c2a91"}
+		m.OwnerReferences = []metav1.OwnerReference{*metav1.NewControllerRef(gc, nvidiav1alpha1.GroupVersion.WithKind("GPUCluster"))}
+		tpl.Labels = map[string]string{"app.kubernetes.io/name": "nvidia-dra-driver", "app.kubernetes.io/component": m.Name, "app": m.Name}
+		if img, ok := images[m.Name]; ok {
+			for i := range tpl.Spec.Containers {
+				tpl.Spec.Containers[i].Image = img
+			}
+		}
+	}
+	var dss []appsv1.DaemonSet
+	var ctl appsv1.Deployment
+	var pods []corev1.Pod
+	pod := func(name string, tpl *corev1.PodTemplateSpec, owner metav1.OwnerReference) {
+		pods = append(pods, corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: stackNS, Name: name, Labels: tpl.Labels,
+			OwnerReferences: []metav1.OwnerReference{owner}}, Spec: *tpl.Spec.DeepCopy()})
+	}
+	for _, o := range objs {
+		switch w := o.(type) {
+		case *appsv1.DaemonSet:
+			ds := *w.DeepCopy()
+			theirs(&ds.ObjectMeta, &ds.Spec.Template)
+			dss = append(dss, ds)
+			for _, n := range nodes {
+				pod(ds.Name+"-"+n.Name, &ds.Spec.Template, *metav1.NewControllerRef(&ds, appsv1.SchemeGroupVersion.WithKind("DaemonSet")))
+			}
+		case *appsv1.Deployment:
+			ctl = *w.DeepCopy()
+			theirs(&ctl.ObjectMeta, &ctl.Spec.Template)
+			pod(ctl.Name+"-6d4c9b7f5-q8x2z", &ctl.Spec.Template, metav1.OwnerReference{APIVersion: "apps/v1", Kind: "ReplicaSet",
+				Name: ctl.Name + "-6d4c9b7f5", UID: "rs-uid", Controller: ptr.To(true)})
+		}
+	}
+	return dss, ctl, pods
+}
+
+func chartDefaultGPUCluster(t *testing.T, created time.Time) *nvidiav1alpha1.GPUCluster {
+	t.Helper()
+	data, err := os.ReadFile("../gpucluster/testdata/gpucluster-chart-default.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gc := &nvidiav1alpha1.GPUCluster{}
+	if err := yaml.UnmarshalStrict(data, gc); err != nil {
+		t.Fatal(err)
+	}
+	gc.UID, gc.CreationTimestamp = "gpucluster-uid", metav1.NewTime(created)
+	gc.Status.Namespace = stackNS
+	return gc
+}
+
+// adoptedWorkloads makes the DRA stack what gpufleet leaves after taking
+// it over (its labels and bookkeeping; replaced names the workload whose
+// template gpufleet replaced).
+func adoptedWorkloads(dss []appsv1.DaemonSet, ctl appsv1.Deployment, replaced string) ([]appsv1.DaemonSet, appsv1.Deployment) {
+	mark := func(m *metav1.ObjectMeta) {
+		m.Labels[gpustack.LabelManagedBy] = "gpufleet"
+		m.Labels[gpustack.LabelComponent] = m.Name
+		delete(m.Annotations, gpustack.AnnotationPreviousHash)
+		m.Annotations[gpustack.AnnotationAdoptedFrom] = "gpu-operator"
+		if m.Name != replaced {
+			m.Annotations[gpustack.AnnotationAcceptedTemplate] = "fedcba9876543210"
+		}
+	}
+	out := make([]appsv1.DaemonSet, 0, len(dss))
+	for _, ds := range dss {
+		ds := *ds.DeepCopy()
+		mark(&ds.ObjectMeta)
+		out = append(out, ds)
+	}
+	ctl = *ctl.DeepCopy()
+	mark(&ctl.ObjectMeta)
+	return out, ctl
+}
+
 var componentOf = map[string]string{}
 
 func init() {
@@ -228,6 +319,13 @@ func TestMakePlan(t *testing.T) {
 	}
 	moOwn := deployment("gpufleet-system", "gpufleet-operator", 2, nil)
 
+	gc := chartDefaultGPUCluster(t, p.CreationTimestamp.Add(-time.Hour))
+	heldGC := chartDefaultGPUCluster(t, p.CreationTimestamp.Add(time.Hour))
+	draDSS, draCtl, draPods := draStack(t, gc, nodes, nil)
+	oldDRADSS, oldDRACtl, oldDRAPods := draStack(t, gc, nodes, map[string]string{gpucluster.DCGMExporter: "nvcr.io/nvidia/k8s/dcgm-exporter:4.5.2-4.7.1-distroless"})
+	noExporter := slices.DeleteFunc(slices.Clone(draDSS), func(d appsv1.DaemonSet) bool { return d.Name == gpucluster.DCGMExporter })
+	adoptedDRA, adoptedCtl := adoptedWorkloads(draDSS, draCtl, gpucluster.DCGMExporter)
+
 	tests := map[string]struct {
 		snap Snapshot
 		dir  Direction
@@ -298,6 +396,39 @@ func TestMakePlan(t *testing.T) {
 			dir:  Direction{Operator: MaintenanceOperator, Back: true},
 			want: summary{Stop: []string{"gpufleet-system/gpufleet-operator"}, Start: []string{"maintenance-operator/maintenance-operator=1"},
 				InFlight: []string{"Draining draining"}},
+		},
+		"GPUCluster's DRA stack: every workload taken over, nothing restarts": {
+			snap: Snapshot{Namespace: stackNS, Deployments: []appsv1.Deployment{gpuOp, ownHere, draCtl}, Leases: []coordinationv1.Lease{gpuOpLease},
+				GPUClusters: []nvidiav1alpha1.GPUCluster{*gc}, Nodes: nodes, DaemonSets: draDSS, Pods: draPods},
+			dir: Direction{Operator: GPUOperator},
+			want: summary{Stop: []string{"gpu-operator/gpu-operator"}, LeaseHeld: true,
+				Adopted: []string{gpucluster.KubeletPlugin, gpucluster.Controller, gpucluster.DCGMExporter}},
+		},
+		"GPUCluster's DRA stack: an older exporter rolls, a missing one is created": {
+			snap: Snapshot{Namespace: stackNS, Deployments: []appsv1.Deployment{gpuOpStopped, ownHere, oldDRACtl}, Leases: []coordinationv1.Lease{released},
+				GPUClusters: []nvidiav1alpha1.GPUCluster{*gc}, Nodes: nodes, DaemonSets: oldDRADSS, Pods: oldDRAPods},
+			dir:  Direction{Operator: GPUOperator},
+			want: summary{Adopted: []string{gpucluster.KubeletPlugin, gpucluster.Controller}, Restarts: []string{gpucluster.DCGMExporter}},
+		},
+		"GPUCluster's DRA stack without its exporter, in another namespace than gpufleet": {
+			snap: Snapshot{Namespace: "gpufleet-system", Deployments: []appsv1.Deployment{gpuOp, moOwn, draCtl}, Leases: []coordinationv1.Lease{gpuOpLease},
+				GPUClusters: []nvidiav1alpha1.GPUCluster{*gc}, Nodes: nodes, DaemonSets: noExporter, Pods: draPods},
+			dir:  Direction{Operator: GPUOperator},
+			want: summary{Stop: []string{"gpu-operator/gpu-operator"}, LeaseHeld: true, Adopted: []string{gpucluster.KubeletPlugin, gpucluster.Controller}, New: 1, Problems: 1},
+		},
+		"a ClusterPolicy and a newer GPUCluster: the ClusterPolicy's stack is taken over": {
+			snap: Snapshot{Namespace: stackNS, Deployments: []appsv1.Deployment{gpuOp, ownHere}, Leases: []coordinationv1.Lease{gpuOpLease},
+				Policies: []nvidiav1.ClusterPolicy{*p}, GPUClusters: []nvidiav1alpha1.GPUCluster{*heldGC}, Nodes: nodes, DaemonSets: dss, Pods: pods},
+			dir:  Direction{Operator: GPUOperator},
+			want: summary{Stop: []string{"gpu-operator/gpu-operator"}, LeaseHeld: true, Adopted: allAdopted},
+		},
+		"back to the GPU Operator with a GPUCluster: kept templates, the exporter replaced": {
+			snap: Snapshot{Namespace: stackNS, Deployments: []appsv1.Deployment{gpuOpStopped, ownHere, adoptedCtl},
+				Leases:      []coordinationv1.Lease{lease(stackNS, "gpufleet-operator", "gpufleet-operator-7d9c-xyz")},
+				GPUClusters: []nvidiav1alpha1.GPUCluster{*gc}, Nodes: nodes, DaemonSets: adoptedDRA, Pods: draPods},
+			dir: Direction{Operator: GPUOperator, Back: true},
+			want: summary{Stop: []string{"gpu-operator/gpufleet-operator"}, Start: []string{"gpu-operator/gpu-operator=1"}, LeaseHeld: true,
+				Adopted: []string{gpucluster.KubeletPlugin, gpucluster.Controller}, Restarts: []string{gpucluster.DCGMExporter}},
 		},
 		"no gpufleet Deployment": {
 			snap: Snapshot{Namespace: "gpufleet-system", Deployments: []appsv1.Deployment{mo}},

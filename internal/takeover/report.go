@@ -1,6 +1,7 @@
 package takeover
 
 import (
+	"cmp"
 	"fmt"
 	"io"
 	"strings"
@@ -22,6 +23,9 @@ func (p Plan) Write(out io.Writer) error {
 	}
 	if p.Policy != "" {
 		fmt.Fprintf(&b, "ClusterPolicy %s, its stack in namespace %s\n", p.Policy, p.StackNamespace)
+	}
+	if p.GPUCluster != "" {
+		fmt.Fprintf(&b, "GPUCluster %s (NVIDIA's DRA driver), its stack in namespace %s\n", p.GPUCluster, p.StackNamespace)
 	}
 
 	section(&b, "Stop first")
@@ -102,7 +106,7 @@ func daemonSets(b *strings.Builder, title string, dss []DaemonSet, why bool) {
 	section(b, title)
 	tw := tabwriter.NewWriter(b, 0, 0, 2, ' ', 0)
 	for _, d := range dss {
-		line := fmt.Sprintf("  %s\tDaemonSet %s\t%d pods", d.Component, d.Name, d.Pods)
+		line := fmt.Sprintf("  %s\t%s %s\t%d pods", d.Component, cmp.Or(d.Kind, "DaemonSet"), d.Name, d.Pods)
 		if why {
 			line += "\t" + d.Why
 		}

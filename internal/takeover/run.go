@@ -82,14 +82,16 @@ func Read(ctx context.Context, c client.Client, o Options, now time.Time) (Snaps
 
 func readGPUStack(ctx context.Context, c client.Client, s *Snapshot) error {
 	var policies nvidiav1.ClusterPolicyList
-	if err := c.List(ctx, &policies); err != nil {
-		if noCRD(err) {
-			return nil
-		}
+	if err := c.List(ctx, &policies); err != nil && !noCRD(err) {
 		return fmt.Errorf("listing ClusterPolicies: %w", err)
 	}
 	s.Policies = policies.Items
-	if len(s.Policies) == 0 {
+	var gcs nvidiav1alpha1.GPUClusterList
+	if err := c.List(ctx, &gcs); err != nil && !noCRD(err) {
+		return fmt.Errorf("listing GPUClusters: %w", err)
+	}
+	s.GPUClusters = gcs.Items
+	if len(s.Policies) == 0 && len(s.GPUClusters) == 0 {
 		return nil
 	}
 	var drivers nvidiav1alpha1.NVIDIADriverList
@@ -102,7 +104,7 @@ func readGPUStack(ctx context.Context, c client.Client, s *Snapshot) error {
 		return fmt.Errorf("listing nodes: %w", err)
 	}
 	s.Nodes = nodes.Items
-	ns := StackNamespace(s.Policies, s.Namespace)
+	ns := s.StackNamespace()
 	var dss appsv1.DaemonSetList
 	if err := c.List(ctx, &dss, client.InNamespace(ns)); err != nil {
 		return fmt.Errorf("listing the DaemonSets of namespace %s: %w", ns, err)
