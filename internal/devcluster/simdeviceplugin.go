@@ -106,13 +106,23 @@ func (c *Cluster) startSimDevicePlugin() error {
 	return err
 }
 
-// sync gives the node's waiting pods their GPUs. The pods are read from
-// the API server, not the cache: a pass must see the previous pass's
-// allocations.
+// sync advertises the node's healthy GPUs (allocatable, as the kubelet
+// does from the plugin's health reports) and gives the node's waiting pods
+// their GPUs. The pods are read from the API server, not the cache: a pass
+// must see the previous pass's allocations.
 func (s *simDevicePlugin) sync(ctx context.Context, node string) error {
 	obj, ok, err := s.nodes.GetByKey(node)
 	if err != nil || !ok {
 		return err
+	}
+	if healthy, change := SimDevicePluginAllocatable(obj.(*corev1.Node)); change {
+		patch, err := json.Marshal(map[string]any{"status": map[string]any{"allocatable": map[string]string{string(ResourceGPU): strconv.Itoa(healthy)}}})
+		if err != nil {
+			return err
+		}
+		if _, err := s.cluster.Client.CoreV1().Nodes().Patch(ctx, node, types.MergePatchType, patch, metav1.PatchOptions{}, "status"); err != nil {
+			return fmt.Errorf("advertising %d healthy GPUs: %w", healthy, err)
+		}
 	}
 	if objs, err := s.pods.ByIndex(devicePluginPodsByNode, node); err != nil || !slices.ContainsFunc(objs, func(o any) bool {
 		p := o.(*corev1.Pod)
@@ -192,6 +202,24 @@ func SimDevicePluginAllocate(node *corev1.Node, pods []corev1.Pod) map[types.Nam
 		out[types.NamespacedName{Namespace: p.Namespace, Name: p.Name}] = strings.Join(picked, ",")
 	}
 	return out
+}
+
+// SimDevicePluginAllocatable is the node's nvidia.com/gpu allocatable as
+// the kubelet reports it from NVIDIA's device plugin: its GPUs that pass
+// the plugin's health check (capacity stays the number of GPUs), and
+// whether the node's status says otherwise now.
+func SimDevicePluginAllocatable(node *corev1.Node) (healthy int, change bool) {
+	h, err := ReadSimGPUHost(node)
+	if err != nil || h.GPUs == 0 {
+		return 0, false
+	}
+	for i := range h.GPUs {
+		if SimDevicePluginHealthy(h, i) {
+			healthy++
+		}
+	}
+	have, ok := node.Status.Allocatable[ResourceGPU]
+	return healthy, !ok || have.Value() != int64(healthy)
 }
 
 // SimDevicePluginHealthy is the simulated device plugin's health check of

@@ -128,3 +128,57 @@ func TestSimDevicePluginAllocate(t *testing.T) {
 		t.Errorf("a pod of another node got %v", got)
 	}
 }
+
+// TestSimDevicePluginAllocatable: the node advertises the GPUs that pass
+// the plugin's health check (allocatable 7 of 8 with one XID it sees),
+// not fewer for what it does not see (an application XID, an ECC count),
+// all again after the reset; nothing to change when the status already
+// says so.
+func TestSimDevicePluginAllocatable(t *testing.T) {
+	xid := func(gpu, code int) func(*testing.T, *Cluster) {
+		return func(t *testing.T, c *Cluster) {
+			if err := c.InjectXID(t.Context(), "gpu-003", gpu, code); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	reset := func(gpu int) func(*testing.T, *Cluster) {
+		return func(t *testing.T, c *Cluster) {
+			err := SimExecutor{Cluster: c}.Execute(context.Background(), simNode(t, c), repairv1.ActionResetGPU, []repairv1.GPURef{SimGPU("gpu-003", gpu)})
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	for name, tc := range map[string]struct {
+		host        []func(*testing.T, *Cluster)
+		allocatable string // the node's status before ("" none)
+		want        int
+		change      bool
+	}{
+		"healthy, as advertised":          {allocatable: "8", want: 8},
+		"healthy, not advertised yet":     {want: 8, change: true},
+		"one XID the plugin sees: 7 of 8": {host: []func(*testing.T, *Cluster){xid(3, 48)}, allocatable: "8", want: 7, change: true},
+		"two GPUs out":                    {host: []func(*testing.T, *Cluster){xid(3, 48), xid(5, 79)}, allocatable: "7", want: 6, change: true},
+		"an application XID: all 8":       {host: []func(*testing.T, *Cluster){xid(3, 13)}, allocatable: "8", want: 8},
+		"reset: all 8 again":              {host: []func(*testing.T, *Cluster){xid(3, 48), reset(3)}, allocatable: "7", want: 8, change: true},
+		"an ECC count the plugin does not see": {host: []func(*testing.T, *Cluster){func(t *testing.T, c *Cluster) {
+			_ = c.SetGPUState(t.Context(), "gpu-003", 2, func(s *SimGPUState) { s.VolatileDBE = 2 })
+		}}, allocatable: "8", want: 8},
+	} {
+		t.Run(name, func(t *testing.T) {
+			c, _ := simHostCluster(t)
+			for _, s := range tc.host {
+				s(t, c)
+			}
+			n := simNode(t, c)
+			delete(n.Status.Allocatable, ResourceGPU)
+			if tc.allocatable != "" {
+				n.Status.Allocatable[ResourceGPU] = resource.MustParse(tc.allocatable)
+			}
+			if got, change := SimDevicePluginAllocatable(n); got != tc.want || change != tc.change {
+				t.Errorf("got %d (change %t), want %d (change %t)", got, change, tc.want, tc.change)
+			}
+		})
+	}
+}

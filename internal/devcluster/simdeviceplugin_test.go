@@ -74,6 +74,7 @@ func TestSimulatedDevicePluginGivesOutGPUs(t *testing.T) {
 	if got := pod("dpsim-3"); got != "4" {
 		t.Errorf("with an XID 48 on GPU 3, the next pod was given GPU %s, want 4", got)
 	}
+	waitAllocatable(t, node, 7) // the kubelet's view of the plugin's health: 7 of 8
 	n, err = cluster.Client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -81,6 +82,7 @@ func TestSimulatedDevicePluginGivesOutGPUs(t *testing.T) {
 	if err := (devcluster.SimExecutor{Cluster: cluster}).Execute(ctx, n, repairv1.ActionResetGPU, []repairv1.GPURef{devcluster.SimGPU(node, 3)}); err != nil {
 		t.Fatal(err)
 	}
+	waitAllocatable(t, node, 8)
 	if got := pod("dpsim-4"); got != "3" {
 		t.Errorf("after GPU 3's reset, the next pod was given GPU %s, want 3", got)
 	}
@@ -90,5 +92,23 @@ func TestSimulatedDevicePluginGivesOutGPUs(t *testing.T) {
 	}
 	if allocs := devcluster.SimGPUPods(n, pods.Items); len(allocs) != 5 {
 		t.Errorf("pod-resources view of %s: %+v, want 5 pods with one GPU each", node, allocs)
+	}
+}
+
+// waitAllocatable waits until node advertises want nvidia.com/gpu (its
+// capacity staying 8).
+func waitAllocatable(t *testing.T, node string, want int64) {
+	t.Helper()
+	var got, capacity resource.Quantity
+	err := wait.PollUntilContextTimeout(t.Context(), 50*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		n, err := cluster.Client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+		if err != nil {
+			return false, nil //nolint:nilerr // keep polling
+		}
+		got, capacity = n.Status.Allocatable[devcluster.ResourceGPU], n.Status.Capacity[devcluster.ResourceGPU]
+		return got.Value() == want && capacity.Value() == 8, nil
+	})
+	if err != nil {
+		t.Fatalf("%s: nvidia.com/gpu allocatable %s of %s, want %d of 8", node, got.String(), capacity.String(), want)
 	}
 }

@@ -583,6 +583,56 @@ func TestDevicePluginGPUFaultDrainsOnlyThePodHoldingTheGPU(t *testing.T) {
 	}
 }
 
+// TestDevicePluginXIDTakesTheGPUOutOfAllocatable: on a device-plugin node,
+// an XID the plugin sees makes it mark GPU 3 unhealthy, so the kubelet
+// advertises 7 of 8; the GPUFault's isolation note says the plugin keeps
+// the GPU from new pods ("allocatable 7 of 8"), and the repair resets it
+// and drains the one pod it held; after the reset the node advertises 8
+// again.
+func TestDevicePluginXIDTakesTheGPUOutOfAllocatable(t *testing.T) {
+	devtest.NeedCluster(t)
+	const node = "dp-1"
+	devicePluginNode(t, node)
+	cleanGPUs(t, node)
+	startOperator(t)
+	gpuPolicy(t, nil)
+	gpuPods(t, node, map[string]int{"dpx-hold-3": 3, "dpx-hold-0": 0})
+	if err := env.InjectXID(t.Context(), node, 3, 48); err != nil {
+		t.Fatal(err)
+	}
+	var note string
+	err := wait.PollUntilContextTimeout(t.Context(), 20*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		g := &repairv1.GPUFault{}
+		if err := env.Kube.Get(ctx, types.NamespacedName{Name: agent.GPUFaultName(node, devcluster.SimGPU(node, 3).PCIBusID)}, g); err != nil {
+			return false, nil //nolint:nilerr // keep polling
+		}
+		note = g.Annotations[repair.AnnotationIsolation]
+		return strings.Contains(note, "allocatable 7 of 8"), nil
+	})
+	if err != nil {
+		t.Fatalf("GPU 3's isolation note is %q, want the device plugin's allocatable 7 of 8", note)
+	}
+	r := repairOf(t, node, repairv1.PhaseSucceeded, 90*time.Second)
+	if steps := timelineSteps(r); !strings.Contains(steps, "ResetGPU:Succeeded") || strings.Contains(steps, "Reboot") {
+		t.Errorf("timeline %q", steps)
+	}
+	err = wait.PollUntilContextTimeout(t.Context(), 50*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		n, err := env.Client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+		if err != nil {
+			return false, nil //nolint:nilerr // keep polling
+		}
+		a := n.Status.Allocatable[devcluster.ResourceGPU]
+		return a.Value() == 8, nil
+	})
+	if err != nil {
+		t.Errorf("%s does not advertise its 8 GPUs again after the reset", node)
+	}
+	p, err := env.Client.CoreV1().Pods("default").Get(t.Context(), "dpx-hold-0", metav1.GetOptions{})
+	if err != nil || p.DeletionTimestamp != nil {
+		t.Errorf("the pod on GPU 0 was drained too: %v", err)
+	}
+}
+
 // faultyGPUs gives GPUs of node an uncorrectable ECC count at once (within
 // the rules' 2 s threshold, so one repair sees them all).
 func faultyGPUs(t *testing.T, node string, gpus ...int) {

@@ -166,12 +166,31 @@ func setupIsolator(mgr manager.Manager, log logr.Logger) error {
 		Watches(&repairv1.NodeRepairPolicy{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, _ client.Object) []reconcile.Request {
 			return gpusOfNode(ctx, "")
 		}), builder.WithPredicates(predicate.GenerationChangedPredicate{})).
+		// The device plugin taking a GPU out (or back): the isolation note
+		// of a GPU DRA does not publish says whether the plugin keeps it
+		// from new pods.
+		Watches(&corev1.Node{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
+			return gpusOfNode(ctx, o.GetName())
+		}), builder.WithPredicates(gpuAllocatableChanged)).
 		WithOptions(controller.Options{MaxConcurrentReconciles: 2}).
 		Complete(&Isolator{Client: c, Recorder: mgr.GetEventRecorder("gpufleet-repair")})
 	if err != nil {
 		return fmt.Errorf("setting up the GPU isolator: %w", err)
 	}
 	return nil
+}
+
+// gpuAllocatableChanged passes a change of a node's device-plugin GPU
+// capacity or allocatable (not its creation: no GPUFault is older).
+var gpuAllocatableChanged = predicate.Funcs{
+	CreateFunc: func(event.CreateEvent) bool { return false },
+	DeleteFunc: func(event.DeleteEvent) bool { return false },
+	UpdateFunc: func(e event.UpdateEvent) bool {
+		o, n := e.ObjectOld.(*corev1.Node), e.ObjectNew.(*corev1.Node)
+		oa, na := o.Status.Allocatable[gpuResource], n.Status.Allocatable[gpuResource]
+		oc, nc := o.Status.Capacity[gpuResource], n.Status.Capacity[gpuResource]
+		return oa.Cmp(na) != 0 || oc.Cmp(nc) != 0
+	},
 }
 
 // healthChanged passes node changes that matter to repairs: conditions
