@@ -9,6 +9,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
@@ -179,11 +180,18 @@ func Adopt(rendered []client.Object, live []appsv1.DaemonSet) ([]client.Object, 
 				free = append(free, ds)
 			}
 		}
+		left = slices.DeleteFunc(left, func(f *appsv1.DaemonSet) bool { return otherDriversOwn(f, dss) })
+		matched := matchBySelector(left, free)
 		switch {
 		case len(left) == 0:
 		case len(left) == 1 && len(free) == 1:
 			target[free[0].Name] = left[0]
 			from[free[0].Name] = previousOperator
+		case matched != nil:
+			for name, f := range matched {
+				target[name] = f
+				from[name] = previousOperator
+			}
 		default:
 			b := Blocked{Component: c}
 			for _, l := range left {
@@ -222,6 +230,71 @@ func Adopt(rendered []client.Object, live []appsv1.DaemonSet) ([]client.Object, 
 		out = append(out, adoptedAs(ds, l))
 	}
 	return out, adoptions, blocked
+}
+
+// labelKernel is Node Feature Discovery's kernel label, on the node
+// selector of the GPU Operator's precompiled drivers (one per kernel).
+const labelKernel = "feature.node.kubernetes.io/kernel-version.full"
+
+// nvidiaDriverOf is the NVIDIADriver that owns another operator's
+// DaemonSet (the GPU Operator's NVIDIADriver mode), "" none.
+func nvidiaDriverOf(ds *appsv1.DaemonSet) string {
+	for _, ref := range ds.OwnerReferences {
+		if ref.Kind == "NVIDIADriver" && ptr.Deref(ref.Controller, false) {
+			return ref.Name
+		}
+	}
+	return ""
+}
+
+// otherDriversOwn: f is the DaemonSet of an NVIDIADriver none of the
+// rendered DaemonSets dss stands for (one gpufleet does not deploy, such
+// as a vGPU driver): left as it is, and no reason to hold the others back.
+func otherDriversOwn(f *appsv1.DaemonSet, dss []*appsv1.DaemonSet) bool {
+	d := nvidiaDriverOf(f)
+	return d != "" && !slices.ContainsFunc(dss, func(ds *appsv1.DaemonSet) bool { return ds.Labels[LabelNVIDIADriver] == d })
+}
+
+// correspond: the other operator's DaemonSet f runs on exactly the nodes of
+// the rendered r: the same OS (ID and version) in both node selectors, the
+// same NVIDIADriver (f's owner, r's label), and f not per kernel (gpufleet
+// renders no precompiled driver per kernel).
+func correspond(f, r *appsv1.DaemonSet) bool {
+	fs, rs := f.Spec.Template.Spec.NodeSelector, r.Spec.Template.Spec.NodeSelector
+	for _, k := range []string{labelOSID, labelOSVersion} {
+		if fs[k] == "" || fs[k] != rs[k] {
+			return false
+		}
+	}
+	return fs[labelKernel] == "" && nvidiaDriverOf(f) == r.Labels[LabelNVIDIADriver]
+}
+
+// matchBySelector maps each of the other operator's DaemonSets left onto
+// the one rendered DaemonSet of free that runs on the same nodes (the GPU
+// Operator's per-OS drivers of NVIDIADriver mode): rendered name → live
+// DaemonSet, or nil unless every one of left has exactly one, each its
+// own (anything less could run two drivers on some node).
+func matchBySelector(left, free []*appsv1.DaemonSet) map[string]*appsv1.DaemonSet {
+	if len(left) == 0 {
+		return nil
+	}
+	out := map[string]*appsv1.DaemonSet{}
+	for _, f := range left {
+		var hit *appsv1.DaemonSet
+		for _, r := range free {
+			if correspond(f, r) {
+				if hit != nil {
+					return nil
+				}
+				hit = r
+			}
+		}
+		if hit == nil || out[hit.Name] != nil {
+			return nil
+		}
+		out[hit.Name] = f
+	}
+	return out
 }
 
 // adoptedAs is the rendered DaemonSet ds as the live DaemonSet l it takes

@@ -8,11 +8,15 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	nvidiav1 "github.com/gpufleet/gpufleet/api/nvidia/v1"
+	nvidiav1alpha1 "github.com/gpufleet/gpufleet/api/nvidia/v1alpha1"
 	"github.com/gpufleet/gpufleet/internal/devcluster"
 )
 
@@ -344,4 +348,83 @@ func TestPodComponent(t *testing.T) {
 			t.Errorf("%s: PodComponent = %q, want %q", name, got, tc.want)
 		}
 	}
+}
+
+// TestAdoptNVIDIADriverMode: the GPU Operator's NVIDIADriver mode runs one
+// driver DaemonSet per NVIDIADriver and OS (named by a hash, component
+// label nvidia-driver, owned by the NVIDIADriver, node selector on the OS
+// labels). Each is taken over by the DaemonSet gpufleet renders for the
+// same NVIDIADriver and OS, so no node gets a second driver; the DaemonSet
+// of an NVIDIADriver gpufleet deploys nothing for (vGPU) is left alone and
+// holds nothing back; one that matches no rendered DaemonSet, or a per-kernel
+// (precompiled) one, blocks the driver.
+func TestAdoptNVIDIADriverMode(t *testing.T) {
+	policy := &nvidiav1.ClusterPolicy{ObjectMeta: metav1.ObjectMeta{Name: "p", UID: "u"}}
+	policy.Spec.Driver.UseNvidiaDriverCRD = ptr.To(true)
+	d, h := nvDriver("default", true, nil), nvDriver("h100", false, map[string]string{"pool": "h100"})
+	v := nvDriver("vgpu", false, map[string]string{"pool": "v"})
+	v.Spec.DriverType = nvidiav1alpha1.DriverTypeVGPU
+	facts := Facts{Namespace: "gpu-operator", OSFlavours: []OSFlavour{{"ubuntu", "22.04"}, {"rhel", "9.4"}}, Runtimes: []string{"containerd"},
+		Drivers: []nvidiav1alpha1.NVIDIADriver{d, h, v}}
+	objs := render(t, policy, facts)
+	// The GPU Operator's: one per NVIDIADriver and OS, plus the vGPU one.
+	theirs := func(driver, osID, osVersion, hash string) appsv1.DaemonSet {
+		name := "nvidia-gpu-driver-" + osID + osVersion + "-" + hash
+		return appsv1.DaemonSet{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "gpu-operator",
+				Labels:          map[string]string{"app.kubernetes.io/component": "nvidia-driver", "app.kubernetes.io/managed-by": "gpu-operator"},
+				OwnerReferences: []metav1.OwnerReference{{APIVersion: "nvidia.com/v1alpha1", Kind: "NVIDIADriver", Name: driver, UID: "d-" + types.UID(driver), Controller: ptr.To(true)}}},
+			Spec: appsv1.DaemonSetSpec{
+				Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": name}},
+				Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"app": name, "app.kubernetes.io/component": "nvidia-driver"}},
+					Spec: corev1.PodSpec{NodeSelector: map[string]string{"nvidia.com/gpu.deploy.driver": "true", labelOSID: osID, labelOSVersion: osVersion},
+						Containers: []corev1.Container{{Name: "nvidia-driver-ctr", Image: "nvcr.io/nvidia/driver:570.1-" + osID + osVersion}}}},
+			},
+		}
+	}
+	all := []appsv1.DaemonSet{
+		theirs("default", "ubuntu", "22.04", "6b8f7d9c4"), theirs("default", "rhel", "9.4", "5c7d8e9f1"),
+		theirs("h100", "ubuntu", "22.04", "7d9c4b8f6"), theirs("h100", "rhel", "9.4", "8e9f15c7d"),
+		theirs("vgpu", "ubuntu", "22.04", "9f15c7d8e"),
+	}
+	t.Run("every NVIDIADriver and OS taken over", func(t *testing.T) {
+		out, adoptions, blocked := Adopt(objs, all)
+		if len(blocked) != 0 {
+			t.Fatalf("blocked: %v", blocked)
+		}
+		got := map[string]string{}
+		for _, a := range adoptions {
+			if a.Component == Driver {
+				got[a.Rendered] = a.Live
+			}
+		}
+		want := map[string]string{
+			"nvidia-driver-daemonset-default-ubuntu22.04": "nvidia-gpu-driver-ubuntu22.04-6b8f7d9c4",
+			"nvidia-driver-daemonset-default-rhel9.4":     "nvidia-gpu-driver-rhel9.4-5c7d8e9f1",
+			"nvidia-driver-daemonset-h100-ubuntu22.04":    "nvidia-gpu-driver-ubuntu22.04-7d9c4b8f6",
+			"nvidia-driver-daemonset-h100-rhel9.4":        "nvidia-gpu-driver-rhel9.4-8e9f15c7d",
+		}
+		if diff := cmp.Diff(want, got); diff != "" {
+			t.Errorf("adoptions (-want +got):\n%s", diff)
+		}
+		for _, o := range out {
+			if ds, ok := o.(*appsv1.DaemonSet); ok && ds.Labels[LabelComponent] == Driver && !strings.HasPrefix(ds.Name, "nvidia-gpu-driver-") {
+				t.Errorf("a second driver DaemonSet %s beside the GPU Operator's", ds.Name)
+			}
+		}
+	})
+	t.Run("one of theirs matches none of ours: blocked", func(t *testing.T) {
+		odd := theirs("h100", "ubuntu", "20.04", "1a2b3c4d5") // an OS gpufleet found no node of
+		if _, _, blocked := Adopt(objs, append(slices.Clone(all), odd)); len(blocked) != 1 || blocked[0].Component != Driver {
+			t.Errorf("blocked %v, want the driver", blocked)
+		}
+	})
+	t.Run("precompiled (per kernel): blocked", func(t *testing.T) {
+		pre := slices.Clone(all)
+		pre[0] = *pre[0].DeepCopy()
+		pre[0].Spec.Template.Spec.NodeSelector[labelKernel] = "5.15.0-69-generic"
+		if _, _, blocked := Adopt(objs, pre); len(blocked) != 1 || blocked[0].Component != Driver {
+			t.Errorf("blocked %v, want the driver", blocked)
+		}
+	})
 }
