@@ -29,6 +29,7 @@ import (
 	"github.com/gpufleet/gpufleet/internal/gpustack"
 	"github.com/gpufleet/gpufleet/internal/liveowner"
 	"github.com/gpufleet/gpufleet/internal/pendingevents"
+	"github.com/gpufleet/gpufleet/internal/statusmemo"
 )
 
 // Reconciler deploys the GPUCluster's stack. One pass: gate on an older
@@ -48,6 +49,10 @@ type Reconciler struct {
 	Namespace string
 	Clock     clock.PassiveClock
 	Recorder  events.EventRecorder
+
+	// written: the statuses written, so that fields an older GPUCluster
+	// schema prunes do not make every pass write again.
+	written statusmemo.Memo[nvidiav1alpha1.GPUClusterStatus]
 }
 
 // Reconcile runs one pass for the GPUCluster.
@@ -111,7 +116,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 // pass's events (and the ones of a changed condition).
 func (r *Reconciler) writeStatus(ctx context.Context, gc *nvidiav1alpha1.GPUCluster, obs Observed, ev *pendingevents.Recorder) error {
 	st := Status(gc, obs, r.Clock.Now())
-	if equality.Semantic.DeepEqual(st, gc.Status) {
+	if equality.Semantic.DeepEqual(st, gc.Status) || r.written.Unchanged(gc.UID, gc.ResourceVersion, st) {
 		ev.Flush()
 		return nil
 	}
@@ -138,6 +143,7 @@ func (r *Reconciler) writeStatus(ctx context.Context, gc *nvidiav1alpha1.GPUClus
 		ev.Drop()
 		return fmt.Errorf("writing the GPUCluster's status: %w", err)
 	}
+	r.written.Written(gc.UID, updated.ResourceVersion, st)
 	ev.Flush()
 	return nil
 }

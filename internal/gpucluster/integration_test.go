@@ -15,6 +15,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	resourcev1 "k8s.io/api/resource/v1"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -22,6 +23,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
@@ -553,4 +555,71 @@ func total(m map[string]int) int {
 		n += v
 	}
 	return n
+}
+
+// Under NVIDIA's own GPUCluster schema (its Helm chart puts it back), the
+// API server prunes the status fields gpufleet adds (components,
+// observedGeneration). The status computed then always differs from the
+// one read back; gpufleet still writes it once per change, not at every
+// pass.
+func TestGPUClusterUnderAnOlderSchemaWritesNoStatusAgain(t *testing.T) {
+	devtest.NeedCluster(t)
+	ctx := t.Context()
+	setAdminAccess(t, true)
+	t.Cleanup(func() { setAdminAccess(t, false) })
+	const crdName = "gpuclusters.nvidia.com"
+	crd := &apiextensionsv1.CustomResourceDefinition{}
+	if err := k8s.Get(ctx, client.ObjectKey{Name: crdName}, crd); err != nil {
+		t.Fatal(err)
+	}
+	ours := crd.Spec.DeepCopy()
+	for i := range crd.Spec.Versions {
+		if s := crd.Spec.Versions[i].Schema; s != nil && s.OpenAPIV3Schema != nil {
+			st := s.OpenAPIV3Schema.Properties["status"]
+			delete(st.Properties, "components")
+			delete(st.Properties, "observedGeneration")
+			s.OpenAPIV3Schema.Properties["status"] = st
+		}
+	}
+	if err := k8s.Update(ctx, crd); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+			c := &apiextensionsv1.CustomResourceDefinition{}
+			if err := k8s.Get(context.Background(), client.ObjectKey{Name: crdName}, c); err != nil {
+				return err
+			}
+			c.Spec = *ours
+			return k8s.Update(context.Background(), c)
+		})
+		if err != nil {
+			t.Errorf("putting gpufleet's GPUCluster schema back: %v", err)
+		}
+	})
+	cfg, wire := devcluster.CountRequests(operatorCfg)
+	devtest.StartOperator(t, cfg, operator.Options{Namespace: ns, Capabilities: []string{"gpustack", "maintenance"}})
+	createGPUCluster(t)
+	gc := waitState(t, nvidiav1alpha1.GPUClusterReady, gpucluster.ReasonReconciled)
+	if len(gc.Status.Components) != 0 {
+		t.Fatalf("the older schema did not prune status.components: %+v", gc.Status.Components)
+	}
+	before := wire.Snapshot()
+	for i := range 3 { // passes: a node's labels change
+		patch := fmt.Appendf(nil, `{"metadata":{"labels":{"test.gpufleet.dev/touch":"%d"}}}`, i)
+		if err := k8s.Patch(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: gpuNodes[0]}}, client.RawPatch(types.MergePatchType, patch)); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(700 * time.Millisecond)
+	}
+	t.Cleanup(func() {
+		_ = k8s.Patch(context.Background(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: gpuNodes[0]}},
+			client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"labels":{"test.gpufleet.dev/touch":null}}}`)))
+	})
+	time.Sleep(time.Second)
+	sent := wire.Since(before)
+	if n := sent["PUT gpuclusters/status"]; n != 0 {
+		t.Errorf("the unchanged status was written %d times in 3 passes: %v", n, sent)
+	}
+	t.Logf("requests in 3 passes under the older schema: %v", sent)
 }

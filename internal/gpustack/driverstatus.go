@@ -20,6 +20,7 @@ import (
 
 	nvidiav1 "github.com/gpufleet/gpufleet/api/nvidia/v1"
 	nvidiav1alpha1 "github.com/gpufleet/gpufleet/api/nvidia/v1alpha1"
+	"github.com/gpufleet/gpufleet/internal/statusmemo"
 )
 
 // +kubebuilder:rbac:groups=nvidia.com,resources=nvidiadrivers,verbs=get;list;watch
@@ -33,6 +34,10 @@ type DriverStatusReconciler struct {
 	Namespace string
 	Clock     clock.PassiveClock
 	Recorder  events.EventRecorder
+
+	// written: the statuses written, so that fields an older NVIDIADriver
+	// schema prunes do not make every pass write again.
+	written statusmemo.Memo[nvidiav1alpha1.NVIDIADriverStatus]
 }
 
 // Reconcile writes one NVIDIADriver's status when it changed.
@@ -74,7 +79,7 @@ func (r *DriverStatusReconciler) Reconcile(ctx context.Context, req reconcile.Re
 	}
 	assign := AssignDrivers(drivers.Items, nodes.Items)
 	st := DriverStatus(d, crdOn, assign, pods.Items, desired, r.Namespace, metav1.NewTime(r.Clock.Now()))
-	if equality.Semantic.DeepEqual(&d.Status, &st) {
+	if equality.Semantic.DeepEqual(&d.Status, &st) || r.written.Unchanged(d.UID, d.ResourceVersion, st) {
 		return reconcile.Result{}, nil
 	}
 	updated := d.DeepCopy()
@@ -87,6 +92,7 @@ func (r *DriverStatusReconciler) Reconcile(ctx context.Context, req reconcile.Re
 		}
 		return reconcile.Result{}, fmt.Errorf("updating NVIDIADriver %s status: %w", d.Name, err)
 	}
+	r.written.Written(d.UID, updated.ResourceVersion, st)
 	// Events only after the write succeeded, once per change.
 	if c := meta.FindStatusCondition(st.Conditions, nvidiav1alpha1.ConditionConflict); c != nil &&
 		!meta.IsStatusConditionTrue(d.Status.Conditions, nvidiav1alpha1.ConditionConflict) && r.Recorder != nil {
