@@ -591,7 +591,7 @@ func TestDevicePluginGPUFaultDrainsOnlyThePodHoldingTheGPU(t *testing.T) {
 // again.
 func TestDevicePluginXIDTakesTheGPUOutOfAllocatable(t *testing.T) {
 	devtest.NeedCluster(t)
-	const node = "dp-1"
+	const node = "dp-3"
 	devicePluginNode(t, node)
 	cleanGPUs(t, node)
 	startOperator(t)
