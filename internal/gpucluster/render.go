@@ -345,8 +345,10 @@ func (r renderer) pluginContainer(name, command, img string, spec *nvidiav1alpha
 		}
 		c.Env = append(c.Env, corev1.EnvVar{Name: "HEALTHCHECK_PORT", Value: strconv.Itoa(int(port))})
 		probe := corev1.ProbeHandler{GRPC: &corev1.GRPCAction{Port: port, Service: ptr.To("liveness")}}
-		c.StartupProbe = &corev1.Probe{ProbeHandler: probe, PeriodSeconds: 5, FailureThreshold: 60}
-		c.LivenessProbe = &corev1.Probe{ProbeHandler: probe, PeriodSeconds: 10, FailureThreshold: 3}
+		// Every field the API server defaults is set, so that the stored
+		// DaemonSet reads as up to date (UpToDate compares ints exactly).
+		c.StartupProbe = &corev1.Probe{ProbeHandler: probe, PeriodSeconds: 5, FailureThreshold: 60, TimeoutSeconds: 1, SuccessThreshold: 1}
+		c.LivenessProbe = &corev1.Probe{ProbeHandler: probe, PeriodSeconds: 10, FailureThreshold: 3, TimeoutSeconds: 1, SuccessThreshold: 1}
 	}
 	c.Env = mergeEnv(c.Env, spec.Env)
 	if spec.Resources != nil {

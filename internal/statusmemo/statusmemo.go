@@ -10,6 +10,7 @@
 package statusmemo
 
 import (
+	"encoding/json"
 	"sync"
 
 	"k8s.io/apimachinery/pkg/api/equality"
@@ -29,12 +30,26 @@ type entry[S any] struct {
 
 // Unchanged reports whether status is what was written to the object uid
 // last, and the object (at resourceVersion) has not changed since: writing
-// it again would store the same.
+// it again would store the same. Statuses are compared as they are sent
+// (JSON: a condition's time to the second).
 func (m *Memo[S]) Unchanged(uid types.UID, resourceVersion string, status S) bool {
 	m.mu.Lock()
-	defer m.mu.Unlock()
 	e, ok := m.written[uid]
-	return ok && resourceVersion != "" && e.resourceVersion == resourceVersion && equality.Semantic.DeepEqual(e.status, status)
+	m.mu.Unlock()
+	return ok && resourceVersion != "" && e.resourceVersion == resourceVersion && equality.Semantic.DeepEqual(e.status, sent(status))
+}
+
+// sent is status as the API server receives it (a JSON round trip).
+func sent[S any](status S) S {
+	data, err := json.Marshal(status)
+	if err != nil {
+		return status
+	}
+	var out S
+	if err := json.Unmarshal(data, &out); err != nil {
+		return status
+	}
+	return out
 }
 
 // Written records that status was written to the object uid, which the API
@@ -45,7 +60,7 @@ func (m *Memo[S]) Written(uid types.UID, resourceVersion string, status S) {
 	if m.written == nil {
 		m.written = map[types.UID]entry[S]{}
 	}
-	m.written[uid] = entry[S]{resourceVersion: resourceVersion, status: status}
+	m.written[uid] = entry[S]{resourceVersion: resourceVersion, status: sent(status)}
 }
 
 // Forget drops what was written to the object uid (deleted).

@@ -2,6 +2,9 @@ package statusmemo
 
 import (
 	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"k8s.io/apimachinery/pkg/types"
 )
@@ -38,5 +41,18 @@ func TestMemo(t *testing.T) {
 	m.Forget("u1")
 	if m.Unchanged("u1", "11", written) {
 		t.Error("forgotten, but unchanged")
+	}
+}
+
+// A condition's time is sent to the second: the status computed again from
+// the stored one (its times truncated) is the one written.
+func TestMemoComparesWhatIsSent(t *testing.T) {
+	type st struct{ Conditions []metav1.Condition }
+	now := time.Date(2026, 12, 6, 16, 23, 28, 398_000_000, time.UTC)
+	var m Memo[st]
+	m.Written("u", "7", st{Conditions: []metav1.Condition{{Type: "Ready", Status: "True", LastTransitionTime: metav1.NewTime(now)}}})
+	again := st{Conditions: []metav1.Condition{{Type: "Ready", Status: "True", LastTransitionTime: metav1.NewTime(now.Truncate(time.Second))}}}
+	if !m.Unchanged("u", "7", again) {
+		t.Error("the same status, read back with its time to the second, counts as changed")
 	}
 }
