@@ -19,13 +19,14 @@ func TestAgentBinaryLinksOnlyTheAgent(t *testing.T) {
 	}
 	const module = "github.com/gpufleet/gpufleet/"
 	allowed := map[string]bool{
-		module + "api/repair/v1alpha1":     true,
-		module + "cmd/gpufleet-agent":      true,
-		module + "internal/agent":          true,
-		module + "internal/agent/agentcmd": true,
-		module + "internal/cli":            true,
-		module + "internal/gpufault":       true,
-		module + "internal/version":        true,
+		module + "api/maintenance/v1alpha1": true,
+		module + "api/repair/v1alpha1":      true,
+		module + "cmd/gpufleet-agent":       true,
+		module + "internal/agent":           true,
+		module + "internal/agent/agentcmd":  true,
+		module + "internal/cli":             true,
+		module + "internal/gpufault":        true,
+		module + "internal/version":         true,
 	}
 	// What only the other commands need: the chart and kustomize,
 	// kubectl's drain and flags, the API server libraries, the operator's

@@ -12,3 +12,15 @@ var RBAC []byte
 //
 //go:embed daemonset.yaml
 var DaemonSet []byte
+
+// AgentOwnNode is agent-own-node.yaml: the admission policy (and its
+// binding) that lets each agent write its own node's objects only.
+//
+//go:embed agent-own-node.yaml
+var AgentOwnNode []byte
+
+// DeviceTaintRuleScope is devicetaintrule-scope.yaml: the admission policy
+// (and its binding) that refuses a DeviceTaintRule naming no pool.
+//
+//go:embed devicetaintrule-scope.yaml
+var DeviceTaintRuleScope []byte

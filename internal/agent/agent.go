@@ -28,8 +28,11 @@ type Executor interface {
 type Agent struct {
 	Client   API
 	NodeName string
-	Executor Executor
-	Clock    clock.PassiveClock
+	// Namespace is where the NodeMaintenance objects that hold the node
+	// are ("": any).
+	Namespace string
+	Executor  Executor
+	Clock     clock.PassiveClock
 }
 
 // Reconcile runs the pending action of one NodeRepair, at most once: it
@@ -64,6 +67,16 @@ func (a *Agent) Reconcile(ctx context.Context, name string) error {
 		if err != nil {
 			return fmt.Errorf("reading node %s before %s: %w", nr.Spec.NodeName, p.Action, err)
 		}
+		if Disruptive(p.Action) {
+			nms, err := a.Client.NodeMaintenances(ctx, nr.Spec.NodeName)
+			if err != nil {
+				return fmt.Errorf("reading the NodeMaintenance objects of node %s before %s: %w", nr.Spec.NodeName, p.Action, err)
+			}
+			if ok, why := Authorize(nr, nr.Spec.NodeName, a.Namespace, nms); !ok {
+				log.Info("not running a disruptive action outside the NodeMaintenance that must hold the node", "node", nr.Spec.NodeName, "action", p.Action, "why", why)
+				return a.record(ctx, nr, p.Action, "Refused", why)
+			}
+		}
 		before := nr.DeepCopy()
 		nr.Status.Timeline = append(nr.Status.Timeline, entry(a.Clock, string(p.Action), "Started", ""))
 		if err := a.Client.PatchNodeRepairStatus(ctx, before, nr); err != nil {
@@ -80,8 +93,14 @@ func (a *Agent) Reconcile(ctx context.Context, name string) error {
 			}
 		}
 	}
+	return a.record(ctx, nr, p.Action, outcome, msg)
+}
+
+// record writes the outcome of the pending action: a timeline entry, no
+// pending action, the next action of the ladder.
+func (a *Agent) record(ctx context.Context, nr *repairv1.NodeRepair, action repairv1.Action, outcome, msg string) error {
 	before := nr.DeepCopy()
-	nr.Status.Timeline = append(nr.Status.Timeline, entry(a.Clock, string(p.Action), outcome, msg))
+	nr.Status.Timeline = append(nr.Status.Timeline, entry(a.Clock, string(action), outcome, msg))
 	nr.Status.Pending = nil
 	nr.Status.NextAction++
 	if err := a.Client.PatchNodeRepairStatus(ctx, before, nr); err != nil {
@@ -90,7 +109,7 @@ func (a *Agent) Reconcile(ctx context.Context, name string) error {
 			// reached the cache: the outcome is already recorded.
 			return nil
 		}
-		return fmt.Errorf("recording the outcome of %s: %w", p.Action, err)
+		return fmt.Errorf("recording the outcome of %s: %w", action, err)
 	}
 	return nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -20,6 +21,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
+	maintenancev1 "github.com/gpufleet/gpufleet/api/maintenance/v1alpha1"
 	repairv1 "github.com/gpufleet/gpufleet/api/repair/v1alpha1"
 )
 
@@ -49,6 +51,9 @@ func agentScheme(t *testing.T) *runtime.Scheme {
 		t.Fatal(err)
 	}
 	if err := repairv1.AddToScheme(s); err != nil {
+		t.Fatal(err)
+	}
+	if err := maintenancev1.AddToScheme(s); err != nil {
 		t.Fatal(err)
 	}
 	return s
@@ -366,5 +371,50 @@ func TestAgentStaleReadOfItsOwnStartIsNotAnError(t *testing.T) {
 	}
 	if len(exec.calls) != 0 {
 		t.Errorf("ran %v again", exec.calls)
+	}
+}
+
+// TestAgentRefusesADisruptiveActionOutsideItsNodeMaintenance: a pending
+// reboot that no Ready NodeMaintenance of the repair holds the node for is
+// not run; the refusal and its reason are the action's outcome in the
+// timeline. With the object Ready, the same reboot runs.
+func TestAgentRefusesADisruptiveActionOutsideItsNodeMaintenance(t *testing.T) {
+	nr := testRepair("gpu-1", repairv1.ActionReboot)
+	nr.Status.MaintenanceName = "repair-r"
+	nm := holding("gpufleet-system", "repair-r", repairv1.RequestorID, "gpu-1", maintenancev1.PhaseDraining)
+	exec := &recordingExecutor{}
+	a := newTestAgent(t, "gpu-1", exec, nil, nr, testNode("gpu-1"), &nm)
+	a.Namespace = "gpufleet-system"
+	if err := reconcileRepair(t, a, repairName); err != nil {
+		t.Fatal(err)
+	}
+	if len(exec.calls) != 0 {
+		t.Fatalf("ran %v while the node is not held", exec.calls)
+	}
+	got := getRepair(t, a)
+	last := got.Status.Timeline[len(got.Status.Timeline)-1]
+	if last.Step != "Reboot" || last.Outcome != "Refused" || !strings.Contains(last.Message, "does not hold the node yet (phase Draining)") || got.Status.Pending != nil {
+		t.Fatalf("timeline %+v, pending %+v", got.Status.Timeline, got.Status.Pending)
+	}
+
+	// The repair asks again once its object is Ready: the reboot runs.
+	ready := holding("gpufleet-system", "repair-r", repairv1.RequestorID, "gpu-1", maintenancev1.PhaseReady)
+	stored := &maintenancev1.NodeMaintenance{}
+	if err := a.Client.(clientAPI).Get(t.Context(), types.NamespacedName{Namespace: "gpufleet-system", Name: "repair-r"}, stored); err != nil {
+		t.Fatal(err)
+	}
+	stored.Status = ready.Status
+	if err := a.Client.(clientAPI).Update(t.Context(), stored); err != nil {
+		t.Fatal(err)
+	}
+	got.Status.Pending = &repairv1.PendingAction{Action: repairv1.ActionReboot, RequestedAt: metav1.NewTime(agentNow)}
+	if err := a.Client.(clientAPI).Status().Update(t.Context(), got); err != nil {
+		t.Fatal(err)
+	}
+	if err := reconcileRepair(t, a, repairName); err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff([]string{"gpu-1 Reboot"}, exec.calls); diff != "" {
+		t.Errorf("executor calls (-want +got):\n%s", diff)
 	}
 }

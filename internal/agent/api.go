@@ -9,12 +9,14 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 
+	maintenancev1 "github.com/gpufleet/gpufleet/api/maintenance/v1alpha1"
 	repairv1 "github.com/gpufleet/gpufleet/api/repair/v1alpha1"
 )
 
@@ -43,6 +45,10 @@ type API interface {
 	// PatchNodeStatus sends a strategic merge patch of node's status and
 	// returns the stored node in node.
 	PatchNodeStatus(ctx context.Context, node *corev1.Node, patch []byte) error
+	// NodeMaintenances lists, from the API server (not a cache: read only
+	// before a disruptive action), the NodeMaintenance objects of node in
+	// every namespace.
+	NodeMaintenances(ctx context.Context, node string) ([]maintenancev1.NodeMaintenance, error)
 }
 
 // MergePatch is the JSON merge patch from before to after, carrying
@@ -79,7 +85,7 @@ func MergePatch(before, after any, resourceVersion string) ([]byte, error) {
 // groups (the agent's own scheme: no client-go clientset) and the watch
 // caches' stores.
 type kubeAPI struct {
-	core, repair                     rest.Interface
+	core, repair, maintenance        rest.Interface
 	nodes, repairs, faults, policies cache.Store
 }
 
@@ -90,6 +96,9 @@ func newScheme() (*runtime.Scheme, error) {
 		return nil, err
 	}
 	if err := repairv1.AddToScheme(s); err != nil {
+		return nil, err
+	}
+	if err := maintenancev1.AddToScheme(s); err != nil {
 		return nil, err
 	}
 	metav1.AddToGroupVersion(s, schema.GroupVersion{Version: "v1"})
@@ -168,6 +177,13 @@ func (k *kubeAPI) PatchNodeRepairStatus(ctx context.Context, before, after *repa
 func (k *kubeAPI) PatchNodeStatus(ctx context.Context, node *corev1.Node, patch []byte) error {
 	return k.core.Patch(types.StrategicMergePatchType).Resource("nodes").Name(node.Name).SubResource("status").
 		Body(patch).Do(ctx).Into(node)
+}
+
+func (k *kubeAPI) NodeMaintenances(ctx context.Context, node string) ([]maintenancev1.NodeMaintenance, error) {
+	var l maintenancev1.NodeMaintenanceList
+	err := k.maintenance.Get().Resource("nodemaintenances").
+		Param("fieldSelector", fields.OneTermEqualSelector("spec.nodeName", node).String()).Do(ctx).Into(&l)
+	return l.Items, err
 }
 
 func mergePatch(ctx context.Context, c rest.Interface, resource, subresource string, before, after any, rv string, into runtime.Object) error {

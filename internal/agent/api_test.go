@@ -10,6 +10,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	maintenancev1 "github.com/gpufleet/gpufleet/api/maintenance/v1alpha1"
 	repairv1 "github.com/gpufleet/gpufleet/api/repair/v1alpha1"
 )
 
@@ -120,4 +121,18 @@ func TestMergePatch(t *testing.T) {
 			}
 		})
 	}
+}
+
+func (c clientAPI) NodeMaintenances(ctx context.Context, node string) ([]maintenancev1.NodeMaintenance, error) {
+	var l maintenancev1.NodeMaintenanceList
+	if err := c.List(ctx, &l); err != nil {
+		return nil, err
+	}
+	var out []maintenancev1.NodeMaintenance
+	for _, nm := range l.Items {
+		if nm.Spec.NodeName == node {
+			out = append(out, nm)
+		}
+	}
+	return out, nil
 }

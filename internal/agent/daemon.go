@@ -20,6 +20,7 @@ import (
 	"k8s.io/utils/clock"
 	crlog "sigs.k8s.io/controller-runtime/pkg/log"
 
+	maintenancev1 "github.com/gpufleet/gpufleet/api/maintenance/v1alpha1"
 	repairv1 "github.com/gpufleet/gpufleet/api/repair/v1alpha1"
 )
 
@@ -36,6 +37,9 @@ type Options struct {
 	// NodeRepairs only, and watches this node's objects only. Empty:
 	// every node (the simulation, InProcess).
 	NodeName string
+	// Namespace is the operator's, where the NodeMaintenance objects that
+	// hold the node for a reboot or a GPU reset are ("": any namespace).
+	Namespace string
 	// Executor runs the actions on the host.
 	Executor Executor
 	// GPUs, if set, shows the node's GPUs: the agent runs the GPU monitor
@@ -121,6 +125,9 @@ func New(cfg *rest.Config, opts Options) (*Daemon, error) {
 	if d.api.repair, err = restFor(repairv1.GroupVersion, "/apis"); err != nil {
 		return nil, err
 	}
+	if d.api.maintenance, err = restFor(maintenancev1.GroupVersion, "/apis"); err != nil {
+		return nil, err
+	}
 	// The agent's node and its node's repair objects only (the CRDs make
 	// spec.nodeName selectable); every node for the simulation.
 	var byName, byNode fields.Selector
@@ -135,7 +142,7 @@ func New(cfg *rest.Config, opts Options) (*Daemon, error) {
 	d.api.nodes, d.api.repairs = d.informer.nodes.GetStore(), d.informer.repairs.GetStore()
 	d.api.faults, d.api.policies = d.informer.faults.GetStore(), d.informer.policies.GetStore()
 
-	d.agent = &Agent{Client: d.api, NodeName: opts.NodeName, Executor: opts.Executor, Clock: opts.Clock}
+	d.agent = &Agent{Client: d.api, NodeName: opts.NodeName, Namespace: opts.Namespace, Executor: opts.Executor, Clock: opts.Clock}
 	d.actions = newQueue("repair-agent")
 	if err := d.watchRepairs(); err != nil {
 		return nil, err

@@ -20,6 +20,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
+	maintenancev1 "github.com/gpufleet/gpufleet/api/maintenance/v1alpha1"
 	repairv1 "github.com/gpufleet/gpufleet/api/repair/v1alpha1"
 )
 
@@ -239,8 +240,10 @@ func TestAgentResetGPUClearsTheRecords(t *testing.T) {
 	repair := func() *repairv1.NodeRepair {
 		nr := testRepair(gNode, repairv1.ActionResetGPU)
 		nr.Spec.GPUs = []repairv1.GPURef{ref3()}
+		nr.Status.GPUMaintenanceName = "repair-r-gpu" // its pods drained: the reset may run
 		return nr
 	}
+	drained := holding("gpufleet-system", "repair-r-gpu", repairv1.RequestorID, gNode, maintenancev1.PhaseReady)
 	tests := map[string]struct {
 		execErr       error
 		failRecord    bool
@@ -259,7 +262,7 @@ func TestAgentResetGPUClearsTheRecords(t *testing.T) {
 					return errors.New("injected: etcd unavailable")
 				}
 				return nil
-			}), repair(), out.DeepCopy(), gpuNode(gNode))
+			}), repair(), out.DeepCopy(), gpuNode(gNode), drained.DeepCopy())
 			exec := &recordingExecutor{err: tc.execErr}
 			a := &Agent{Client: clientAPI{c}, NodeName: gNode, Executor: exec, Clock: clocktesting.NewFakePassiveClock(agentNow)}
 			if err := reconcileRepair(t, a, repairName); err != nil {

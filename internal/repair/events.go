@@ -1,5 +1,7 @@
 package repair
 
+import repairv1 "github.com/gpufleet/gpufleet/api/repair/v1alpha1"
+
 // Node labels, annotations, condition types and event reasons of auto-repair.
 const (
 	// LabelState shows Repairing or RecoveryFailed on the node.
@@ -13,7 +15,7 @@ const (
 	// DefaultPoolLabel groups nodes into pools when the policy names none.
 	DefaultPoolLabel = "gpufleet.dev/pool"
 	// Requestor of the NodeMaintenance a rebooting repair uses.
-	Requestor = "repair.gpufleet.dev"
+	Requestor = repairv1.RequestorID
 
 	// annotationFaults holds when gpufleet first saw each rule match
 	// (JSON: rule -> RFC3339), so its clock survives operator restarts.

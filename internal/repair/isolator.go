@@ -169,18 +169,33 @@ func (r *Isolator) desired(ctx context.Context, gf *repairv1.GPUFault) (isolatio
 	case policy.Spec.DryRun:
 		return isolation{note: fmt.Sprintf("dry run (policy %s): would taint device %s/%s/%s", policy.Name, dev.Driver, dev.Pool, dev.Name)}, nil
 	}
-	rule := &resourcev1.DeviceTaintRule{
-		ObjectMeta: metav1.ObjectMeta{Name: ruleName(gf), Labels: map[string]string{LabelIsolates: gf.Name}},
-		Spec: resourcev1.DeviceTaintRuleSpec{
-			DeviceSelector: &resourcev1.DeviceTaintSelector{Driver: ptr.To(dev.Driver), Pool: ptr.To(dev.Pool), Device: ptr.To(dev.Name)},
-			Taint:          resourcev1.DeviceTaint{Key: TaintKey, Value: string(gf.Status.Class), Effect: resourcev1.DeviceTaintEffectNoSchedule},
-		},
+	rule, err := TaintRule(gf, dev)
+	if err != nil {
+		return isolation{note: "NOT isolated: " + err.Error()}, nil //nolint:nilerr // reported on the record: retrying would not name the device
 	}
 	if err := controllerutil.SetControllerReference(gf, rule, r.Client.Scheme()); err != nil {
 		return isolation{}, fmt.Errorf("owning DeviceTaintRule %s: %w", rule.Name, err)
 	}
 	rule.OwnerReferences[0].BlockOwnerDeletion = ptr.To(false)
 	return isolation{rule: rule, note: fmt.Sprintf("DeviceTaintRule %s: device %s/%s/%s NoSchedule", rule.Name, dev.Driver, dev.Pool, dev.Name)}, nil
+}
+
+// TaintRule is the DeviceTaintRule that keeps the GPU's one device from
+// new pods. A rule that does not name its driver, pool and device would
+// taint every matching device of the cluster (with effect NoExecute, an
+// empty selector evicts every DRA pod there is): such a device gets no
+// rule, and an error says why.
+func TaintRule(gf *repairv1.GPUFault, dev Device) (*resourcev1.DeviceTaintRule, error) {
+	if dev.Driver == "" || dev.Pool == "" || dev.Name == "" {
+		return nil, fmt.Errorf("device %q of driver %q in pool %q is not fully named: a DeviceTaintRule for it would taint more than this GPU", dev.Name, dev.Driver, dev.Pool)
+	}
+	return &resourcev1.DeviceTaintRule{
+		ObjectMeta: metav1.ObjectMeta{Name: ruleName(gf), Labels: map[string]string{LabelIsolates: gf.Name}},
+		Spec: resourcev1.DeviceTaintRuleSpec{
+			DeviceSelector: &resourcev1.DeviceTaintSelector{Driver: ptr.To(dev.Driver), Pool: ptr.To(dev.Pool), Device: ptr.To(dev.Name)},
+			Taint:          resourcev1.DeviceTaint{Key: TaintKey, Value: string(gf.Status.Class), Effect: resourcev1.DeviceTaintEffectNoSchedule},
+		},
+	}, nil
 }
 
 // policyOf returns the first policy (by name) selecting node, or nil.

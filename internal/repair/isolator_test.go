@@ -273,3 +273,39 @@ func TestIsolatorRestartBetweenItsTwoWrites(t *testing.T) {
 		t.Errorf("events after the restart: %q", evs)
 	}
 }
+
+// TestTaintRuleNamesOneDevice: gpufleet's DeviceTaintRule always names the
+// driver, the pool and the device; for a device not fully named it writes
+// none (an empty or pool-wide selector would taint, with NoExecute evict,
+// far more than one GPU).
+func TestTaintRuleNamesOneDevice(t *testing.T) {
+	gf := &repairv1.GPUFault{ObjectMeta: metav1.ObjectMeta{Name: "gpu-1-0000-18-00-0"}}
+	gf.Status.Class = repairv1.GPUClassResetGPU
+	for name, tc := range map[string]struct {
+		dev repair.Device
+		ok  bool
+	}{
+		"fully named":   {repair.Device{Driver: "gpu.nvidia.com", Pool: "gpu-1", Name: "gpu-3"}, true},
+		"no device":     {repair.Device{Driver: "gpu.nvidia.com", Pool: "gpu-1"}, false},
+		"no pool":       {repair.Device{Driver: "gpu.nvidia.com", Name: "gpu-3"}, false},
+		"no driver":     {repair.Device{Pool: "gpu-1", Name: "gpu-3"}, false},
+		"nothing named": {repair.Device{}, false},
+	} {
+		t.Run(name, func(t *testing.T) {
+			rule, err := repair.TaintRule(gf, tc.dev)
+			if (err == nil) != tc.ok {
+				t.Fatalf("TaintRule: %v, want ok %t", err, tc.ok)
+			}
+			if err != nil {
+				return
+			}
+			s := rule.Spec.DeviceSelector
+			if s == nil || s.Driver == nil || *s.Driver == "" || s.Pool == nil || *s.Pool == "" || s.Device == nil || *s.Device == "" {
+				t.Errorf("selector %+v does not name one device", s)
+			}
+			if rule.Spec.Taint.Effect != resourcev1.DeviceTaintEffectNoSchedule {
+				t.Errorf("effect %s, want NoSchedule (pods already running stay until the repair drains them)", rule.Spec.Taint.Effect)
+			}
+		})
+	}
+}

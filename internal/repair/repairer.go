@@ -300,6 +300,9 @@ func (r *Repairer) heldReboot(ctx context.Context, l *ladder) (reconcile.Result,
 // past the reboot timeout the repair fails instead of holding the node.
 func (r *Repairer) awaitReboot(ctx context.Context, l *ladder) (reconcile.Result, error) {
 	nr, node := l.nr, l.node
+	if last := lastTimeline(nr); nr.Status.Pending == nil && last != nil && last.Step == string(repairv1.ActionReboot) && last.Outcome == outcomeRefused {
+		return reconcile.Result{}, r.end(ctx, l, repairv1.PhaseRecoveryFailed, "the node agent did not reboot node "+node.Name+": "+last.Message)
+	}
 	rebooted := nr.Status.Pending == nil && node.Status.NodeInfo.BootID != nr.Status.BootIDBefore && nodeReady(node)
 	if rebooted {
 		faulty, err := r.stillFaulty(ctx, l, ruleNamed(l.policy, nr.Spec.Fault.Rule))
@@ -333,6 +336,17 @@ func (r *Repairer) awaitReboot(ctx context.Context, l *ladder) (reconcile.Result
 	nr.Status.Pending = nil
 	return reconcile.Result{}, r.end(ctx, l, repairv1.PhaseRecoveryFailed,
 		fmt.Sprintf("node %s did not come back from the reboot within %s: %s", node.Name, limit, why))
+}
+
+// outcomeRefused: the node agent refused a disruptive action (no
+// NodeMaintenance held the node).
+const outcomeRefused = "Refused"
+
+func lastTimeline(nr *repairv1.NodeRepair) *repairv1.TimelineEntry {
+	if n := len(nr.Status.Timeline); n > 0 {
+		return &nr.Status.Timeline[n-1]
+	}
+	return nil
 }
 
 // maintenanceRequest is the repair's request to hold its node: cordon, and

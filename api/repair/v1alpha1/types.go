@@ -26,6 +26,11 @@ const (
 	ActionReboot Action = "Reboot"
 )
 
+// RequestorID is the requestor of the NodeMaintenance objects a repair
+// holds its node with (the node agent runs a reboot or a GPU reset only
+// inside one of them).
+const RequestorID = "repair.gpufleet.dev"
+
 // Risk of a fault.
 // +kubebuilder:validation:Enum=high;medium;low
 type Risk string

@@ -20,7 +20,7 @@ import (
 // NewCommand is the agent command, named use ("agent" as a subcommand of
 // gpufleet, "gpufleet-agent" as a binary of its own).
 func NewCommand(use string) *cobra.Command {
-	var kubeconfig, nodeName, kmsgPath, dcgmURL, podResources string
+	var kubeconfig, nodeName, namespace, kmsgPath, dcgmURL, podResources string
 	var dcgmInterval time.Duration
 	cmd := &cobra.Command{
 		Use:   use,
@@ -62,7 +62,10 @@ DaemonSet runs the second, which links nothing but the agent.`,
 			if podResources != "" {
 				gpus.PodResources = &agent.KubeletPodResources{Socket: podResources}
 			}
-			d, err := agent.New(cfg, agent.Options{NodeName: nodeName, Executor: agent.HostExecutor{Runner: agent.ExecRunner{}},
+			if namespace == "" {
+				namespace = os.Getenv("POD_NAMESPACE")
+			}
+			d, err := agent.New(cfg, agent.Options{NodeName: nodeName, Namespace: namespace, Executor: agent.HostExecutor{Runner: agent.ExecRunner{}},
 				GPUs: gpus})
 			if err != nil {
 				return err
@@ -74,6 +77,7 @@ DaemonSet runs the second, which links nothing but the agent.`,
 	}
 	cmd.Flags().StringVar(&kubeconfig, "kubeconfig", "", "path to a kubeconfig (default: in-cluster)")
 	cmd.Flags().StringVar(&nodeName, "node-name", "", "this node's name (default: $NODE_NAME)")
+	cmd.Flags().StringVar(&namespace, "namespace", "", `the operator's namespace, where the NodeMaintenance objects that hold the node for a reboot or a GPU reset are (default: $POD_NAMESPACE; "" with neither: any namespace)`)
 	cmd.Flags().StringVar(&kmsgPath, "kmsg-path", "/dev/kmsg", `kernel log to follow for NVIDIA XIDs ("" reads none)`)
 	cmd.Flags().StringVar(&dcgmURL, "dcgm-url", "", `dcgm-exporter's metrics URL, e.g. http://localhost:9400/metrics ("" reads no counters)`)
 	cmd.Flags().DurationVar(&dcgmInterval, "dcgm-interval", 30*time.Second, "how often dcgm-exporter is read")

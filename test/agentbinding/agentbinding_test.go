@@ -1,0 +1,236 @@
+// Package agentbinding checks, on the local cluster with real bound
+// service-account tokens, the admission policies shipped with the node
+// agent: an agent writes its own node's objects only, and no DeviceTaintRule
+// may name no pool.
+package agentbinding
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	authenticationv1 "k8s.io/api/authentication/v1"
+	corev1 "k8s.io/api/core/v1"
+	resourcev1 "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"k8s.io/client-go/rest"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	repairv1 "github.com/gpufleet/gpufleet/api/repair/v1alpha1"
+	agentconfig "github.com/gpufleet/gpufleet/config/agent"
+	"github.com/gpufleet/gpufleet/internal/devcluster"
+	"github.com/gpufleet/gpufleet/internal/devcluster/devtest"
+	"github.com/gpufleet/gpufleet/internal/operator"
+)
+
+const ns = "gpufleet-system"
+
+var (
+	env   *devcluster.Env
+	nodes = []string{"gpu-000", "gpu-001"}
+)
+
+func TestMain(m *testing.M) {
+	scheme, err := operator.Scheme()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	var specs []devcluster.NodeSpec
+	for _, n := range nodes {
+		specs = append(specs, devcluster.NodeSpec{Name: n, Pool: "a", GPUs: 8})
+	}
+	os.Exit(devtest.Main(m, specs, ns, scheme, func(e *devcluster.Env) { env = e }))
+}
+
+// apply creates every object of a multi-document manifest.
+func apply(t *testing.T, manifest []byte) {
+	t.Helper()
+	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(manifest), 4096)
+	for {
+		u := &unstructured.Unstructured{}
+		if err := dec.Decode(&u.Object); errors.Is(err, io.EOF) {
+			return
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		if len(u.Object) == 0 {
+			continue
+		}
+		if u.GetNamespace() == "" && u.GetKind() == "ServiceAccount" {
+			u.SetNamespace(ns)
+		}
+		if err := env.Kube.Create(t.Context(), u); err != nil && !apierrors.IsAlreadyExists(err) {
+			t.Fatalf("%s %s: %v", u.GetKind(), u.GetName(), err)
+		}
+	}
+}
+
+// agentToken is a token of the agent's ServiceAccount bound to a pod of
+// the agent on node (as the kubelet projects it into the agent's pod);
+// node "" gives a token bound to nothing.
+func agentToken(t *testing.T, node string) string {
+	t.Helper()
+	ctx := t.Context()
+	req := &authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptr.To[int64](600)}}
+	if node != "" {
+		pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "gpufleet-agent-" + node},
+			Spec: corev1.PodSpec{NodeName: node, ServiceAccountName: "gpufleet-agent",
+				Tolerations: []corev1.Toleration{{Operator: corev1.TolerationOpExists}},
+				Containers:  []corev1.Container{{Name: "agent", Image: "gpufleet"}}}}
+		if err := env.Kube.Create(ctx, pod); err != nil && !apierrors.IsAlreadyExists(err) {
+			t.Fatal(err)
+		}
+		if err := env.Kube.Get(ctx, client.ObjectKeyFromObject(pod), pod); err != nil {
+			t.Fatal(err)
+		}
+		req.Spec.BoundObjectRef = &authenticationv1.BoundObjectReference{Kind: "Pod", APIVersion: "v1", Name: pod.Name, UID: pod.UID}
+	}
+	tr, err := env.Client.CoreV1().ServiceAccounts(ns).CreateToken(ctx, "gpufleet-agent", req, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tr.Status.Token
+}
+
+// as is a client that authenticates with token only.
+func as(t *testing.T, token string) client.Client {
+	t.Helper()
+	cfg := rest.AnonymousClientConfig(env.Config)
+	cfg.BearerToken = token
+	c, err := client.New(cfg, client.Options{Scheme: env.Kube.Scheme()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func conditionPatch(i int) client.Patch {
+	return client.RawPatch(types.StrategicMergePatchType, fmt.Appendf(nil,
+		`{"status":{"conditions":[{"type":"GPUProblem","status":"False","reason":"NoGPUFault","message":"test %d","lastHeartbeatTime":null,"lastTransitionTime":"2026-12-06T00:00:00Z"}]}}`, i))
+}
+
+func gpuFault(node string) *repairv1.GPUFault {
+	return &repairv1.GPUFault{ObjectMeta: metav1.ObjectMeta{Name: node + "-0000-18-00-0"},
+		Spec: repairv1.GPUFaultSpec{NodeName: node, GPU: repairv1.GPURef{PCIBusID: "0000:18:00.0", Index: ptr.To[int32](0)}}}
+}
+
+func nodeRepair(node string) *repairv1.NodeRepair {
+	return &repairv1.NodeRepair{ObjectMeta: metav1.ObjectMeta{Name: "repair-" + node},
+		Spec: repairv1.NodeRepairSpec{NodeName: node, Policy: "default", Actions: []repairv1.Action{repairv1.ActionRestartKubelet},
+			Fault: repairv1.Fault{Rule: "kubelet", ConditionType: "Ready", Status: "False", Since: metav1.NewTime(time.Now().Truncate(time.Second))}}}
+}
+
+func wantForbidden(t *testing.T, what string, err error, substr string) {
+	t.Helper()
+	if err == nil || !apierrors.IsForbidden(err) && !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), substr) {
+		t.Errorf("%s: got %v, want refused with %q", what, err, substr)
+	}
+}
+
+// TestAgentWritesOnlyItsOwnNode: with the policy in place, the agent of
+// gpu-000 (a real token bound to its pod there) writes gpu-000's status
+// condition, a GPUFault of gpu-000 and the status of gpu-000's NodeRepair;
+// the same writes for gpu-001 are refused, and so is every write with a
+// token of the agent bound to no node.
+func TestAgentWritesOnlyItsOwnNode(t *testing.T) {
+	devtest.NeedCluster(t)
+	ctx := t.Context()
+	apply(t, agentconfig.RBAC)
+	apply(t, agentconfig.AgentOwnNode)
+	for _, n := range nodes {
+		if err := env.Kube.Create(ctx, nodeRepair(n)); err != nil && !apierrors.IsAlreadyExists(err) {
+			t.Fatal(err)
+		}
+	}
+	a, unbound := as(t, agentToken(t, nodes[0])), as(t, agentToken(t, ""))
+
+	// The policy is in force once the API server has loaded it.
+	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		err := a.Status().Patch(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: nodes[1]}}, conditionPatch(0))
+		return apierrors.IsForbidden(err) || apierrors.IsInvalid(err), nil
+	})
+	if err != nil {
+		t.Fatal("the agent of gpu-000 could still write gpu-001's status after 30 s: the policy is not in force")
+	}
+
+	// Its own node: allowed.
+	if err := a.Status().Patch(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: nodes[0]}}, conditionPatch(1)); err != nil {
+		t.Errorf("own node's status condition: %v", err)
+	}
+	if err := a.Create(ctx, gpuFault(nodes[0])); err != nil {
+		t.Errorf("a GPUFault of its own node: %v", err)
+	}
+	own := &repairv1.NodeRepair{}
+	if err := a.Get(ctx, client.ObjectKey{Name: "repair-" + nodes[0]}, own); err != nil {
+		t.Fatal(err)
+	}
+	before := own.DeepCopy()
+	own.Status.Message = "agent of gpu-000"
+	if err := a.Status().Patch(ctx, own, client.MergeFrom(before)); err != nil {
+		t.Errorf("its own node's NodeRepair status: %v", err)
+	}
+
+	// Another node: refused, with the reason.
+	wantForbidden(t, "gpu-001's status", a.Status().Patch(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: nodes[1]}}, conditionPatch(2)),
+		"the gpufleet agent of node gpu-000 may not write nodes of node gpu-001")
+	wantForbidden(t, "a GPUFault of gpu-001", a.Create(ctx, gpuFault(nodes[1])), "may not write gpufaults of node gpu-001")
+	other := &repairv1.NodeRepair{}
+	if err := a.Get(ctx, client.ObjectKey{Name: "repair-" + nodes[1]}, other); err != nil {
+		t.Fatal(err)
+	}
+	before = other.DeepCopy()
+	other.Status.Pending = &repairv1.PendingAction{Action: repairv1.ActionReboot, RequestedAt: metav1.NewTime(time.Now().Truncate(time.Second))}
+	wantForbidden(t, "a pending reboot on gpu-001's NodeRepair", a.Status().Patch(ctx, other, client.MergeFrom(before)), "may not write noderepairs of node gpu-001")
+
+	// A token bound to no node: refused everywhere.
+	wantForbidden(t, "unbound token, gpu-000's status", unbound.Status().Patch(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: nodes[0]}}, conditionPatch(3)),
+		"bound to no node")
+
+	// Everyone else is not concerned (the operator, an administrator).
+	if err := env.Kube.Status().Patch(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: nodes[1]}}, conditionPatch(4)); err != nil {
+		t.Errorf("an administrator writing gpu-001's status: %v", err)
+	}
+}
+
+// TestDeviceTaintRuleMustNameAPool: with the policy in place, a
+// DeviceTaintRule that names no pool is refused from anyone (an
+// administrator here), and one naming a pool and device is accepted.
+func TestDeviceTaintRuleMustNameAPool(t *testing.T) {
+	devtest.NeedCluster(t)
+	ctx := t.Context()
+	apply(t, agentconfig.DeviceTaintRuleScope)
+	rule := func(name string, sel *resourcev1.DeviceTaintSelector) *resourcev1.DeviceTaintRule {
+		return &resourcev1.DeviceTaintRule{ObjectMeta: metav1.ObjectMeta{Name: name},
+			Spec: resourcev1.DeviceTaintRuleSpec{DeviceSelector: sel,
+				Taint: resourcev1.DeviceTaint{Key: "example.com/broken", Effect: resourcev1.DeviceTaintEffectNoSchedule}}}
+	}
+	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		err := env.Kube.Create(ctx, rule("everything", &resourcev1.DeviceTaintSelector{}), client.DryRunAll)
+		return apierrors.IsForbidden(err) || apierrors.IsInvalid(err), nil
+	})
+	if err != nil {
+		t.Fatal("an empty DeviceTaintRule selector was still accepted after 30 s: the policy is not in force")
+	}
+	wantForbidden(t, "a driver-wide rule", env.Kube.Create(ctx, rule("driver-wide", &resourcev1.DeviceTaintSelector{Driver: ptr.To("gpu.nvidia.com")})),
+		"must name the pool")
+	wantForbidden(t, "a device name in every pool", env.Kube.Create(ctx, rule("gpu-0-everywhere", &resourcev1.DeviceTaintSelector{Device: ptr.To("gpu-0")})),
+		"must name the pool")
+	one := rule("one-gpu", &resourcev1.DeviceTaintSelector{Driver: ptr.To("gpu.nvidia.com"), Pool: ptr.To(nodes[0]), Device: ptr.To("gpu-0")})
+	if err := env.Kube.Create(ctx, one); err != nil {
+		t.Errorf("a rule naming one device: %v", err)
+	}
+	t.Cleanup(func() { _ = env.Kube.Delete(context.Background(), one) })
+}
