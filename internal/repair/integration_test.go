@@ -814,3 +814,39 @@ func TestUrgentRepairOfAnUnavailableNodePassesAClosedWindow(t *testing.T) {
 		t.Errorf("b-0 was cordoned during the exclusion")
 	}
 }
+
+// TestAForgedRebootIsRefusedByTheAgent: a reboot set pending on a node's
+// NodeRepair without a NodeMaintenance holding the node (what a buggy or
+// compromised agent of another node could write, before the admission
+// policy stops it) is not run: the node's agent records Refused with the
+// reason, the boot ID stays, and the repair ends RecoveryFailed saying so.
+func TestAForgedRebootIsRefusedByTheAgent(t *testing.T) {
+	const node = "b-2"
+	startOperator(t)
+	policy(t, true)
+	bootBefore := bootID(t, node)
+	nr := &repairv1.NodeRepair{ObjectMeta: metav1.ObjectMeta{Name: "forged-" + node},
+		Spec: repairv1.NodeRepairSpec{NodeName: node, Policy: "test", Actions: []repairv1.Action{repairv1.ActionReboot},
+			Fault: repairv1.Fault{Rule: "forged", ConditionType: "Ready", Status: "False", Since: metav1.NewTime(time.Now().Truncate(time.Second))}}}
+	if err := env.Kube.Create(t.Context(), nr); err != nil {
+		t.Fatal(err)
+	}
+	now := metav1.NewTime(time.Now().Truncate(time.Second))
+	nr.Status = repairv1.NodeRepairStatus{Phase: repairv1.PhaseRepairing, BootIDBefore: bootBefore, RebootRequestedAt: &now,
+		MaintenanceName: "repair-forged-" + node, // named, but no such object holds the node
+		Pending:         &repairv1.PendingAction{Action: repairv1.ActionReboot, RequestedAt: now},
+		Timeline:        []repairv1.TimelineEntry{{Time: now, Step: "Reboot", Outcome: "Requested"}}}
+	if err := env.Kube.Status().Update(t.Context(), nr); err != nil {
+		t.Fatal(err)
+	}
+	r := repairOf(t, node, repairv1.PhaseRecoveryFailed, 30*time.Second)
+	if steps := timelineSteps(r); !strings.Contains(steps, "Reboot:Refused") {
+		t.Errorf("timeline %q lacks the refusal", steps)
+	}
+	if !strings.Contains(r.Status.Message, "did not reboot") || !strings.Contains(r.Status.Message, "not found") {
+		t.Errorf("message %q", r.Status.Message)
+	}
+	if got := bootID(t, node); got != bootBefore {
+		t.Errorf("node %s rebooted (boot ID %s → %s)", node, bootBefore, got)
+	}
+}
