@@ -205,4 +205,32 @@ func TestTakeoverCommandFromTheGPUOperator(t *testing.T) {
 	if !strings.Contains(out.String(), "Stop first:\n  none (stopped)\n") {
 		t.Errorf("the second run still stops something:\n%s", out.String())
 	}
+
+	// 4. The way back, --to gpu-operator: gpufleet's Deployment to 0 (its
+	// replicas recorded), the GPU Operator's back to its replicas before;
+	// nothing restarts; run again, nothing is written.
+	back := opts
+	back.Direction.Back = true
+	out.Reset()
+	if err := takeover.Run(ctx, back); err != nil {
+		t.Fatalf("takeover --to gpu-operator: %v\n%s", err, out.String())
+	}
+	t.Logf("takeover --to gpu-operator:\n%s", out.String())
+	if n, from := replicasOf(t, "gpufleet-operator"); n != 0 || from != "1" {
+		t.Errorf("gpufleet's Deployment after --to: %d replicas, %s=%q; want 0 and \"1\"", n, takeover.AnnotationScaledDownFrom, from)
+	}
+	if n, from := replicasOf(t, "gpu-operator"); n != 1 || from != "" {
+		t.Errorf("the GPU Operator's Deployment after --to: %d replicas, %s=%q; want 1 and none", n, takeover.AnnotationScaledDownFrom, from)
+	}
+	if r := restarted(st.pods, stackPods(t)); len(r) != 0 {
+		t.Errorf("pods restarted on the way back: %v", r)
+	}
+	out.Reset()
+	before = wire.Snapshot()
+	if err := takeover.Run(ctx, back); err != nil {
+		t.Fatalf("second takeover --to: %v\n%s", err, out.String())
+	}
+	if w := writes(wire.Since(before)); len(w) != 0 {
+		t.Errorf("the second --to run wrote: %v", w)
+	}
 }
