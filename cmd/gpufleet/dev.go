@@ -143,6 +143,7 @@ GPU faults (auto-repair with DRA; the simulated nodes publish their GPUs in Reso
   kubectl get gpufaults; kubectl get devicetaintrules   # isolated at once
   kubectl get noderepairs -w                    # only the pods on GPU 3 drained (NodeMaintenance, no cordon), reset, back in service
   %[2]s/gpufleet sim gpu gpu-001 2 --dbe 4 --reset-fails   # a reset that fails: the node is rebooted
+  %[2]s/gpufleet sim gpu gpu-002 4 --dbe 2 --fails-validation   # reset, fails its validation (stays isolated): reboot, validated
   %[2]s/gpufleet sim xid gpu-002 1 13          # an application's error: recorded, not repaired
 %[4]s
 See the fleet (every node's pool, GPUs, GPU stack, maintenance and repair):

@@ -51,6 +51,7 @@ GPUs' health as dcgm-exporter would report it. It talks to the cluster of
 		Short: "Set the health of a simulated GPU (as dcgm-exporter reports it)",
 		Example: `  gpufleet sim gpu gpu-003 2 --dbe 4 --reset-fails   # ECC errors that a reset does not fix: reboot
   gpufleet sim gpu gpu-003 6 --row-remap-failure      # replace the GPU
+  gpufleet sim gpu gpu-003 4 --dbe 2 --fails-validation   # reset, fails its validation: reboot, validated
   gpufleet sim gpu gpu-003 6                          # healthy again`,
 		Args: cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -71,6 +72,7 @@ GPUs' health as dcgm-exporter would report it. It talks to the cluster of
 	gpu.Flags().BoolVar(&state.Missing, "missing", false, "the GPU fell off the bus")
 	gpu.Flags().BoolVar(&state.ResetFails, "reset-fails", false, "a reset of the GPU fails")
 	gpu.Flags().BoolVar(&state.Broken, "broken", false, "neither a reset nor a reboot fixes the GPU")
+	gpu.Flags().BoolVar(&state.FailsValidation, "fails-validation", false, "a reset succeeds but the GPU fails its validation, until a reboot")
 
 	clearCmd := &cobra.Command{
 		Use:   "clear NODE",

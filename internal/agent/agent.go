@@ -6,6 +6,8 @@ package agent
 import (
 	"context"
 	"fmt"
+	"slices"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -82,18 +84,70 @@ func (a *Agent) Reconcile(ctx context.Context, name string) error {
 		if err := a.Client.PatchNodeRepairStatus(ctx, before, nr); err != nil {
 			return fmt.Errorf("recording the start of %s: %w", p.Action, err)
 		}
-		if err := a.Executor.Execute(ctx, node, p.Action, nr.Spec.GPUs); err != nil {
+		if p.Action == repairv1.ActionValidateGPU {
+			outcome, msg = a.validate(ctx, node, nr)
+		} else if err := a.Executor.Execute(ctx, node, p.Action, nr.Spec.GPUs); err != nil {
 			outcome, msg = "Failed", err.Error()
 		} else if p.Action == repairv1.ActionResetGPU {
-			// The reset cleared the GPUs' XIDs: they return to service
-			// (unless a counter still shows a fault) before the outcome
-			// is recorded, so the repair controller sees them back.
-			if err := ClearResetGPUs(ctx, a.Client, a.Clock, nr.Spec.NodeName, nr.Spec.GPUs); err != nil {
+			// The reset cleared the GPUs' XIDs: without validation they
+			// return to service (unless a counter still shows a fault)
+			// before the outcome is recorded, so the repair controller sees
+			// them back; with it, they stay out until they pass it.
+			update := ClearResetGPUs
+			if nr.Validates() {
+				update = AwaitValidation
+			}
+			if err := update(ctx, a.Client, a.Clock, nr.Spec.NodeName, nr.Spec.GPUs); err != nil {
 				outcome, msg = "Failed", "the GPUs were reset but their fault records could not be updated: "+err.Error()
 			}
 		}
 	}
 	return a.record(ctx, nr, p.Action, outcome, msg)
+}
+
+// validate runs the GPUs' validation on the host, bounded by the repair's
+// timeout, and records the result on their GPUFault records before the
+// outcome: passed, they return to service; failed, they stay out (class
+// Reboot while a reboot is still to come, else Replace).
+func (a *Agent) validate(ctx context.Context, node *corev1.Node, nr *repairv1.NodeRepair) (outcome, msg string) {
+	level, limit := nr.Spec.Validation.LevelOf(), time.Duration(nr.Spec.Validation.Timeout())*time.Second
+	vctx, cancel := context.WithTimeout(WithValidationLevel(ctx, level), limit)
+	err := a.Executor.Execute(vctx, node, repairv1.ActionValidateGPU, nr.Spec.GPUs)
+	cancel()
+	result := repairv1.GPUValidationResult{Time: metav1.NewTime(a.Clock.Now()), Level: level, Passed: err == nil,
+		Message: fmt.Sprintf("%s validation passed", level)}
+	outcome, msg = "Succeeded", result.Message
+	if err != nil {
+		if vctx.Err() == context.DeadlineExceeded && ctx.Err() == nil {
+			err = fmt.Errorf("not finished within %s: %w", limit, err)
+		}
+		result.Message = fmt.Sprintf("%s validation failed: %v", level, err)
+		outcome, msg = "Failed", result.Message
+	}
+	failed := repairv1.GPUClassReboot
+	if nr.Status.BootIDBefore != "" || !slices.Contains(nr.Spec.Actions[min(int(nr.Status.NextAction), len(nr.Spec.Actions)):], repairv1.ActionReboot) {
+		failed = repairv1.GPUClassReplace // rebooted already, or no reboot to come
+	}
+	if err := RecordValidation(ctx, a.Client, a.Clock, nr.Spec.NodeName, nr.Spec.GPUs, result, failed); err != nil {
+		return "Failed", msg + "; the result could not be written on the GPUs' records: " + err.Error()
+	}
+	return outcome, msg
+}
+
+// validationLevelKey carries the validation level to the executor.
+type validationLevelKey struct{}
+
+// WithValidationLevel is ctx for an executor's ValidateGPU at level.
+func WithValidationLevel(ctx context.Context, level repairv1.GPUValidationLevel) context.Context {
+	return context.WithValue(ctx, validationLevelKey{}, level)
+}
+
+// ValidationLevel is the level ValidateGPU runs at (default Health).
+func ValidationLevel(ctx context.Context) repairv1.GPUValidationLevel {
+	if l, ok := ctx.Value(validationLevelKey{}).(repairv1.GPUValidationLevel); ok && l != "" {
+		return l
+	}
+	return repairv1.GPUValidationHealth
 }
 
 // record writes the outcome of the pending action: a timeline entry, no
@@ -102,7 +156,9 @@ func (a *Agent) record(ctx context.Context, nr *repairv1.NodeRepair, action repa
 	before := nr.DeepCopy()
 	nr.Status.Timeline = append(nr.Status.Timeline, entry(a.Clock, string(action), outcome, msg))
 	nr.Status.Pending = nil
-	nr.Status.NextAction++
+	if action != repairv1.ActionValidateGPU { // not a rung of the ladder
+		nr.Status.NextAction++
+	}
 	if err := a.Client.PatchNodeRepairStatus(ctx, before, nr); err != nil {
 		if apierrors.IsConflict(err) && outcome == "Interrupted" {
 			// The update event of our own start, read before our outcome

@@ -136,6 +136,79 @@ func ResetDone(records []repairv1.GPUFault, gpus []repairv1.GPURef) []repairv1.G
 	return out
 }
 
+// ValidationDone is the records to write when the repair's GPUs were
+// validated (pure): each gets the result. Passed: its XIDs are over and a
+// failed validation's entry goes, so the GPU returns to service (unless a
+// counter still shows a fault). Failed: an active entry with counter
+// gpufault.CounterValidationFailed and class failed (Reboot while a reboot
+// may still help, else Replace) keeps it out of service until a later
+// validation passes.
+func ValidationDone(records []repairv1.GPUFault, gpus []repairv1.GPURef, result repairv1.GPUValidationResult, failed repairv1.GPUFaultClass) []repairv1.GPUFault {
+	return updateGPUs(records, gpus, result.Time.Time, func(after *repairv1.GPUFault) {
+		after.Status.Validation = result.DeepCopy()
+		for i := range after.Status.Faults {
+			if f := &after.Status.Faults[i]; isXID(f) || f.Counter == gpufault.CounterValidationPending {
+				f.Active = false
+			}
+		}
+		if result.Passed {
+			if e := entryFor(after, 0, gpufault.CounterValidationFailed); e != nil {
+				e.Active = false
+			}
+			return
+		}
+		setValidationEntry(after, gpufault.CounterValidationFailed, failed, result.Message, result.Time)
+	})
+}
+
+// ValidationPending is the records to write when the repair's GPUs were
+// reset and must pass a validation before they return to service (pure):
+// the reset cleared their XIDs, and an active ValidationPending entry
+// (class ResetGPU) keeps them out of service whatever their sources show
+// until the validation's result (ValidationDone).
+func ValidationPending(records []repairv1.GPUFault, gpus []repairv1.GPURef, now time.Time) []repairv1.GPUFault {
+	return updateGPUs(records, gpus, now, func(after *repairv1.GPUFault) {
+		for i := range after.Status.Faults {
+			if f := &after.Status.Faults[i]; isXID(f) {
+				f.Active = false
+			}
+		}
+		setValidationEntry(after, gpufault.CounterValidationPending, repairv1.GPUClassResetGPU, "reset; returns to service once it passes its validation", metav1.NewTime(now))
+	})
+}
+
+// updateGPUs applies change to the records of gpus and returns those that
+// changed, reclassified and summarised.
+func updateGPUs(records []repairv1.GPUFault, gpus []repairv1.GPURef, now time.Time, change func(*repairv1.GPUFault)) []repairv1.GPUFault {
+	var out []repairv1.GPUFault
+	for _, r := range records {
+		if !refersTo(r.Spec.GPU, gpus) {
+			continue
+		}
+		after := r.DeepCopy()
+		change(after)
+		sortAndBound(&after.Status)
+		setClassAndSummary(after, r.Status.Class, now)
+		if !equality.Semantic.DeepEqual(r.Status, after.Status) {
+			out = append(out, *after)
+		}
+	}
+	return out
+}
+
+// setValidationEntry makes the entry of counter active with class and
+// meaning.
+func setValidationEntry(r *repairv1.GPUFault, counter string, class repairv1.GPUFaultClass, meaning string, at metav1.Time) {
+	e := entryFor(r, 0, counter)
+	if e == nil {
+		e = addEntry(r, repairv1.GPUFaultEntry{Counter: counter, FirstSeen: at})
+	}
+	if !e.Active {
+		e.Count++
+	}
+	e.Class, e.Meaning, e.LastSeen, e.Active = class, truncate(meaning, maxEntryText), at, true
+}
+
 func refersTo(g repairv1.GPURef, gpus []repairv1.GPURef) bool {
 	for _, x := range gpus {
 		if bus, ok := gpufault.NormalizePCIBusID(x.PCIBusID); ok && bus == g.PCIBusID {
@@ -434,7 +507,9 @@ func (w *workSet) counters(health map[gpufault.GPUKey]gpufault.GPUHealth, capaci
 		}
 		handled[r.Name] = true
 		fillIdentity(&r.Spec.GPU, ref)
-		setCounters(r, want, now, func(e *repairv1.GPUFaultEntry) bool { return e.Counter != gpufault.CounterGPUMissing })
+		setCounters(r, want, now, func(e *repairv1.GPUFaultEntry) bool {
+			return e.Counter != gpufault.CounterGPUMissing && !validationEntry(e)
+		})
 		// Reported again: not missing.
 		setCounters(r, nil, now, func(e *repairv1.GPUFaultEntry) bool { return e.Counter == gpufault.CounterGPUMissing })
 	}
@@ -700,6 +775,14 @@ var counterLabels = map[string]string{
 	gpufault.MetricRetiredPending:                 "pages pending retirement (" + gpufault.MetricRetiredPending + ")",
 	gpufault.MetricNVLinkRecoveryPrefix + "TOTAL": "NVLink recoveries",
 	gpufault.CounterGPUMissing:                    "GPU missing (not reported by dcgm-exporter)",
+	gpufault.CounterValidationFailed:              "failed its validation after the repair",
+	gpufault.CounterValidationPending:             "reset, waiting for its validation",
+}
+
+// validationEntry: an entry only a validation sets and clears (no GPU
+// source shows it).
+func validationEntry(e *repairv1.GPUFaultEntry) bool {
+	return e.Counter == gpufault.CounterValidationFailed || e.Counter == gpufault.CounterValidationPending
 }
 
 func counterLabel(c string) string {

@@ -601,3 +601,60 @@ func FuzzDetectGPUFaults(f *testing.F) {
 		}
 	})
 }
+
+// TestValidationKeepsTheGPUOut: after a reset that awaits validation the
+// GPU is out of service (ValidationPending, class ResetGPU) even when its
+// sources show it healthy (the monitor does not clear what only a
+// validation may); a passed validation returns it; a failed one keeps it
+// out with the failure's class until a later validation passes; a reboot
+// clears neither.
+func TestValidationKeepsTheGPUOut(t *testing.T) {
+	t1, t2 := t0.Add(time.Minute), t0.Add(2*time.Minute)
+	out := rec(name3, ref3(), repairv1.GPUFaultStatus{Class: repairv1.GPUClassResetGPU, Summary: "x",
+		Faults: []repairv1.GPUFaultEntry{x48(t0, t0, 1, true)}, Occurrences: []metav1.Time{mt(t0)}, BootID: "boot-1"})
+	gpus := []repairv1.GPURef{ref3()}
+	apply := func(r repairv1.GPUFault, writes []repairv1.GPUFault) repairv1.GPUFault {
+		for _, w := range writes {
+			if w.Name == r.Name {
+				return w
+			}
+		}
+		return r
+	}
+	// The monitor looks at healthy sources (no XID, no counter), maybe in a
+	// new boot.
+	monitor := func(r repairv1.GPUFault, boot string, at time.Time) repairv1.GPUFault {
+		return apply(r, DetectGPUFaults(GPUState{Node: gNode, BootID: boot, Capacity: 8, Records: records(r),
+			Observed: GPUObservation{DCGM: health(nil)}}, at))
+	}
+	pending := apply(out, ValidationPending([]repairv1.GPUFault{out}, gpus, t1))
+	if pending.InService() || pending.Status.Class != repairv1.GPUClassResetGPU {
+		t.Fatalf("reset, awaiting validation: class %q", pending.Status.Class)
+	}
+	if m := monitor(pending, "boot-1", t1); m.InService() {
+		t.Errorf("the monitor returned a GPU awaiting validation to service: %+v", m.Status.Faults)
+	}
+	passed := repairv1.GPUValidationResult{Time: mt(t2), Level: repairv1.GPUValidationHealth, Passed: true, Message: "Health validation passed"}
+	if ok := apply(pending, ValidationDone([]repairv1.GPUFault{pending}, gpus, passed, repairv1.GPUClassReboot)); !ok.InService() || ok.Status.Validation == nil || !ok.Status.Validation.Passed {
+		t.Errorf("passed: class %q validation %+v", ok.Status.Class, ok.Status.Validation)
+	}
+	failedResult := repairv1.GPUValidationResult{Time: mt(t2), Level: repairv1.GPUValidationHealth, Message: "Health validation failed: GPU 0000:18:00.0: a row remap failed"}
+	failed := apply(pending, ValidationDone([]repairv1.GPUFault{pending}, gpus, failedResult, repairv1.GPUClassReboot))
+	if failed.InService() || failed.Status.Class != repairv1.GPUClassReboot || !strings.Contains(failed.Status.Summary, "failed its validation") {
+		t.Errorf("failed: class %q summary %q", failed.Status.Class, failed.Status.Summary)
+	}
+	if m := monitor(failed, "boot-2", t2.Add(time.Minute)); m.InService() {
+		t.Errorf("a reboot returned a GPU that failed its validation to service: %+v", m.Status.Faults)
+	}
+	again := apply(failed, ValidationDone([]repairv1.GPUFault{failed}, gpus, passed, repairv1.GPUClassReplace))
+	if !again.InService() {
+		t.Errorf("a later validation that passed left it out: %+v", again.Status.Faults)
+	}
+	// Nothing to write when nothing changes; another GPU's record is left alone.
+	if w := ValidationDone([]repairv1.GPUFault{again}, gpus, passed, repairv1.GPUClassReplace); len(w) != 0 {
+		t.Errorf("a second identical result writes %d records", len(w))
+	}
+	if w := ValidationPending([]repairv1.GPUFault{out}, []repairv1.GPURef{{PCIBusID: "0000:99:00.0"}}, t1); len(w) != 0 {
+		t.Errorf("another GPU's validation wrote %+v", w)
+	}
+}

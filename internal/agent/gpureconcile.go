@@ -150,6 +150,30 @@ const conflictRetry = 100 * time.Millisecond
 // condition. A write that conflicts with the monitor's is done again on
 // fresh records.
 func ClearResetGPUs(ctx context.Context, c API, clk clock.PassiveClock, nodeName string, gpus []repairv1.GPURef) error {
+	return updateRecords(ctx, c, clk, nodeName, func(list []repairv1.GPUFault) []repairv1.GPUFault { return ResetDone(list, gpus) })
+}
+
+// AwaitValidation marks the reset GPUs as waiting for their validation
+// (ValidationPending): they stay out of service until its result.
+func AwaitValidation(ctx context.Context, c API, clk clock.PassiveClock, nodeName string, gpus []repairv1.GPURef) error {
+	return updateRecords(ctx, c, clk, nodeName, func(list []repairv1.GPUFault) []repairv1.GPUFault {
+		return ValidationPending(list, gpus, clk.Now())
+	})
+}
+
+// RecordValidation writes a validation's result on the GPUs' records
+// (ValidationDone) and the node's GPUProblem condition.
+func RecordValidation(ctx context.Context, c API, clk clock.PassiveClock, nodeName string, gpus []repairv1.GPURef,
+	result repairv1.GPUValidationResult, failed repairv1.GPUFaultClass) error {
+	return updateRecords(ctx, c, clk, nodeName, func(list []repairv1.GPUFault) []repairv1.GPUFault {
+		return ValidationDone(list, gpus, result, failed)
+	})
+}
+
+// updateRecords writes what decide makes of the node's records, and the
+// node's GPUProblem condition, reading again after a conflict with the GPU
+// monitor.
+func updateRecords(ctx context.Context, c API, clk clock.PassiveClock, nodeName string, decide func([]repairv1.GPUFault) []repairv1.GPUFault) error {
 	backoff := wait.Backoff{Steps: 6, Duration: 50 * time.Millisecond, Factor: 2, Jitter: 0.1}
 	return retry.OnError(backoff, apierrors.IsConflict, func() error {
 		records, err := nodeRecords(ctx, c, nodeName)
@@ -160,7 +184,7 @@ func ClearResetGPUs(ctx context.Context, c API, clk clock.PassiveClock, nodeName
 		for _, r := range records {
 			list = append(list, r)
 		}
-		after, err := writeRecords(ctx, c, records, ResetDone(list, gpus))
+		after, err := writeRecords(ctx, c, records, decide(list))
 		if err != nil {
 			return err
 		}

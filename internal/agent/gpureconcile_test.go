@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"strings"
 	"testing"
 	"time"
 
@@ -241,6 +242,7 @@ func TestAgentResetGPUClearsTheRecords(t *testing.T) {
 		nr := testRepair(gNode, repairv1.ActionResetGPU)
 		nr.Spec.GPUs = []repairv1.GPURef{ref3()}
 		nr.Status.GPUMaintenanceName = "repair-r-gpu" // its pods drained: the reset may run
+		nr.Spec.Validation = &repairv1.GPUValidation{Level: repairv1.GPUValidationOff}
 		return nr
 	}
 	drained := holding("gpufleet-system", "repair-r-gpu", repairv1.RequestorID, gNode, maintenancev1.PhaseReady)
@@ -321,4 +323,89 @@ func TestGPUMonitorStaleNodeWritesTheConditionOnce(t *testing.T) {
 	if _, err := m.Reconcile(t.Context(), req); err != nil || len(w.writes) != 0 {
 		t.Errorf("the next pass: %v, writes %v; want none", err, w.writes)
 	}
+}
+
+// TestAgentValidatesBeforeReturningTheGPU: with validation (the default),
+// a successful reset leaves the GPU out of service; the ValidateGPU the
+// repair asks for next runs at the repair's level and bound, and returns
+// the GPU to service only when it passes (the result on the record, the
+// outcome in the timeline, the ladder's next rung unchanged). A failed one
+// keeps it out with a ValidationFailed fault of class Reboot (the ladder's
+// next rung), or Replace once the node was rebooted.
+func TestAgentValidatesBeforeReturningTheGPU(t *testing.T) {
+	out := rec(name3, ref3(), repairv1.GPUFaultStatus{Class: repairv1.GPUClassResetGPU, Summary: "Xid 48 (" + meta48 + ")",
+		Faults: []repairv1.GPUFaultEntry{x48(t0, t0, 1, true)}, Occurrences: []metav1.Time{mt(t0)}})
+	out.ResourceVersion = ""
+	drained := holding("gpufleet-system", "repair-r-gpu", repairv1.RequestorID, gNode, maintenancev1.PhaseReady)
+	repair := func(pending repairv1.Action, rebooted bool) *repairv1.NodeRepair {
+		nr := testRepair(gNode, pending)
+		nr.Spec.Actions = []repairv1.Action{repairv1.ActionResetGPU, repairv1.ActionReboot}
+		nr.Spec.GPUs = []repairv1.GPURef{ref3()}
+		nr.Status.GPUMaintenanceName = "repair-r-gpu"
+		if pending == repairv1.ActionValidateGPU {
+			nr.Status.NextAction = 1
+		}
+		if rebooted {
+			nr.Status.BootIDBefore = "boot-1"
+		}
+		return nr
+	}
+	for name, tc := range map[string]struct {
+		pending       repairv1.Action
+		rebooted      bool
+		execErr       error
+		wantOutcome   string
+		wantInService bool
+		wantClass     repairv1.GPUFaultClass
+		wantNext      int32
+	}{
+		"the reset succeeded: still out until validated": {pending: repairv1.ActionResetGPU, wantOutcome: "Succeeded", wantClass: repairv1.GPUClassResetGPU, wantNext: 1},
+		"validation passed: back in service":             {pending: repairv1.ActionValidateGPU, wantOutcome: "Succeeded", wantInService: true, wantNext: 1},
+		"validation failed: out, a reboot is next":       {pending: repairv1.ActionValidateGPU, execErr: errors.New("GPU 0000:18:00.0: uncorrectable ECC errors since the reset: 2"), wantOutcome: "Failed", wantClass: repairv1.GPUClassReboot, wantNext: 1},
+		"validation failed after the reboot: replace it": {pending: repairv1.ActionValidateGPU, rebooted: true, execErr: errors.New("GPU 0000:18:00.0: the driver does not answer"), wantOutcome: "Failed", wantClass: repairv1.GPUClassReplace, wantNext: 1},
+	} {
+		t.Run(name, func(t *testing.T) {
+			c := newFakeClient(t, interceptor.Funcs{}, repair(tc.pending, tc.rebooted), out.DeepCopy(), gpuNode(gNode), drained.DeepCopy())
+			exec := &levelExecutor{err: tc.execErr}
+			a := &Agent{Client: clientAPI{c}, NodeName: gNode, Executor: exec, Clock: clocktesting.NewFakePassiveClock(agentNow)}
+			if err := reconcileRepair(t, a, repairName); err != nil {
+				t.Fatal(err)
+			}
+			nr := getRepair(t, a)
+			last := nr.Status.Timeline[len(nr.Status.Timeline)-1]
+			if last.Step != string(tc.pending) || last.Outcome != tc.wantOutcome || nr.Status.NextAction != tc.wantNext {
+				t.Errorf("timeline %+v, nextAction %d", nr.Status.Timeline, nr.Status.NextAction)
+			}
+			gf := listFaults(t, c)[0]
+			if gf.InService() != tc.wantInService || gf.Status.Class != tc.wantClass {
+				t.Errorf("in service %t class %q, want %t %q: %+v", gf.InService(), gf.Status.Class, tc.wantInService, tc.wantClass, gf.Status)
+			}
+			if tc.pending != repairv1.ActionValidateGPU {
+				return
+			}
+			if exec.level != repairv1.GPUValidationHealth || !exec.bounded {
+				t.Errorf("validated at level %q, bounded %t; want Health, bounded", exec.level, exec.bounded)
+			}
+			v := gf.Status.Validation
+			if v == nil || v.Passed != tc.wantInService || v.Level != repairv1.GPUValidationHealth || (!v.Passed && !strings.Contains(v.Message, tc.execErr.Error())) {
+				t.Errorf("validation result %+v", v)
+			}
+		})
+	}
+}
+
+// levelExecutor records the validation level and whether its context has a
+// deadline.
+type levelExecutor struct {
+	err     error
+	level   repairv1.GPUValidationLevel
+	bounded bool
+}
+
+func (e *levelExecutor) Execute(ctx context.Context, _ *corev1.Node, a repairv1.Action, _ []repairv1.GPURef) error {
+	if a == repairv1.ActionValidateGPU {
+		e.level = ValidationLevel(ctx)
+		_, e.bounded = ctx.Deadline()
+	}
+	return e.err
 }

@@ -78,6 +78,8 @@ func (h HostExecutor) execute(ctx context.Context, node *corev1.Node, a repairv1
 	case repairv1.ActionReboot:
 		crlog.FromContext(ctx).Info("running host action")
 		return h.systemctl(ctx, "reboot")
+	case repairv1.ActionValidateGPU:
+		return h.validateGPUs(ctx, gpus, ValidationLevel(ctx))
 	default:
 		return fmt.Errorf("unknown action %q", a)
 	}
@@ -136,6 +138,90 @@ func (h HostExecutor) resetGPUs(ctx context.Context, gpus []repairv1.GPURef) (er
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// healthQuery is what the Health validation asks nvidia-smi of one GPU.
+const healthQuery = "pci.bus_id,ecc.errors.uncorrected.volatile.total,retired_pages.pending,remapped_rows.failure"
+
+// validateGPUs proves that each GPU works, read-only: Health asks the
+// driver about that exact GPU (it answers, no uncorrectable ECC error since
+// the reset, no retired page pending, no failed row remap); Diagnostic
+// then runs DCGM's quick diagnostic on it (dcgmi diag -r 1). Every GPU is
+// validated; the errors name each one that failed.
+func (h HostExecutor) validateGPUs(ctx context.Context, gpus []repairv1.GPURef, level repairv1.GPUValidationLevel) error {
+	if len(gpus) == 0 {
+		return errors.New("no GPU to validate (the repair names none)")
+	}
+	log := crlog.FromContext(ctx)
+	var errs []error
+	for _, g := range gpus {
+		if g.PCIBusID == "" {
+			errs = append(errs, fmt.Errorf("cannot validate %s: no PCI bus ID", g.Describe()))
+			continue
+		}
+		log.Info("running host action", "gpu", g.PCIBusID, "step", "validate", "level", level)
+		out, err := h.host(ctx, "nvidia-smi", "--query-gpu="+healthQuery, "--format=csv,noheader,nounits", "-i", g.PCIBusID)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("GPU %s: the driver does not answer for it: %w", g.PCIBusID, err))
+			continue
+		}
+		if err := GPUHealth(out); err != nil {
+			errs = append(errs, fmt.Errorf("GPU %s: %w", g.PCIBusID, err))
+			continue
+		}
+		if level != repairv1.GPUValidationDiagnostic {
+			continue
+		}
+		idx, err := h.host(ctx, "nvidia-smi", "--query-gpu=index", "--format=csv,noheader", "-i", g.PCIBusID)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("GPU %s: its index: %w", g.PCIBusID, err))
+			continue
+		}
+		out, err = h.host(ctx, "dcgmi", "diag", "-r", "1", "-i", strings.TrimSpace(idx))
+		switch {
+		case err != nil:
+			errs = append(errs, fmt.Errorf("GPU %s: DCGM diagnostic (dcgmi diag -r 1) failed: %w (%s)", g.PCIBusID, err, lastLines(out, 3)))
+		case strings.Contains(out, "Fail"):
+			errs = append(errs, fmt.Errorf("GPU %s: DCGM diagnostic (dcgmi diag -r 1) reports a failure: %s", g.PCIBusID, lastLines(out, 3)))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// GPUHealth reads nvidia-smi's answer to the health query (CSV, no
+// header, no units; "[N/A]" where the GPU has no such feature): an error
+// says what is wrong.
+func GPUHealth(csv string) error {
+	fields := strings.Split(strings.TrimSpace(csv), ",")
+	if len(fields) != 4 || strings.TrimSpace(fields[0]) == "" {
+		return fmt.Errorf("unexpected answer from nvidia-smi: %q", strings.TrimSpace(csv))
+	}
+	for i := range fields {
+		fields[i] = strings.TrimSpace(fields[i])
+	}
+	var problems []string
+	if v := fields[1]; v != "[N/A]" && v != "0" {
+		problems = append(problems, "uncorrectable ECC errors since the reset: "+v)
+	}
+	if strings.EqualFold(fields[2], "Yes") {
+		problems = append(problems, "retired pages pending")
+	}
+	if strings.EqualFold(fields[3], "Yes") {
+		problems = append(problems, "a row remap failed")
+	}
+	if len(problems) > 0 {
+		return errors.New(strings.Join(problems, ", "))
+	}
+	return nil
+}
+
+// lastLines is the last n lines of s, on one line.
+func lastLines(s string, n int) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, " | ")
 }
 
 func (h HostExecutor) restart(ctx context.Context, unit string) error {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -248,12 +249,12 @@ func crdActions(t *testing.T) []repairv1.Action {
 func TestHostExecutorRunsTheFixedSetOnly(t *testing.T) {
 	known := crdActions(t)
 	if diff := cmp.Diff([]repairv1.Action{repairv1.ActionRestartKubelet, repairv1.ActionRestartContainerRuntime,
-		repairv1.ActionRestartNTP, repairv1.ActionDeleteBrokenSandbox, repairv1.ActionResetGPU, repairv1.ActionReboot}, known); diff != "" {
+		repairv1.ActionRestartNTP, repairv1.ActionDeleteBrokenSandbox, repairv1.ActionResetGPU, repairv1.ActionReboot, repairv1.ActionValidateGPU}, known); diff != "" {
 		t.Errorf("actions of the CRD (-want +got):\n%s", diff)
 	}
 	for _, a := range known {
 		t.Run(string(a), func(t *testing.T) {
-			host := &fakeHost{pods: `{"items":[]}`}
+			host := &fakeHost{pods: `{"items":[]}`, out: healthyAnswers(testGPUs)}
 			if err := (HostExecutor{Runner: host, Clock: sandboxClock}).Execute(context.Background(), &corev1.Node{}, a, testGPUs); err != nil {
 				t.Errorf("action %s of the API: %v", a, err)
 			}
@@ -361,5 +362,67 @@ func TestHostExecutorResetGPULogsEachHostAction(t *testing.T) {
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("log lines (-want +got):\n%s", diff)
+	}
+}
+
+// healthyAnswers is nvidia-smi's answer to the health query of each GPU:
+// healthy.
+func healthyAnswers(gpus []repairv1.GPURef) map[string]string {
+	out := map[string]string{}
+	for _, g := range gpus {
+		out[healthCmd(g.PCIBusID)] = g.PCIBusID + ", 0, No, No\n"
+		out["nvidia-smi --query-gpu=index --format=csv,noheader -i "+g.PCIBusID] = "3\n"
+	}
+	return out
+}
+
+func healthCmd(bus string) string {
+	return "nvidia-smi --query-gpu=" + healthQuery + " --format=csv,noheader,nounits -i " + bus
+}
+
+func TestGPUHealth(t *testing.T) {
+	for answer, want := range map[string]string{
+		"00000000:18:00.0, 0, No, No\n":         "",
+		"00000000:18:00.0, [N/A], [N/A], [N/A]": "", // a GPU without ECC (consumer boards)
+		"00000000:18:00.0, 2, No, No":           "uncorrectable ECC errors since the reset: 2",
+		"00000000:18:00.0, 0, Yes, Yes":         "retired pages pending, a row remap failed",
+		"":                                      "unexpected answer",
+		"No devices were found":                 "unexpected answer",
+	} {
+		err := GPUHealth(answer)
+		if (want == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), want)) {
+			t.Errorf("GPUHealth(%q) = %v, want %q", answer, err, want)
+		}
+	}
+}
+
+// TestValidateGPUs: Health asks nvidia-smi about each GPU (read-only, by
+// PCI address); Diagnostic also runs DCGM's quick diagnostic on its index;
+// a GPU that fails, or that the driver does not answer for, is named in
+// the error, and the other GPUs are still validated.
+func TestValidateGPUs(t *testing.T) {
+	ctx := WithValidationLevel(context.Background(), repairv1.GPUValidationDiagnostic)
+	host := &fakeHost{out: healthyAnswers(testGPUs)}
+	if err := (HostExecutor{Runner: host}).Execute(ctx, &corev1.Node{}, repairv1.ActionValidateGPU, testGPUs); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{healthCmd("0000:18:00.0"), "nvidia-smi --query-gpu=index --format=csv,noheader -i 0000:18:00.0", "dcgmi diag -r 1 -i 3",
+		healthCmd("0000:2a:00.0"), "nvidia-smi --query-gpu=index --format=csv,noheader -i 0000:2a:00.0", "dcgmi diag -r 1 -i 3"}
+	if diff := cmp.Diff(want, host.calls); diff != "" {
+		t.Errorf("host commands (-want +got):\n%s", diff)
+	}
+	for _, c := range host.calls {
+		if strings.Contains(c, "reset") || strings.Contains(c, "systemctl") {
+			t.Errorf("validation ran %q: it must change nothing", c)
+		}
+	}
+	bad := &fakeHost{out: healthyAnswers(testGPUs), fail: map[string]bool{healthCmd("0000:18:00.0"): true}}
+	bad.out[healthCmd("0000:2a:00.0")] = "0000:2a:00.0, 4, No, No"
+	err := (HostExecutor{Runner: bad}).Execute(context.Background(), &corev1.Node{}, repairv1.ActionValidateGPU, testGPUs)
+	if err == nil || !strings.Contains(err.Error(), "GPU 0000:18:00.0: the driver does not answer") || !strings.Contains(err.Error(), "GPU 0000:2a:00.0: uncorrectable ECC errors since the reset: 4") {
+		t.Errorf("error %v", err)
+	}
+	if slices.ContainsFunc(bad.calls, func(c string) bool { return strings.HasPrefix(c, "dcgmi") }) {
+		t.Errorf("Health ran DCGM's diagnostic: %v", bad.calls)
 	}
 }

@@ -42,6 +42,9 @@ func (s SimExecutor) Execute(ctx context.Context, node *corev1.Node, a repairv1.
 			return err
 		}
 	}
+	if a == repairv1.ActionValidateGPU {
+		return s.Cluster.validateGPUs(ctx, node.Name, gpus, agent.ValidationLevel(ctx))
+	}
 	if a == repairv1.ActionReboot {
 		down := s.RebootDowntime
 		if down == 0 {

@@ -60,6 +60,10 @@ type SimGPUState struct {
 	ResetFails bool `json:"resetFails,omitempty"`
 	// Broken: neither a reset nor a reboot clears the GPU's state.
 	Broken bool `json:"broken,omitempty"`
+	// FailsValidation: the GPU's reset succeeds, but it fails its
+	// validation (a check nvidia-smi or DCGM would fail) until the node
+	// reboots.
+	FailsValidation bool `json:"failsValidation,omitempty"`
 	// ResetSeq is the kernel log's last sequence number when the GPU was
 	// last reset: the simulated device plugin counts only XIDs after it.
 	ResetSeq int64 `json:"resetSeq,omitempty"`
@@ -387,6 +391,51 @@ func (c *Cluster) resetGPUs(ctx context.Context, node string, gpus []repairv1.GP
 	}
 	if len(failed) > 0 {
 		return fmt.Errorf("nvidia-smi --gpu-reset (simulated): %s", strings.Join(failed, "; "))
+	}
+	return nil
+}
+
+// validateGPUs is the simulated validation of gpus (what the node agent's
+// Health and Diagnostic levels check on a real host): the GPU answers (on
+// the bus), no uncorrectable ECC error since its reset, no failed row
+// remap, no XID the driver reported since its reset (the device plugin's
+// view), and not marked FailsValidation or Broken. Read-only.
+func (c *Cluster) validateGPUs(ctx context.Context, node string, gpus []repairv1.GPURef, level repairv1.GPUValidationLevel) error {
+	n, err := c.Client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+	if err != nil {
+		return err
+	}
+	h, err := ReadSimGPUHost(n)
+	if err != nil {
+		return err
+	}
+	var failed []string
+	for _, g := range gpus {
+		i, ok := h.index(g)
+		if !ok {
+			failed = append(failed, fmt.Sprintf("GPU %s: no such GPU on node %s", g.PCIBusID, node))
+			continue
+		}
+		st := h.State[i]
+		switch {
+		case st.Missing:
+			failed = append(failed, fmt.Sprintf("GPU %s: the driver does not answer for it (it fell off the bus)", g.PCIBusID))
+		case st.Broken || st.FailsValidation:
+			what := "nvidia-smi reports it unhealthy"
+			if level == repairv1.GPUValidationDiagnostic {
+				what = "DCGM's diagnostic (dcgmi diag -r 1) failed"
+			}
+			failed = append(failed, fmt.Sprintf("GPU %s: %s", g.PCIBusID, what))
+		case st.VolatileDBE > 0:
+			failed = append(failed, fmt.Sprintf("GPU %s: uncorrectable ECC errors since the reset: %d", g.PCIBusID, st.VolatileDBE))
+		case st.RowRemapFailure:
+			failed = append(failed, fmt.Sprintf("GPU %s: a row remap failed", g.PCIBusID))
+		case !SimDevicePluginHealthy(h, i) && !st.Missing:
+			failed = append(failed, fmt.Sprintf("GPU %s: an XID since its reset", g.PCIBusID))
+		}
+	}
+	if len(failed) > 0 {
+		return fmt.Errorf("%s validation (simulated): %s", level, strings.Join(failed, "; "))
 	}
 	return nil
 }

@@ -9,6 +9,18 @@ import (
 // exporter shows fewer GPUs than the node's nvidia.com/gpu capacity.
 const CounterGPUMissing = "GPUMissing"
 
+// CounterValidationFailed is the Counter of the fault the node agent
+// records when a repaired GPU fails its validation: it keeps the GPU out of
+// service until a later validation passes (no source but the validation
+// clears it).
+const CounterValidationFailed = "ValidationFailed"
+
+// CounterValidationPending is the Counter of the fault the node agent
+// records when it reset a GPU that must pass its validation before it
+// returns to service: whatever its sources show meanwhile, the GPU stays
+// out of service (class ResetGPU) until the validation's result.
+const CounterValidationPending = "ValidationPending"
+
 // Fault is one problem found on a GPU.
 type Fault struct {
 	// GPU is the faulty GPU. Index is Unknown for a kernel-log XID (the log

@@ -165,6 +165,9 @@ func Detect(in DetectInput) Detection {
 			if isGPURule(f.Rule) {
 				gpus := outOfService(dec.Node, in.GPUFaults)
 				gpuRepair(r, gpus, spec.GPU.ReplaceAfter, in.Now)
+				// The validation the GPUs pass before they return to
+				// service, as the policy says now (the agent reads it here).
+				r.Spec.Validation = &repairv1.GPUValidation{Level: spec.GPU.Validation.LevelOf(), TimeoutSeconds: spec.GPU.Validation.Timeout()}
 				switch {
 				case r.Spec.Recommendation != "":
 					r.Spec.Actions = nil

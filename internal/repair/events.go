@@ -36,5 +36,8 @@ const (
 	ReasonFailed  = "NodeRepairFailed" // Warning
 	ReasonIgnore  = "NodeRepairIgnore"
 	ReasonBlocked = "NodeRepairBlocked"
-	actionRepair  = "Repair"
+	// ReasonValidationFailed: a repaired GPU failed its validation and was
+	// not returned to service (Warning).
+	ReasonValidationFailed = "GPUValidationFailed"
+	actionRepair           = "Repair"
 )

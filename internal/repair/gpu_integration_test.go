@@ -785,3 +785,90 @@ func TestDevicePluginNodeAtWholeNodeAfterTakesTheWholeNode(t *testing.T) {
 		}
 	}
 }
+
+// TestAGPUThatFailsValidationStaysIsolatedUntilARebootFixesIt: a GPU whose
+// reset succeeds but which fails its validation (the default level,
+// Health) is not returned to service: its record says why and stays out
+// (the DeviceTaintRule stays), a Warning event says so, and the repair
+// goes up the ladder: the node is rebooted, the GPU validated again, and
+// only then returned to service.
+func TestAGPUThatFailsValidationStaysIsolatedUntilARebootFixesIt(t *testing.T) {
+	devtest.NeedCluster(t)
+	const node, gpu = "b-2", 3
+	cleanGPUs(t, node)
+	startOperator(t)
+	gpuPolicy(t, nil)
+	if err := env.SetGPUState(t.Context(), node, gpu, func(g *devcluster.SimGPUState) { g.FailsValidation = true }); err != nil {
+		t.Fatal(err)
+	}
+	bootBefore := bootID(t, node)
+	if err := env.InjectXID(t.Context(), node, gpu, 48); err != nil {
+		t.Fatal(err)
+	}
+	waitTaintRule(t, node, gpu, true, 10*time.Second)
+	var failed *repairv1.GPUFault
+	err := wait.PollUntilContextTimeout(t.Context(), 50*time.Millisecond, 60*time.Second, true, func(ctx context.Context) (bool, error) {
+		g := &repairv1.GPUFault{}
+		if err := env.Kube.Get(ctx, types.NamespacedName{Name: agent.GPUFaultName(node, devcluster.SimGPU(node, gpu).PCIBusID)}, g); err != nil {
+			return false, nil //nolint:nilerr // keep polling
+		}
+		failed = g
+		return g.Status.Validation != nil && !g.Status.Validation.Passed, nil
+	})
+	if err != nil {
+		t.Fatalf("no failed validation on the GPU's record within 60 s: %+v", failed)
+	}
+	if failed.InService() || failed.Status.Validation.Level != repairv1.GPUValidationHealth || !strings.Contains(failed.Status.Validation.Message, "unhealthy") {
+		t.Errorf("after a failed validation: class %q, validation %+v", failed.Status.Class, failed.Status.Validation)
+	}
+	if err := env.Kube.Get(t.Context(), types.NamespacedName{Name: "gpufleet-" + failed.Name}, &resourcev1.DeviceTaintRule{}); err != nil {
+		t.Errorf("the GPU was returned to service after failing its validation: %v", err)
+	}
+
+	r := repairOf(t, node, repairv1.PhaseSucceeded, 120*time.Second)
+	steps := timelineSteps(r)
+	want := []string{"ResetGPU:Succeeded", "ValidateGPU:Failed", "Validate:Failed", "Reboot:Succeeded", "ValidateGPU:Succeeded", "Done:Succeeded"}
+	at := 0
+	for _, w := range want {
+		i := strings.Index(steps[at:], w)
+		if i < 0 {
+			t.Fatalf("timeline %q lacks %s (in this order: %v)", steps, w, want)
+		}
+		at += i + len(w)
+	}
+	if !strings.Contains(r.Status.Message, "validated: Health") {
+		t.Errorf("message %q", r.Status.Message)
+	}
+	if bootID(t, node) == bootBefore {
+		t.Errorf("node %s was not rebooted", node)
+	}
+	if gf := gpuRecordOf(t, node, gpu); !gf.InService() || gf.Status.Validation == nil || !gf.Status.Validation.Passed {
+		t.Errorf("after the reboot: class %q, validation %+v", gf.Status.Class, gf.Status.Validation)
+	}
+	waitTaintRule(t, node, gpu, false, 10*time.Second)
+	if evs := nodeEvents(t, node, repair.ReasonValidationFailed); !strings.Contains(evs, repair.ReasonValidationFailed) {
+		t.Errorf("events on the node: %s", evs)
+	}
+}
+
+// TestGPUValidationOffReturnsTheGPUAfterTheReset: with gpu.validation.level
+// Off, a reset GPU returns to service at once (no ValidateGPU).
+func TestGPUValidationOffReturnsTheGPUAfterTheReset(t *testing.T) {
+	devtest.NeedCluster(t)
+	const node, gpu = "a-2", 5
+	cleanGPUs(t, node)
+	startOperator(t)
+	gpuPolicy(t, func(s *repairv1.NodeRepairPolicySpec) {
+		s.GPU.Validation = &repairv1.GPUValidation{Level: repairv1.GPUValidationOff}
+	})
+	if err := env.InjectXID(t.Context(), node, gpu, 48); err != nil {
+		t.Fatal(err)
+	}
+	r := repairOf(t, node, repairv1.PhaseSucceeded, 60*time.Second)
+	if steps := timelineSteps(r); strings.Contains(steps, "ValidateGPU") || !strings.Contains(steps, "ResetGPU:Succeeded") {
+		t.Errorf("timeline %q", steps)
+	}
+	if r.Spec.Validation == nil || r.Spec.Validation.Level != repairv1.GPUValidationOff {
+		t.Errorf("the repair does not carry the policy's validation: %+v", r.Spec.Validation)
+	}
+}

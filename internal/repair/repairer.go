@@ -170,9 +170,22 @@ func (r *Repairer) step(ctx context.Context, l *ladder) (reconcile.Result, error
 	if !faulty {
 		msg := "fault cleared"
 		if len(nr.Spec.GPUs) > 0 {
-			msg = "back in service: " + gpuNames(nr.Spec.GPUs)
+			msg = "back in service: " + gpuNames(nr.Spec.GPUs) + validatedSuffix(nr)
 		}
 		return reconcile.Result{}, r.end(ctx, l, repairv1.PhaseSucceeded, msg)
+	}
+	if nr.Validates() {
+		// A reset GPU returns to service only once it passed its
+		// validation; a failed one goes up the ladder.
+		switch last := lastTimeline(nr); {
+		case last != nil && last.Step == string(repairv1.ActionResetGPU) && last.Outcome == outcomeSucceeded:
+			r.request(l, repairv1.ActionValidateGPU)
+			return reconcile.Result{}, nil
+		case last != nil && last.Step == string(repairv1.ActionValidateGPU) && last.Outcome != outcomeSucceeded:
+			l.events.Eventf(node, nr, corev1.EventTypeWarning, ReasonValidationFailed, actionRepair,
+				"Node %s: %s failed its validation after the reset, not returned to service: %s", node.Name, gpuNames(nr.Spec.GPUs), last.Message)
+			l.record("Validate", "Failed", "not returned to service; up the ladder")
+		}
 	}
 	idx := int(nr.Status.NextAction)
 	if idx < len(nr.Spec.Actions) && nr.Spec.Actions[idx] != repairv1.ActionReboot {
@@ -304,6 +317,20 @@ func (r *Repairer) awaitReboot(ctx context.Context, l *ladder) (reconcile.Result
 		return reconcile.Result{}, r.end(ctx, l, repairv1.PhaseRecoveryFailed, "the node agent did not reboot node "+node.Name+": "+last.Message)
 	}
 	rebooted := nr.Status.Pending == nil && node.Status.NodeInfo.BootID != nr.Status.BootIDBefore && nodeReady(node)
+	if rebooted && nr.Validates() {
+		// The node stays held (cordoned) until its GPUs pass their
+		// validation after the reboot.
+		switch v := lastAfter(nr, string(repairv1.ActionValidateGPU), string(repairv1.ActionReboot)); {
+		case v == nil:
+			r.request(l, repairv1.ActionValidateGPU)
+			return reconcile.Result{}, nil
+		case v.Outcome != outcomeSucceeded:
+			l.events.Eventf(node, nr, corev1.EventTypeWarning, ReasonValidationFailed, actionRepair,
+				"Node %s: %s failed its validation after the reboot: %s", node.Name, gpuNames(nr.Spec.GPUs), v.Message)
+			return reconcile.Result{}, r.end(ctx, l, repairv1.PhaseRecoveryFailed,
+				fmt.Sprintf("%s failed its validation after the reboot (%s): replace it; it stays isolated", gpuNames(nr.Spec.GPUs), v.Message))
+		}
+	}
 	if rebooted {
 		faulty, err := r.stillFaulty(ctx, l, ruleNamed(l.policy, nr.Spec.Fault.Rule))
 		if err != nil {
@@ -338,9 +365,39 @@ func (r *Repairer) awaitReboot(ctx context.Context, l *ladder) (reconcile.Result
 		fmt.Sprintf("node %s did not come back from the reboot within %s: %s", node.Name, limit, why))
 }
 
-// outcomeRefused: the node agent refused a disruptive action (no
-// NodeMaintenance held the node).
-const outcomeRefused = "Refused"
+// Outcomes the node agent records.
+const (
+	// outcomeRefused: the node agent refused a disruptive action (no
+	// NodeMaintenance held the node).
+	outcomeRefused   = "Refused"
+	outcomeSucceeded = "Succeeded"
+)
+
+// lastAfter is the last timeline entry of step after the last entry of
+// step since (nil: none since).
+func lastAfter(nr *repairv1.NodeRepair, step, since string) *repairv1.TimelineEntry {
+	for i := len(nr.Status.Timeline) - 1; i >= 0; i-- {
+		e := &nr.Status.Timeline[i]
+		switch e.Step {
+		case step:
+			if e.Outcome != "Requested" && e.Outcome != "Started" {
+				return e
+			}
+		case since:
+			return nil
+		}
+	}
+	return nil
+}
+
+// validatedSuffix says that the GPUs passed their validation, when the
+// last thing the agent did was that.
+func validatedSuffix(nr *repairv1.NodeRepair) string {
+	if v := lastAfter(nr, string(repairv1.ActionValidateGPU), "Start"); v != nil && v.Outcome == outcomeSucceeded && nr.Validates() {
+		return " (validated: " + string(nr.Spec.Validation.LevelOf()) + ")"
+	}
+	return ""
+}
 
 func lastTimeline(nr *repairv1.NodeRepair) *repairv1.TimelineEntry {
 	if n := len(nr.Status.Timeline); n > 0 {

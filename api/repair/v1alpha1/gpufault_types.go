@@ -164,6 +164,12 @@ type GPUFaultStatus struct {
 	// then drains every pod of the node that requests nvidia.com/gpu.
 	// +optional
 	Allocation *GPUAllocation `json:"allocation,omitempty"`
+	// Validation is the GPU's last validation after a repair (policy
+	// gpu.validation). A failed one keeps the GPU out of service: an
+	// active fault entry with counter validation-failed, until a later
+	// validation passes.
+	// +optional
+	Validation *GPUValidationResult `json:"validation,omitempty"`
 }
 
 // GPUAllocation says which pods hold a GPU given out by the device plugin.
@@ -259,6 +265,72 @@ type GPUSpec struct {
 	// +listMapKey=code
 	// +kubebuilder:validation:MaxItems=128
 	XIDClasses []XIDClass `json:"xidClasses,omitempty"`
+	// Validation proves that a GPU works before it returns to service after
+	// a reset or a reboot (default: level Health). A GPU that fails it goes
+	// up the ladder (reset, then reboot, then a recommendation to replace
+	// it), never back to service.
+	// +optional
+	Validation *GPUValidation `json:"validation,omitempty"`
+}
+
+// GPUValidationLevel says how a GPU is validated before it returns to
+// service.
+// +kubebuilder:validation:Enum=Off;Health;Diagnostic
+type GPUValidationLevel string
+
+// Validation levels.
+const (
+	// GPUValidationOff returns a GPU to service once the reset succeeded.
+	GPUValidationOff GPUValidationLevel = "Off"
+	// GPUValidationHealth: the node agent asks the driver about that exact
+	// GPU (nvidia-smi: on the bus, no uncorrectable ECC error since the
+	// reset, no retired page pending, no failed row remap); seconds.
+	GPUValidationHealth GPUValidationLevel = "Health"
+	// GPUValidationDiagnostic: Health, then DCGM's quick diagnostic on that
+	// GPU (dcgmi diag -r 1: deployment and software checks); tens of
+	// seconds, needs the DCGM host engine on the node.
+	GPUValidationDiagnostic GPUValidationLevel = "Diagnostic"
+)
+
+// GPUValidation configures the validation of a repaired GPU.
+type GPUValidation struct {
+	// +optional
+	// +kubebuilder:default=Health
+	Level GPUValidationLevel `json:"level,omitempty"`
+	// TimeoutSeconds bounds one validation; past it, it failed.
+	// +optional
+	// +kubebuilder:default=300
+	// +kubebuilder:validation:Minimum=10
+	// +kubebuilder:validation:Maximum=3600
+	TimeoutSeconds int32 `json:"timeoutSeconds,omitempty"`
+}
+
+// LevelOf is the validation level v asks for (default Health).
+func (v *GPUValidation) LevelOf() GPUValidationLevel {
+	if v == nil || v.Level == "" {
+		return GPUValidationHealth
+	}
+	return v.Level
+}
+
+// Timeout is one validation's bound (default 300 s).
+func (v *GPUValidation) Timeout() int32 {
+	if v == nil || v.TimeoutSeconds == 0 {
+		return 300
+	}
+	return v.TimeoutSeconds
+}
+
+// GPUValidationResult is the last validation of a GPU.
+type GPUValidationResult struct {
+	Time  metav1.Time        `json:"time"`
+	Level GPUValidationLevel `json:"level"`
+	// Passed: the GPU works; it returned to service.
+	Passed bool `json:"passed"`
+	// Message: what was checked, or what failed.
+	// +optional
+	// +kubebuilder:validation:MaxLength=1024
+	Message string `json:"message,omitempty"`
 }
 
 // RepeatLimit is a count within a window.

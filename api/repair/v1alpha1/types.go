@@ -8,7 +8,7 @@ import (
 
 // Action is one thing the node agent can do. The set is fixed: the API
 // never carries an arbitrary command.
-// +kubebuilder:validation:Enum=RestartKubelet;RestartContainerRuntime;RestartNTP;DeleteBrokenSandbox;ResetGPU;Reboot
+// +kubebuilder:validation:Enum=RestartKubelet;RestartContainerRuntime;RestartNTP;DeleteBrokenSandbox;ResetGPU;Reboot;ValidateGPU
 type Action string
 
 // Actions.
@@ -24,7 +24,19 @@ const (
 	// ActionReboot runs only when the policy allows reboots, after a cordon
 	// and drain through NodeMaintenance.
 	ActionReboot Action = "Reboot"
+	// ActionValidateGPU proves that the repair's GPUs work (the policy's
+	// gpu.validation level) before they return to service; the repair asks
+	// for it after a successful ResetGPU or reboot. It is not a rung of the
+	// ladder: a rule need not list it.
+	ActionValidateGPU Action = "ValidateGPU"
 )
+
+// Validates reports whether the repair's GPUs must pass a validation
+// before they return to service: a GPU repair whose validation is not Off
+// (the default level is Health).
+func (nr *NodeRepair) Validates() bool {
+	return len(nr.Spec.GPUs) > 0 && nr.Spec.Validation.LevelOf() != GPUValidationOff
+}
 
 // RequestorID is the requestor of the NodeMaintenance objects a repair
 // holds its node with (the node agent runs a reboot or a GPU reset only
@@ -303,6 +315,11 @@ type NodeRepairSpec struct {
 	// +optional
 	// +kubebuilder:validation:MaxLength=1024
 	Escalation string `json:"escalation,omitempty"`
+	// Validation is the policy's gpu.validation when the repair was
+	// created (GPU repairs): the node agent validates the GPUs at that
+	// level, and returns them to service only when they pass.
+	// +optional
+	Validation *GPUValidation `json:"validation,omitempty"`
 }
 
 // Requested reports whether another gpufleet controller asked for the
