@@ -22,6 +22,7 @@ import (
 
 	"github.com/go-logr/logr/funcr"
 
+	maintenancev1 "github.com/gpufleet/gpufleet/api/maintenance/v1alpha1"
 	repairv1 "github.com/gpufleet/gpufleet/api/repair/v1alpha1"
 	"github.com/gpufleet/gpufleet/internal/agent"
 	"github.com/gpufleet/gpufleet/internal/devcluster"
@@ -130,12 +131,13 @@ func TestNodeAgentReportsSimulatedGPUFaults(t *testing.T) {
 	// ResetGPU of GPU 3, run by the agent through the simulated host.
 	nr := &repairv1.NodeRepair{ObjectMeta: metav1.ObjectMeta{Name: "gpuhost-reset"},
 		Spec: repairv1.NodeRepairSpec{NodeName: gpuHostNode, Policy: "none", Actions: []repairv1.Action{repairv1.ActionResetGPU},
-			GPUs:  []repairv1.GPURef{g3.Spec.GPU},
-			Fault: repairv1.Fault{Rule: "gpu-reset", ConditionType: repairv1.ConditionGPUProblem, Status: "True", Reason: "ResetGPU", Since: metav1.Now()}}}
+			GPUs:       []repairv1.GPURef{g3.Spec.GPU},
+			Validation: &repairv1.GPUValidation{Level: repairv1.GPUValidationOff}, // the reset alone returns it
+			Fault:      repairv1.Fault{Rule: "gpu-reset", ConditionType: repairv1.ConditionGPUProblem, Status: "True", Reason: "ResetGPU", Since: metav1.Now()}}}
 	if err := kube.Create(ctx, nr); err != nil {
 		t.Fatal(err)
 	}
-	nr.Status = repairv1.NodeRepairStatus{Phase: repairv1.PhaseRepairing,
+	nr.Status = repairv1.NodeRepairStatus{Phase: repairv1.PhaseRepairing, GPUMaintenanceName: heldForGPUReset(t, kube, nr.Spec.NodeName, nr.Name+"-gpu"),
 		Pending: &repairv1.PendingAction{Action: repairv1.ActionResetGPU, RequestedAt: metav1.Now()}}
 	if err := kube.Status().Update(ctx, nr); err != nil {
 		t.Fatal(err)
@@ -226,11 +228,35 @@ func gpuHostAdmin(t *testing.T) client.Client {
 	if err := repairv1.AddToScheme(scheme); err != nil {
 		t.Fatal(err)
 	}
+	if err := maintenancev1.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
 	c, err := client.New(cluster.Config, client.Options{Scheme: scheme})
 	if err != nil {
 		t.Fatal(err)
 	}
 	return c
+}
+
+// heldForGPUReset creates, as the repair would, the Ready NodeMaintenance
+// that drained the pods of the GPUs to reset on node (requestor
+// repair.gpufleet.dev, no cordon), and returns its name: the agent resets
+// a GPU only inside it. No maintenance controller runs here: the status is
+// written as it would write it.
+func heldForGPUReset(t *testing.T, kube client.Client, node, name string) string {
+	t.Helper()
+	nm := &maintenancev1.NodeMaintenance{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name},
+		Spec: maintenancev1.NodeMaintenanceSpec{NodeName: node, RequestorID: repairv1.RequestorID, Cordon: ptr.To(false)}}
+	if err := kube.Create(t.Context(), nm); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = kube.Delete(context.Background(), nm) })
+	nm.Status.Conditions = []metav1.Condition{{Type: maintenancev1.ConditionTypeReady, Status: metav1.ConditionTrue,
+		Reason: string(maintenancev1.PhaseReady), LastTransitionTime: metav1.Now()}}
+	if err := kube.Status().Update(t.Context(), nm); err != nil {
+		t.Fatal(err)
+	}
+	return name
 }
 
 // startGPUHostAgent runs the agent for gpuHostNode until the returned
@@ -402,12 +428,13 @@ func TestInProcessAgentReportsSimulatedGPUFaults(t *testing.T) {
 	poll("GPU 2 out of service (XID 95: ResetGPU)", func() bool { return f.Status.Class == repairv1.GPUClassResetGPU })
 	nr := &repairv1.NodeRepair{ObjectMeta: metav1.ObjectMeta{Name: "gpuhost-inprocess-reset"},
 		Spec: repairv1.NodeRepairSpec{NodeName: node, Policy: "none", Actions: []repairv1.Action{repairv1.ActionResetGPU},
-			GPUs:  []repairv1.GPURef{f.Spec.GPU},
-			Fault: repairv1.Fault{Rule: "gpu-reset", ConditionType: repairv1.ConditionGPUProblem, Status: "True", Reason: "ResetGPU", Since: metav1.Now()}}}
+			GPUs:       []repairv1.GPURef{f.Spec.GPU},
+			Validation: &repairv1.GPUValidation{Level: repairv1.GPUValidationOff}, // the reset alone returns it
+			Fault:      repairv1.Fault{Rule: "gpu-reset", ConditionType: repairv1.ConditionGPUProblem, Status: "True", Reason: "ResetGPU", Since: metav1.Now()}}}
 	if err := kube.Create(ctx, nr); err != nil {
 		t.Fatal(err)
 	}
-	nr.Status = repairv1.NodeRepairStatus{Phase: repairv1.PhaseRepairing,
+	nr.Status = repairv1.NodeRepairStatus{Phase: repairv1.PhaseRepairing, GPUMaintenanceName: heldForGPUReset(t, kube, nr.Spec.NodeName, nr.Name+"-gpu"),
 		Pending: &repairv1.PendingAction{Action: repairv1.ActionResetGPU, RequestedAt: metav1.Now()}}
 	if err := kube.Status().Update(ctx, nr); err != nil {
 		t.Fatal(err)
