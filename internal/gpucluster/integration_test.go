@@ -536,6 +536,10 @@ func TestClusterPolicyWaitsWhileAnOlderGPUClusterExists(t *testing.T) {
 	ctx := t.Context()
 	setAdminAccess(t, true)
 	t.Cleanup(func() { setAdminAccess(t, false) })
+	// Run last (registered before the operator starts): the ClusterPolicy
+	// labelled the GPU nodes for its driver, which no longer runs; the
+	// next test starts from unlabelled nodes.
+	t.Cleanup(func() { removeDeployLabels(t) })
 	startOperator(t)
 	gc := createGPUCluster(t)
 	waitState(t, nvidiav1alpha1.GPUClusterReady, gpucluster.ReasonReconciled)
@@ -569,6 +573,28 @@ func TestClusterPolicyWaitsWhileAnOlderGPUClusterExists(t *testing.T) {
 		_ = k8s.List(ctx, &list, client.InNamespace(ns), client.MatchingLabels{gpustack.LabelPartOf: "gpufleet-gpu-stack"})
 		return len(list.Items) > 0, "no DaemonSet of the ClusterPolicy"
 	})
+}
+
+// removeDeployLabels removes every nvidia.com/gpu.deploy.* label of the
+// GPU nodes.
+func removeDeployLabels(t *testing.T) {
+	t.Helper()
+	for _, name := range gpuNodes {
+		n := &corev1.Node{}
+		if err := k8s.Get(context.Background(), client.ObjectKey{Name: name}, n); err != nil {
+			t.Fatal(err)
+		}
+		labels := map[string]any{}
+		for k := range n.Labels {
+			if strings.HasPrefix(k, "nvidia.com/gpu.deploy.") {
+				labels[k] = nil
+			}
+		}
+		patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"labels": labels}})
+		if err := k8s.Patch(context.Background(), n, client.RawPatch(types.MergePatchType, patch)); err != nil {
+			t.Fatal(err)
+		}
+	}
 }
 
 func total(m map[string]int) int {
