@@ -9,7 +9,6 @@ import (
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
-	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	resourcev1 "k8s.io/api/resource/v1"
@@ -151,15 +150,7 @@ func (r *Reconciler) writeStatus(ctx context.Context, gc *nvidiav1alpha1.GPUClus
 // previousOperator reads whether NVIDIA's GPU Operator holds its leader
 // lease (it reconciles GPUClusters too).
 func (r *Reconciler) previousOperator(ctx context.Context) (liveowner.Holding, bool, error) {
-	if r.Leases == nil {
-		return liveowner.Holding{}, false, nil
-	}
-	var leases coordinationv1.LeaseList
-	if err := r.Leases.List(ctx, &leases); err != nil {
-		return liveowner.Holding{}, false, fmt.Errorf("listing leases: %w", err)
-	}
-	h, ok := liveowner.Held(leases.Items, liveowner.GPUOperator, r.Clock.Now())
-	return h, ok, nil
+	return liveowner.Read(ctx, r.Leases, liveowner.GPUOperator, r.Clock.Now())
 }
 
 // waitForPreviousOperator writes that the GPU Operator runs and gpufleet

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
-	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -137,15 +136,7 @@ func (r *Reconciler) reportProblems(policy *nvidiav1.ClusterPolicy, status *nvid
 // previousOperator returns the live holding of NVIDIA's GPU Operator's
 // leader lease, if any (nil Leases: never looked for).
 func (r *Reconciler) previousOperator(ctx context.Context) (liveowner.Holding, bool, error) {
-	if r.Leases == nil {
-		return liveowner.Holding{}, false, nil
-	}
-	var leases coordinationv1.LeaseList
-	if err := r.Leases.List(ctx, &leases); err != nil {
-		return liveowner.Holding{}, false, fmt.Errorf("listing leases: %w", err)
-	}
-	h, ok := liveowner.Held(leases.Items, liveowner.GPUOperator, r.Clock.Now())
-	return h, ok, nil
+	return liveowner.Read(ctx, r.Leases, liveowner.GPUOperator, r.Clock.Now())
 }
 
 // waitForPreviousOperator records, in a condition of its own, that the GPU

@@ -1,8 +1,10 @@
 package liveowner
 
 import (
+	"context"
 	"fmt"
 	"net/http"
+	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -39,6 +41,20 @@ func NewCache(mgr manager.Manager, op Operator) (cluster.Cluster, error) {
 		return nil, fmt.Errorf("adding the cache of lease %s: %w", op.Lease, err)
 	}
 	return c, nil
+}
+
+// Read lists op's leases from r (its cache, NewCache; nil: none looked at)
+// and returns its live holding, if any.
+func Read(ctx context.Context, r client.Reader, op Operator, now time.Time) (Holding, bool, error) {
+	if r == nil {
+		return Holding{}, false, nil
+	}
+	var leases coordinationv1.LeaseList
+	if err := r.List(ctx, &leases); err != nil {
+		return Holding{}, false, fmt.Errorf("listing leases: %w", err)
+	}
+	h, ok := Held(leases.Items, op, now)
+	return h, ok, nil
 }
 
 // HolderChanged passes a lease's creation, deletion and a change of its
