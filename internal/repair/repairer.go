@@ -339,7 +339,7 @@ func (r *Repairer) awaitReboot(ctx context.Context, l *ladder) (reconcile.Result
 		if faulty {
 			return reconcile.Result{}, r.end(ctx, l, repairv1.PhaseRecoveryFailed, "fault persists after the reboot")
 		}
-		return reconcile.Result{}, r.end(ctx, l, repairv1.PhaseSucceeded, "node rebooted (new boot ID) and the fault cleared")
+		return reconcile.Result{}, r.end(ctx, l, repairv1.PhaseSucceeded, "node rebooted (new boot ID) and the fault cleared"+validatedSuffix(nr))
 	}
 	limit := seconds(l.policy.Spec.RebootTimeoutSeconds, defaultRebootTimeout)
 	started := nr.Status.RebootRequestedAt
