@@ -34,7 +34,9 @@ func settle(t *testing.T, names ...string) []string {
 		for _, n := range names {
 			nm := getNM(t, n)
 			c := readyCondition(nm)
-			if c == nil {
+			// The lifecycle's first write ("waiting to be scheduled") is
+			// not the scheduler's decision: a wait reason, or past Pending.
+			if c == nil || (c.Reason == string(maintenancev1.PhasePending) && c.Message == "waiting to be scheduled") {
 				return false, nil
 			}
 		}
