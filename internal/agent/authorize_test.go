@@ -88,3 +88,49 @@ func TestAuthorize(t *testing.T) {
 		})
 	}
 }
+
+// FuzzAuthorize: whatever the NodeRepair and the NodeMaintenance objects
+// say, Authorize does not panic, never lets a Reboot or a ResetGPU run
+// without a Ready (or drain-blocked) object of the right name holding this
+// very node, and never refuses an action that is not disruptive.
+func FuzzAuthorize(f *testing.F) {
+	f.Add("Reboot", "repair-r", "", "", "repair-r", repairv1.RequestorID, "gpu-1", "Ready", true, false)
+	f.Add("ResetGPU", "", "", "repair-r-gpu", "repair-r-gpu", repairv1.RequestorID, "gpu-2", "Draining", false, true)
+	f.Add("RestartKubelet", "", "", "", "", "", "", "", false, false)
+	f.Fuzz(func(t *testing.T, action, statusName, specName, gpuName, nmName, requestor, nmNode, phase string, deleting, drainBlocked bool) {
+		const node = "gpu-1"
+		nr := testRepair(node, repairv1.Action(action))
+		nr.Status.MaintenanceName, nr.Spec.Maintenance, nr.Status.GPUMaintenanceName = statusName, specName, gpuName
+		nm := holding("ns", nmName, requestor, nmNode, maintenancev1.Phase(phase))
+		if deleting {
+			nm.DeletionTimestamp = &metav1.Time{}
+		}
+		if drainBlocked {
+			nm.Status.Conditions = append(nm.Status.Conditions, metav1.Condition{Type: maintenancev1.ConditionTypeDrainBlocked, Status: metav1.ConditionTrue, Reason: "DrainTimeout"})
+		}
+		ok, why := Authorize(nr, node, "", []maintenancev1.NodeMaintenance{nm})
+		if !Disruptive(repairv1.Action(action)) {
+			if !ok {
+				t.Fatalf("a %q was refused: %s", action, why)
+			}
+			return
+		}
+		if !ok {
+			if !strings.HasPrefix(why, "refused: ") {
+				t.Fatalf("a refusal without its reason: %q", why)
+			}
+			return
+		}
+		names := map[string]bool{}
+		switch repairv1.Action(action) {
+		case repairv1.ActionReboot:
+			names[statusName], names[specName] = statusName != "", specName != ""
+		case repairv1.ActionResetGPU:
+			names[gpuName] = gpuName != ""
+		}
+		if !names[nmName] || nmNode != node || deleting || (!nm.IsReady() && !nm.DrainBlocked()) {
+			t.Fatalf("%s authorized with NodeMaintenance %q of %q on %q (phase %q, deleting %t, blocked %t); repair names %q/%q/%q",
+				action, nmName, requestor, nmNode, phase, deleting, drainBlocked, statusName, specName, gpuName)
+		}
+	})
+}

@@ -426,3 +426,19 @@ func TestValidateGPUs(t *testing.T) {
 		t.Errorf("Health ran DCGM's diagnostic: %v", bad.calls)
 	}
 }
+
+// FuzzGPUHealth: any answer from nvidia-smi is read without a panic, and
+// only an answer of four fields naming a GPU can pass.
+func FuzzGPUHealth(f *testing.F) {
+	for _, s := range []string{"00000000:18:00.0, 0, No, No", "x, [N/A], [N/A], [N/A]", "", ",,,", "No devices were found"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, answer string) {
+		if GPUHealth(answer) == nil {
+			fields := strings.Split(strings.TrimSpace(answer), ",")
+			if len(fields) != 4 || strings.TrimSpace(fields[0]) == "" {
+				t.Fatalf("%q passed", answer)
+			}
+		}
+	})
+}
