@@ -7,6 +7,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -35,6 +36,10 @@ type Agent struct {
 	Namespace string
 	Executor  Executor
 	Clock     clock.PassiveClock
+	// ValidationRetry is the first wait before a GPU that failed its
+	// validation after a reboot is tried again (default 2 s, doubling up
+	// to 30 s; negative: no retry).
+	ValidationRetry time.Duration
 }
 
 // Reconcile runs the pending action of one NodeRepair, at most once: it
@@ -79,6 +84,13 @@ func (a *Agent) Reconcile(ctx context.Context, name string) error {
 				return a.record(ctx, nr, p.Action, "Refused", why)
 			}
 		}
+		if p.Action == repairv1.ActionReboot && nr.Validates() {
+			// The reboot clears the kernel log's faults: the GPUs stay out
+			// of service across it until they pass their validation.
+			if err := AwaitValidation(ctx, a.Client, a.Clock, nr.Spec.NodeName, nr.Spec.GPUs); err != nil {
+				return fmt.Errorf("keeping the GPUs out of service across the reboot: %w", err)
+			}
+		}
 		before := nr.DeepCopy()
 		nr.Status.Timeline = append(nr.Status.Timeline, entry(a.Clock, string(p.Action), "Started", ""))
 		if err := a.Client.PatchNodeRepairStatus(ctx, before, nr); err != nil {
@@ -105,33 +117,53 @@ func (a *Agent) Reconcile(ctx context.Context, name string) error {
 	return a.record(ctx, nr, p.Action, outcome, msg)
 }
 
-// validate runs the GPUs' validation on the host, bounded by the repair's
-// timeout, and records the result on their GPUFault records before the
-// outcome: passed, they return to service; failed, they stay out (class
-// Reboot while a reboot is still to come, else Replace).
+// validate runs the validation of each of the repair's GPUs on the host,
+// bounded by the repair's timeout, and records each GPU's result on its
+// GPUFault record before the outcome: one that passed returns to service,
+// one that failed stays out (class Reboot while a reboot is still to come,
+// else Replace). After a reboot the driver may still be loading: a GPU
+// that fails is tried again (every 2 s, then up to every 30 s) until the
+// bound. The outcome is Succeeded when every GPU passed.
 func (a *Agent) validate(ctx context.Context, node *corev1.Node, nr *repairv1.NodeRepair) (outcome, msg string) {
 	level, limit := nr.Spec.Validation.LevelOf(), time.Duration(nr.Spec.Validation.Timeout())*time.Second
 	vctx, cancel := context.WithTimeout(WithValidationLevel(ctx, level), limit)
-	err := a.Executor.Execute(vctx, node, repairv1.ActionValidateGPU, nr.Spec.GPUs)
-	cancel()
-	result := repairv1.GPUValidationResult{Time: metav1.NewTime(a.Clock.Now()), Level: level, Passed: err == nil,
-		Message: fmt.Sprintf("%s validation passed", level)}
-	outcome, msg = "Succeeded", result.Message
-	if err != nil {
-		if vctx.Err() == context.DeadlineExceeded && ctx.Err() == nil {
-			err = fmt.Errorf("not finished within %s: %w", limit, err)
+	defer cancel()
+	rebooted := nr.Status.BootIDBefore != ""
+	first := a.ValidationRetry
+	if first == 0 {
+		first = 2 * time.Second
+	}
+	failedClass := repairv1.GPUClassReboot
+	if rebooted || !slices.Contains(nr.Spec.Actions[min(int(nr.Status.NextAction), len(nr.Spec.Actions)):], repairv1.ActionReboot) {
+		failedClass = repairv1.GPUClassReplace // rebooted already, or no reboot to come
+	}
+	var failures []string
+	for _, g := range nr.Spec.GPUs {
+		err := a.Executor.Execute(vctx, node, repairv1.ActionValidateGPU, []repairv1.GPURef{g})
+		for wait := first; err != nil && rebooted && wait > 0 && vctx.Err() == nil; wait = min(2*wait, 30*time.Second) {
+			select {
+			case <-vctx.Done():
+			case <-time.After(wait):
+				err = a.Executor.Execute(vctx, node, repairv1.ActionValidateGPU, []repairv1.GPURef{g})
+			}
 		}
-		result.Message = fmt.Sprintf("%s validation failed: %v", level, err)
-		outcome, msg = "Failed", result.Message
+		result := repairv1.GPUValidationResult{Time: metav1.NewTime(a.Clock.Now()), Level: level, Passed: err == nil,
+			Message: fmt.Sprintf("%s validation passed", level)}
+		if err != nil {
+			if vctx.Err() == context.DeadlineExceeded && ctx.Err() == nil {
+				err = fmt.Errorf("not passed within %s: %w", limit, err)
+			}
+			result.Message = fmt.Sprintf("%s validation failed: %v", level, err)
+			failures = append(failures, g.Describe()+": "+result.Message)
+		}
+		if werr := RecordValidation(ctx, a.Client, a.Clock, nr.Spec.NodeName, []repairv1.GPURef{g}, result, failedClass); werr != nil {
+			failures = append(failures, g.Describe()+": the result could not be written on its record: "+werr.Error())
+		}
 	}
-	failed := repairv1.GPUClassReboot
-	if nr.Status.BootIDBefore != "" || !slices.Contains(nr.Spec.Actions[min(int(nr.Status.NextAction), len(nr.Spec.Actions)):], repairv1.ActionReboot) {
-		failed = repairv1.GPUClassReplace // rebooted already, or no reboot to come
+	if len(failures) > 0 {
+		return "Failed", strings.Join(failures, "; ")
 	}
-	if err := RecordValidation(ctx, a.Client, a.Clock, nr.Spec.NodeName, nr.Spec.GPUs, result, failed); err != nil {
-		return "Failed", msg + "; the result could not be written on the GPUs' records: " + err.Error()
-	}
-	return outcome, msg
+	return "Succeeded", fmt.Sprintf("%s validation passed", level)
 }
 
 // validationLevelKey carries the validation level to the executor.

@@ -146,8 +146,15 @@ func ResetDone(records []repairv1.GPUFault, gpus []repairv1.GPURef) []repairv1.G
 func ValidationDone(records []repairv1.GPUFault, gpus []repairv1.GPURef, result repairv1.GPUValidationResult, failed repairv1.GPUFaultClass) []repairv1.GPUFault {
 	return updateGPUs(records, gpus, result.Time.Time, func(after *repairv1.GPUFault) {
 		after.Status.Validation = result.DeepCopy()
+		// XIDs up to the reset (the pending entry's time) are over; one
+		// seen since is a new fault the validation does not clear.
+		var since *metav1.Time
+		if p := entryFor(after, 0, gpufault.CounterValidationPending); p != nil && p.Active {
+			since = &p.LastSeen
+			p.Active = false
+		}
 		for i := range after.Status.Faults {
-			if f := &after.Status.Faults[i]; isXID(f) || f.Counter == gpufault.CounterValidationPending {
+			if f := &after.Status.Faults[i]; isXID(f) && since != nil && !f.LastSeen.After(since.Time) {
 				f.Active = false
 			}
 		}

@@ -638,6 +638,14 @@ func TestValidationKeepsTheGPUOut(t *testing.T) {
 	if ok := apply(pending, ValidationDone([]repairv1.GPUFault{pending}, gpus, passed, repairv1.GPUClassReboot)); !ok.InService() || ok.Status.Validation == nil || !ok.Status.Validation.Passed {
 		t.Errorf("passed: class %q validation %+v", ok.Status.Class, ok.Status.Validation)
 	}
+	// An XID after the reset is a new fault: a passed validation does not
+	// clear it.
+	later := pending.DeepCopy()
+	later.Status.Faults = append(later.Status.Faults, repairv1.GPUFaultEntry{Code: 119, Class: repairv1.GPUClassReboot, FirstSeen: mt(t1.Add(30 * time.Second)),
+		LastSeen: mt(t1.Add(30 * time.Second)), Count: 1, Active: true})
+	if ok := apply(*later, ValidationDone([]repairv1.GPUFault{*later}, gpus, passed, repairv1.GPUClassReboot)); ok.InService() {
+		t.Errorf("a passed validation cleared an XID seen after the reset: %+v", ok.Status.Faults)
+	}
 	failedResult := repairv1.GPUValidationResult{Time: mt(t2), Level: repairv1.GPUValidationHealth, Message: "Health validation failed: GPU 0000:18:00.0: a row remap failed"}
 	failed := apply(pending, ValidationDone([]repairv1.GPUFault{pending}, gpus, failedResult, repairv1.GPUClassReboot))
 	if failed.InService() || failed.Status.Class != repairv1.GPUClassReboot || !strings.Contains(failed.Status.Summary, "failed its validation") {

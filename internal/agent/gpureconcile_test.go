@@ -23,6 +23,7 @@ import (
 
 	maintenancev1 "github.com/gpufleet/gpufleet/api/maintenance/v1alpha1"
 	repairv1 "github.com/gpufleet/gpufleet/api/repair/v1alpha1"
+	"github.com/gpufleet/gpufleet/internal/gpufault"
 )
 
 // fakeGPUs is a GPUSource showing obs.
@@ -365,9 +366,14 @@ func TestAgentValidatesBeforeReturningTheGPU(t *testing.T) {
 		"validation failed after the reboot: replace it": {pending: repairv1.ActionValidateGPU, rebooted: true, execErr: errors.New("GPU 0000:18:00.0: the driver does not answer"), wantOutcome: "Failed", wantClass: repairv1.GPUClassReplace, wantNext: 1},
 	} {
 		t.Run(name, func(t *testing.T) {
-			c := newFakeClient(t, interceptor.Funcs{}, repair(tc.pending, tc.rebooted), out.DeepCopy(), gpuNode(gNode), drained.DeepCopy())
+			stored := out.DeepCopy()
+			if tc.pending == repairv1.ActionValidateGPU { // the reset (or the reboot) marked it pending
+				*stored = ValidationPending([]repairv1.GPUFault{*stored}, []repairv1.GPURef{ref3()}, t0.Add(time.Second))[0]
+				stored.ResourceVersion = ""
+			}
+			c := newFakeClient(t, interceptor.Funcs{}, repair(tc.pending, tc.rebooted), stored, gpuNode(gNode), drained.DeepCopy())
 			exec := &levelExecutor{err: tc.execErr}
-			a := &Agent{Client: clientAPI{c}, NodeName: gNode, Executor: exec, Clock: clocktesting.NewFakePassiveClock(agentNow)}
+			a := &Agent{Client: clientAPI{c}, NodeName: gNode, Executor: exec, Clock: clocktesting.NewFakePassiveClock(agentNow), ValidationRetry: -1}
 			if err := reconcileRepair(t, a, repairName); err != nil {
 				t.Fatal(err)
 			}
@@ -408,4 +414,102 @@ func (e *levelExecutor) Execute(ctx context.Context, _ *corev1.Node, a repairv1.
 		_, e.bounded = ctx.Deadline()
 	}
 	return e.err
+}
+
+// flakyExecutor fails ValidateGPU for the GPUs in failing, the first
+// failFirst calls for every other GPU, and records the calls.
+type flakyExecutor struct {
+	failing   map[string]bool
+	failFirst int
+	calls     []string
+}
+
+func (e *flakyExecutor) Execute(_ context.Context, _ *corev1.Node, a repairv1.Action, gpus []repairv1.GPURef) error {
+	e.calls = append(e.calls, string(a)+" "+gpus[0].PCIBusID)
+	if a != repairv1.ActionValidateGPU {
+		return nil
+	}
+	if e.failing[gpus[0].PCIBusID] {
+		return errors.New("the driver does not answer for it")
+	}
+	if e.failFirst > 0 {
+		e.failFirst--
+		return errors.New("the driver is still loading")
+	}
+	return nil
+}
+
+// TestAgentValidatesEachGPU: each GPU of the repair gets its own result
+// (one failing GPU does not keep a healthy one out); after a reboot a GPU
+// that fails (the driver still loading) is tried again until it passes;
+// before a reboot the agent marks the GPUs pending, so that the reboot,
+// which clears their kernel-log faults, does not return them to service
+// unvalidated.
+func TestAgentValidatesEachGPU(t *testing.T) {
+	pending := func(r repairv1.GPUFault) *repairv1.GPUFault {
+		p := ValidationPending([]repairv1.GPUFault{r}, []repairv1.GPURef{r.Spec.GPU}, t0.Add(time.Second))[0]
+		p.ResourceVersion = ""
+		return &p
+	}
+	g3 := rec(name3, ref3(), repairv1.GPUFaultStatus{Class: repairv1.GPUClassResetGPU, Faults: []repairv1.GPUFaultEntry{x48(t0, t0, 1, true)}})
+	g5 := rec(name5, ref(bus5), repairv1.GPUFaultStatus{Class: repairv1.GPUClassResetGPU, Faults: []repairv1.GPUFaultEntry{x48(t0, t0, 1, true)}})
+	held := holding("gpufleet-system", "repair-r", repairv1.RequestorID, gNode, maintenancev1.PhaseReady)
+	repair := func(action repairv1.Action, rebooted bool) *repairv1.NodeRepair {
+		nr := testRepair(gNode, action)
+		nr.Spec.Actions = []repairv1.Action{repairv1.ActionResetGPU, repairv1.ActionReboot}
+		nr.Spec.GPUs = []repairv1.GPURef{ref3(), ref(bus5)}
+		nr.Status.NextAction, nr.Status.MaintenanceName = 1, "repair-r"
+		if rebooted {
+			nr.Status.BootIDBefore = "boot-1"
+		}
+		return nr
+	}
+	run := func(t *testing.T, nr *repairv1.NodeRepair, exec Executor, objs ...client.Object) (client.Client, *repairv1.NodeRepair) {
+		c := newFakeClient(t, interceptor.Funcs{}, append(objs, nr, gpuNode(gNode), held.DeepCopy())...)
+		a := &Agent{Client: clientAPI{c}, NodeName: gNode, Executor: exec, Clock: clocktesting.NewFakePassiveClock(agentNow), ValidationRetry: time.Millisecond}
+		if err := reconcileRepair(t, a, repairName); err != nil {
+			t.Fatal(err)
+		}
+		return c, getRepair(t, a)
+	}
+	byName := func(fs []repairv1.GPUFault) map[string]repairv1.GPUFault {
+		m := map[string]repairv1.GPUFault{}
+		for _, f := range fs {
+			m[f.Name] = f
+		}
+		return m
+	}
+
+	t.Run("one GPU fails: only it stays out", func(t *testing.T) {
+		c, nr := run(t, repair(repairv1.ActionValidateGPU, false), &flakyExecutor{failing: map[string]bool{bus5: true}}, pending(g3), pending(g5))
+		got := byName(listFaults(t, c))
+		f3, f5 := got[name3], got[name5]
+		if !f3.InService() || f5.InService() || f5.Status.Class != repairv1.GPUClassReboot {
+			t.Errorf("GPU 3 in service %t, GPU 5 class %q", f3.InService(), f5.Status.Class)
+		}
+		if last := nr.Status.Timeline[len(nr.Status.Timeline)-1]; last.Outcome != "Failed" || !strings.Contains(last.Message, bus5) || strings.Contains(last.Message, bus3) {
+			t.Errorf("outcome %+v", last)
+		}
+	})
+	t.Run("after a reboot, a driver still loading is tried again", func(t *testing.T) {
+		exec := &flakyExecutor{failFirst: 3}
+		c, nr := run(t, repair(repairv1.ActionValidateGPU, true), exec, pending(g3), pending(g5))
+		if last := nr.Status.Timeline[len(nr.Status.Timeline)-1]; last.Outcome != "Succeeded" {
+			t.Errorf("outcome %+v after calls %v", last, exec.calls)
+		}
+		for _, f := range listFaults(t, c) {
+			if !f.InService() {
+				t.Errorf("%s still out: %+v", f.Name, f.Status.Faults)
+			}
+		}
+	})
+	t.Run("before a reboot the GPUs are marked pending", func(t *testing.T) {
+		nr := repair(repairv1.ActionReboot, false)
+		c, _ := run(t, nr, &flakyExecutor{}, g3.DeepCopy(), g5.DeepCopy())
+		for _, f := range listFaults(t, c) {
+			if e := entryFor(&f, 0, gpufault.CounterValidationPending); e == nil || !e.Active {
+				t.Errorf("%s not pending before the reboot: %+v", f.Name, f.Status.Faults)
+			}
+		}
+	})
 }

@@ -200,7 +200,14 @@ func GPUHealth(csv string) error {
 		fields[i] = strings.TrimSpace(fields[i])
 	}
 	var problems []string
-	if v := fields[1]; v != "[N/A]" && v != "0" {
+	for _, v := range fields[1:] {
+		// nvidia-smi's placeholders ([N/A], [Not Supported], …) mean no
+		// value, but one that says the GPU needs a reset.
+		if strings.EqualFold(v, "[GPU requires reset]") {
+			return errors.New("nvidia-smi says the GPU requires a reset")
+		}
+	}
+	if v := fields[1]; !strings.HasPrefix(v, "[") && v != "0" {
 		problems = append(problems, "uncorrectable ECC errors since the reset: "+v)
 	}
 	if strings.EqualFold(fields[2], "Yes") {

@@ -382,12 +382,14 @@ func healthCmd(bus string) string {
 
 func TestGPUHealth(t *testing.T) {
 	for answer, want := range map[string]string{
-		"00000000:18:00.0, 0, No, No\n":         "",
-		"00000000:18:00.0, [N/A], [N/A], [N/A]": "", // a GPU without ECC (consumer boards)
-		"00000000:18:00.0, 2, No, No":           "uncorrectable ECC errors since the reset: 2",
-		"00000000:18:00.0, 0, Yes, Yes":         "retired pages pending, a row remap failed",
-		"":                                      "unexpected answer",
-		"No devices were found":                 "unexpected answer",
+		"00000000:18:00.0, 0, No, No\n":                  "",
+		"00000000:18:00.0, [N/A], [N/A], [N/A]":          "", // a GPU without ECC (consumer boards)
+		"00000000:18:00.0, [Not Supported], No, [N/A]":   "",
+		"00000000:18:00.0, [GPU requires reset], No, No": "requires a reset",
+		"00000000:18:00.0, 2, No, No":                    "uncorrectable ECC errors since the reset: 2",
+		"00000000:18:00.0, 0, Yes, Yes":                  "retired pages pending, a row remap failed",
+		"":                                               "unexpected answer",
+		"No devices were found":                          "unexpected answer",
 	} {
 		err := GPUHealth(answer)
 		if (want == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), want)) {

@@ -146,6 +146,11 @@ func (r *Repairer) step(ctx context.Context, l *ladder) (reconcile.Result, error
 			return r.awaitReboot(ctx, l)
 		}
 		limit := seconds(policy.Spec.ActionTimeoutSeconds, defaultActionTimeout)
+		if p.Action == repairv1.ActionValidateGPU {
+			// The agent bounds the validation itself; a minute more for it
+			// to record the result.
+			limit = max(limit, time.Duration(nr.Spec.Validation.Timeout())*time.Second+time.Minute)
+		}
 		if waited := now.Sub(p.RequestedAt.Time); waited < limit {
 			return reconcile.Result{RequeueAfter: limit - waited}, nil
 		}
@@ -154,6 +159,10 @@ func (r *Repairer) step(ctx context.Context, l *ladder) (reconcile.Result, error
 	}
 	if nr.Status.BootIDBefore != "" {
 		return r.awaitReboot(ctx, l)
+	}
+	if last := lastTimeline(nr); last != nil && last.Step == string(repairv1.ActionResetGPU) && last.Outcome == outcomeRefused {
+		// Not held by its GPU drain: nothing bigger (a reboot) instead.
+		return reconcile.Result{}, r.end(ctx, l, repairv1.PhaseRecoveryFailed, "the node agent did not reset the GPUs: "+last.Message)
 	}
 	if nr.Requested() {
 		return r.heldReboot(ctx, l)
@@ -178,7 +187,8 @@ func (r *Repairer) step(ctx context.Context, l *ladder) (reconcile.Result, error
 		// A reset GPU returns to service only once it passed its
 		// validation; a failed one goes up the ladder.
 		switch last := lastTimeline(nr); {
-		case last != nil && last.Step == string(repairv1.ActionResetGPU) && last.Outcome == outcomeSucceeded:
+		case last != nil && last.Step == string(repairv1.ActionResetGPU) && last.Outcome == outcomeSucceeded,
+			revalidate(nr, last):
 			r.request(l, repairv1.ActionValidateGPU)
 			return reconcile.Result{}, nil
 		case last != nil && last.Step == string(repairv1.ActionValidateGPU) && last.Outcome != outcomeSucceeded:
@@ -321,7 +331,7 @@ func (r *Repairer) awaitReboot(ctx context.Context, l *ladder) (reconcile.Result
 		// The node stays held (cordoned) until its GPUs pass their
 		// validation after the reboot.
 		switch v := lastAfter(nr, string(repairv1.ActionValidateGPU), string(repairv1.ActionReboot)); {
-		case v == nil:
+		case v == nil, revalidate(nr, v):
 			r.request(l, repairv1.ActionValidateGPU)
 			return reconcile.Result{}, nil
 		case v.Outcome != outcomeSucceeded:
@@ -388,6 +398,22 @@ func lastAfter(nr *repairv1.NodeRepair, step, since string) *repairv1.TimelineEn
 		}
 	}
 	return nil
+}
+
+// revalidate: the last validation was interrupted (the agent restarted
+// while it ran); it is read-only, so it is asked for again, at most three
+// times in a repair.
+func revalidate(nr *repairv1.NodeRepair, last *repairv1.TimelineEntry) bool {
+	if last == nil || last.Step != string(repairv1.ActionValidateGPU) || last.Outcome != "Interrupted" {
+		return false
+	}
+	n := 0
+	for _, e := range nr.Status.Timeline {
+		if e.Step == string(repairv1.ActionValidateGPU) && e.Outcome == "Interrupted" {
+			n++
+		}
+	}
+	return n <= 3
 }
 
 // validatedSuffix says that the GPUs passed their validation, when the

@@ -556,3 +556,54 @@ func TestRequestedRepairValidation(t *testing.T) {
 		})
 	}
 }
+
+// gpuRepairWith creates a GPU repair of node (ResetGPU, then Reboot) with
+// validation v and sets its status.
+func (d *direct) gpuRepairWith(name, node string, v *repairv1.GPUValidation, st repairv1.NodeRepairStatus) *repairv1.NodeRepair {
+	d.t.Helper()
+	nr := &repairv1.NodeRepair{ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec: repairv1.NodeRepairSpec{NodeName: node, Pool: "a", Policy: "test", Actions: []repairv1.Action{repairv1.ActionResetGPU, repairv1.ActionReboot},
+			GPUs: []repairv1.GPURef{{PCIBusID: "0000:18:00.0"}}, Validation: v,
+			Fault: repairv1.Fault{Rule: "gpu-reset", ConditionType: repairv1.ConditionGPUProblem, Status: "True", Since: metav1.NewTime(d.clock.Now().Add(-time.Hour))}}}
+	if err := env.Kube.Create(d.t.Context(), nr); err != nil {
+		d.t.Fatal(err)
+	}
+	nr.Status = st
+	if err := env.Kube.Status().Update(d.t.Context(), nr); err != nil {
+		d.t.Fatal(err)
+	}
+	return nr
+}
+
+// TestARefusedGPUResetEndsTheRepair: the agent refused the reset (no GPU
+// drain held the node): the repair ends RecoveryFailed with the agent's
+// reason, and does not go on to the bigger disruption, a reboot.
+func TestARefusedGPUResetEndsTheRepair(t *testing.T) {
+	d := newDirect(t)
+	now := metav1.NewTime(d.clock.Now())
+	nr := d.gpuRepairWith("a-0-refused", "a-0", nil, repairv1.NodeRepairStatus{Phase: repairv1.PhaseRepairing, NextAction: 1,
+		Timeline: []repairv1.TimelineEntry{{Time: now, Step: "ResetGPU", Outcome: "Refused", Message: "refused: ResetGPU only runs inside a NodeMaintenance that holds the node; NodeMaintenance repair-x-gpu not found for node a-0"}}})
+	_, got := d.reconcile(nr.Name)
+	if got.Status.Phase != repairv1.PhaseRecoveryFailed || !strings.Contains(got.Status.Message, "did not reset the GPUs: refused") || got.Status.MaintenanceName != "" {
+		t.Fatalf("phase %s, message %q, maintenance %q", got.Status.Phase, got.Status.Message, got.Status.MaintenanceName)
+	}
+}
+
+// TestAValidationIsWaitedForAsLongAsItsOwnBound: a pending ValidateGPU is
+// waited for as long as the validation's own timeout (plus a minute for
+// the agent to record it), even past the policy's action timeout; past it,
+// the repair fails.
+func TestAValidationIsWaitedForAsLongAsItsOwnBound(t *testing.T) {
+	d := newDirect(t)
+	nr := d.gpuRepairWith("a-0-validating", "a-0", &repairv1.GPUValidation{Level: repairv1.GPUValidationDiagnostic, TimeoutSeconds: 900},
+		repairv1.NodeRepairStatus{Phase: repairv1.PhaseRepairing, NextAction: 1,
+			Pending: &repairv1.PendingAction{Action: repairv1.ActionValidateGPU, RequestedAt: metav1.NewTime(d.clock.Now())}})
+	d.clock.Step(700 * time.Second) // past the 600 s action timeout
+	if res, got := d.reconcile(nr.Name); got.Status.Phase != repairv1.PhaseRepairing || res.RequeueAfter != 260*time.Second {
+		t.Fatalf("within the validation's bound: phase %s, requeue %s", got.Status.Phase, res.RequeueAfter)
+	}
+	d.clock.Step(260 * time.Second)
+	if _, got := d.reconcile(nr.Name); got.Status.Phase != repairv1.PhaseRecoveryFailed || !strings.Contains(got.Status.Message, "did not run ValidateGPU within 16m0s") {
+		t.Fatalf("past it: phase %s, message %q", got.Status.Phase, got.Status.Message)
+	}
+}
