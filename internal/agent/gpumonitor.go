@@ -196,6 +196,9 @@ func updateGPUs(records []repairv1.GPUFault, gpus []repairv1.GPURef, now time.Ti
 		change(after)
 		sortAndBound(&after.Status)
 		setClassAndSummary(after, r.Status.Class, now)
+		if after.InService() {
+			after.Status.Allocation = nil // as the monitor has it for a GPU in service (WithAllocations)
+		}
 		if !equality.Semantic.DeepEqual(r.Status, after.Status) {
 			out = append(out, *after)
 		}
