@@ -61,9 +61,9 @@ func (a *Agent) Reconcile(ctx context.Context, name string) error {
 	}
 	log := crlog.FromContext(ctx).WithValues("repair", klog.KObj(nr))
 	ctx = crlog.IntoContext(ctx, log)
-	outcome, msg := "Succeeded", ""
-	if last := lastEntry(nr); last != nil && last.Step == string(p.Action) && last.Outcome == "Started" {
-		outcome, msg = "Interrupted", "the agent restarted while running it; not run again"
+	outcome, msg := repairv1.OutcomeSucceeded, ""
+	if last := nr.LastEntry(); last != nil && last.Step == string(p.Action) && last.Outcome == repairv1.OutcomeStarted {
+		outcome, msg = repairv1.OutcomeInterrupted, "the agent restarted while running it; not run again"
 		log.Info("not running host action again: its start is recorded but not its outcome",
 			"node", nr.Spec.NodeName, "action", p.Action)
 	} else {
@@ -81,7 +81,7 @@ func (a *Agent) Reconcile(ctx context.Context, name string) error {
 			}
 			if ok, why := Authorize(nr, nr.Spec.NodeName, a.Namespace, nms); !ok {
 				log.Info("not running a disruptive action outside the NodeMaintenance that must hold the node", "node", nr.Spec.NodeName, "action", p.Action, "why", why)
-				return a.record(ctx, nr, p.Action, "Refused", why)
+				return a.record(ctx, nr, p.Action, repairv1.OutcomeRefused, why)
 			}
 		}
 		if p.Action == repairv1.ActionReboot && nr.Validates() {
@@ -92,14 +92,14 @@ func (a *Agent) Reconcile(ctx context.Context, name string) error {
 			}
 		}
 		before := nr.DeepCopy()
-		nr.Status.Timeline = append(nr.Status.Timeline, entry(a.Clock, string(p.Action), "Started", ""))
+		nr.Status.Timeline = append(nr.Status.Timeline, entry(a.Clock, string(p.Action), repairv1.OutcomeStarted, ""))
 		if err := a.Client.PatchNodeRepairStatus(ctx, before, nr); err != nil {
 			return fmt.Errorf("recording the start of %s: %w", p.Action, err)
 		}
 		if p.Action == repairv1.ActionValidateGPU {
 			outcome, msg = a.validate(ctx, node, nr)
 		} else if err := a.Executor.Execute(ctx, node, p.Action, nr.Spec.GPUs); err != nil {
-			outcome, msg = "Failed", err.Error()
+			outcome, msg = repairv1.OutcomeFailed, err.Error()
 		} else if p.Action == repairv1.ActionResetGPU {
 			// The reset cleared the GPUs' XIDs: without validation they
 			// return to service (unless a counter still shows a fault)
@@ -110,7 +110,7 @@ func (a *Agent) Reconcile(ctx context.Context, name string) error {
 				update = AwaitValidation
 			}
 			if err := update(ctx, a.Client, a.Clock, nr.Spec.NodeName, nr.Spec.GPUs); err != nil {
-				outcome, msg = "Failed", "the GPUs were reset but their fault records could not be updated: "+err.Error()
+				outcome, msg = repairv1.OutcomeFailed, "the GPUs were reset but their fault records could not be updated: "+err.Error()
 			}
 		}
 	}
@@ -138,6 +138,7 @@ func (a *Agent) validate(ctx context.Context, node *corev1.Node, nr *repairv1.No
 		failedClass = repairv1.GPUClassReplace // rebooted already, or no reboot to come
 	}
 	var failures []string
+	results := make([]GPUValidated, 0, len(nr.Spec.GPUs))
 	for _, g := range nr.Spec.GPUs {
 		err := a.Executor.Execute(vctx, node, repairv1.ActionValidateGPU, []repairv1.GPURef{g})
 		for wait := first; err != nil && rebooted && wait > 0 && vctx.Err() == nil; wait = min(2*wait, 30*time.Second) {
@@ -156,14 +157,15 @@ func (a *Agent) validate(ctx context.Context, node *corev1.Node, nr *repairv1.No
 			result.Message = fmt.Sprintf("%s validation failed: %v", level, err)
 			failures = append(failures, g.Describe()+": "+result.Message)
 		}
-		if werr := RecordValidation(ctx, a.Client, a.Clock, nr.Spec.NodeName, []repairv1.GPURef{g}, result, failedClass); werr != nil {
-			failures = append(failures, g.Describe()+": the result could not be written on its record: "+werr.Error())
-		}
+		results = append(results, GPUValidated{GPU: g, Result: result})
+	}
+	if err := RecordValidation(ctx, a.Client, a.Clock, nr.Spec.NodeName, results, failedClass); err != nil {
+		failures = append(failures, "the results could not be written on the GPUs' records: "+err.Error())
 	}
 	if len(failures) > 0 {
-		return "Failed", strings.Join(failures, "; ")
+		return repairv1.OutcomeFailed, strings.Join(failures, "; ")
 	}
-	return "Succeeded", fmt.Sprintf("%s validation passed", level)
+	return repairv1.OutcomeSucceeded, fmt.Sprintf("%s validation passed", level)
 }
 
 // validationLevelKey carries the validation level to the executor.
@@ -192,7 +194,7 @@ func (a *Agent) record(ctx context.Context, nr *repairv1.NodeRepair, action repa
 		nr.Status.NextAction++
 	}
 	if err := a.Client.PatchNodeRepairStatus(ctx, before, nr); err != nil {
-		if apierrors.IsConflict(err) && outcome == "Interrupted" {
+		if apierrors.IsConflict(err) && outcome == repairv1.OutcomeInterrupted {
 			// The update event of our own start, read before our outcome
 			// reached the cache: the outcome is already recorded.
 			return nil
@@ -209,13 +211,6 @@ func ended(nr *repairv1.NodeRepair) bool {
 		return true
 	}
 	return false
-}
-
-func lastEntry(nr *repairv1.NodeRepair) *repairv1.TimelineEntry {
-	if n := len(nr.Status.Timeline); n > 0 {
-		return &nr.Status.Timeline[n-1]
-	}
-	return nil
 }
 
 func entry(c clock.PassiveClock, step, outcome, msg string) repairv1.TimelineEntry {

@@ -161,12 +161,22 @@ func AwaitValidation(ctx context.Context, c API, clk clock.PassiveClock, nodeNam
 	})
 }
 
-// RecordValidation writes a validation's result on the GPUs' records
-// (ValidationDone) and the node's GPUProblem condition.
-func RecordValidation(ctx context.Context, c API, clk clock.PassiveClock, nodeName string, gpus []repairv1.GPURef,
-	result repairv1.GPUValidationResult, failed repairv1.GPUFaultClass) error {
+// GPUValidated is one GPU's validation result.
+type GPUValidated struct {
+	GPU    repairv1.GPURef
+	Result repairv1.GPUValidationResult
+}
+
+// RecordValidation writes the validation results on the GPUs' records
+// (ValidationDone, each GPU its own result) and the node's GPUProblem
+// condition, in one update.
+func RecordValidation(ctx context.Context, c API, clk clock.PassiveClock, nodeName string, results []GPUValidated, failed repairv1.GPUFaultClass) error {
 	return updateRecords(ctx, c, clk, nodeName, func(list []repairv1.GPUFault) []repairv1.GPUFault {
-		return ValidationDone(list, gpus, result, failed)
+		var writes []repairv1.GPUFault
+		for _, v := range results { // each result changes its GPU's record only
+			writes = append(writes, ValidationDone(list, []repairv1.GPURef{v.GPU}, v.Result, failed)...)
+		}
+		return writes
 	})
 }
 

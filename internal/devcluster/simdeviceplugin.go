@@ -155,10 +155,7 @@ func SimDevicePluginAllocate(node *corev1.Node, pods []corev1.Pod) map[types.Nam
 	if err != nil {
 		return nil
 	}
-	taken := map[int]bool{}
-	for i := range h.GPUs {
-		taken[i] = !SimDevicePluginHealthy(h, i)
-	}
+	taken := simDevicePluginUnhealthy(h)
 	var waiting []*corev1.Pod
 	for i := range pods {
 		p := &pods[i]
@@ -213,11 +210,7 @@ func SimDevicePluginAllocatable(node *corev1.Node) (healthy int, change bool) {
 	if err != nil || h.GPUs == 0 {
 		return 0, false
 	}
-	for i := range h.GPUs {
-		if SimDevicePluginHealthy(h, i) {
-			healthy++
-		}
-	}
+	healthy = h.GPUs - len(simDevicePluginUnhealthy(h))
 	have, ok := node.Status.Allocatable[ResourceGPU]
 	return healthy, !ok || have.Value() != int64(healthy)
 }
@@ -226,21 +219,31 @@ func SimDevicePluginAllocatable(node *corev1.Node) (healthy int, change bool) {
 // GPU i: on the bus, and no XID since its last reset (in this boot) but
 // the ones NVIDIA's plugin skips as application errors.
 func SimDevicePluginHealthy(h SimGPUHost, i int) bool {
-	st := h.State[i]
-	if st.Missing {
-		return false
+	return !simDevicePluginUnhealthy(h)[i]
+}
+
+// simDevicePluginUnhealthy is the plugin's health check of every GPU of
+// the host, reading the kernel log once: the GPUs that fail it.
+func simDevicePluginUnhealthy(h SimGPUHost) map[int]bool {
+	out := map[int]bool{}
+	for i, st := range h.State {
+		if st.Missing && i < h.GPUs {
+			out[i] = true
+		}
 	}
 	events, _, err := gpufault.ScanKmsg(strings.NewReader(strings.Join(h.Kmsg, "\n")))
 	if err != nil {
-		return true
+		return out
 	}
-	bus := SimGPU(h.Node, i).PCIBusID
-	for _, ev := range events {
-		if ev.PCIBusID == bus && ev.Seq > st.ResetSeq && !slices.Contains(devicePluginSkippedXIDs, ev.Code) {
-			return false
+	for i := range h.GPUs {
+		bus, reset := SimGPU(h.Node, i).PCIBusID, h.State[i].ResetSeq
+		for _, ev := range events {
+			if ev.PCIBusID == bus && ev.Seq > reset && !slices.Contains(devicePluginSkippedXIDs, ev.Code) {
+				out[i] = true
+			}
 		}
 	}
-	return true
+	return out
 }
 
 // podGPUs is how many nvidia.com/gpu a pod requests (its containers' sum,

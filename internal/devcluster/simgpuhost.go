@@ -364,26 +364,20 @@ func (c *Cluster) ClearSimGPUs(ctx context.Context, node string) error {
 func (c *Cluster) resetGPUs(ctx context.Context, node string, gpus []repairv1.GPURef) error {
 	var failed []string
 	err := c.updateSimGPUHost(ctx, node, func(h *SimGPUHost) error {
-		failed = nil
-		for _, g := range gpus {
-			i, ok := h.index(g)
-			if !ok {
-				failed = append(failed, fmt.Sprintf("GPU %s: no such GPU on node %s", g.PCIBusID, node))
-				continue
-			}
-			st := h.State[i]
+		failed = eachGPU(h, gpus, func(i int, st SimGPUState) string {
 			switch {
 			case st.Missing:
-				failed = append(failed, fmt.Sprintf("GPU %s: not found (it fell off the bus)", g.PCIBusID))
+				return "not found (it fell off the bus)"
 			case st.ResetFails:
-				failed = append(failed, fmt.Sprintf("GPU %s: the reset failed", g.PCIBusID))
+				return "the reset failed"
 			case st.Broken:
 			default:
 				st.VolatileDBE, st.RowRemapFailure, st.RowRemapPending = 0, false, false
 				st.ResetSeq = h.nextSeq() - 1
 				h.State[i] = st
 			}
-		}
+			return ""
+		})
 		return nil
 	})
 	if err != nil {
@@ -409,35 +403,47 @@ func (c *Cluster) validateGPUs(ctx context.Context, node string, gpus []repairv1
 	if err != nil {
 		return err
 	}
-	var failed []string
-	for _, g := range gpus {
-		i, ok := h.index(g)
-		if !ok {
-			failed = append(failed, fmt.Sprintf("GPU %s: no such GPU on node %s", g.PCIBusID, node))
-			continue
-		}
-		st := h.State[i]
+	unhealthy := simDevicePluginUnhealthy(h)
+	failed := eachGPU(&h, gpus, func(i int, st SimGPUState) string {
 		switch {
 		case st.Missing:
-			failed = append(failed, fmt.Sprintf("GPU %s: the driver does not answer for it (it fell off the bus)", g.PCIBusID))
+			return "the driver does not answer for it (it fell off the bus)"
 		case st.Broken || st.FailsValidation:
-			what := "nvidia-smi reports it unhealthy"
 			if level == repairv1.GPUValidationDiagnostic {
-				what = "DCGM's diagnostic (dcgmi diag -r 1) failed"
+				return "DCGM's diagnostic (dcgmi diag -r 1) failed"
 			}
-			failed = append(failed, fmt.Sprintf("GPU %s: %s", g.PCIBusID, what))
+			return "nvidia-smi reports it unhealthy"
 		case st.VolatileDBE > 0:
-			failed = append(failed, fmt.Sprintf("GPU %s: uncorrectable ECC errors since the reset: %d", g.PCIBusID, st.VolatileDBE))
+			return fmt.Sprintf("uncorrectable ECC errors since the reset: %d", st.VolatileDBE)
 		case st.RowRemapFailure:
-			failed = append(failed, fmt.Sprintf("GPU %s: a row remap failed", g.PCIBusID))
-		case !SimDevicePluginHealthy(h, i) && !st.Missing:
-			failed = append(failed, fmt.Sprintf("GPU %s: an XID since its reset", g.PCIBusID))
+			return "a row remap failed"
+		case unhealthy[i]:
+			return "an XID since its reset"
 		}
-	}
+		return ""
+	})
 	if len(failed) > 0 {
 		return fmt.Errorf("%s validation (simulated): %s", level, strings.Join(failed, "; "))
 	}
 	return nil
+}
+
+// eachGPU runs check on each of gpus (its index and state; check may
+// change h.State) and returns the failures: "GPU <address>: <what check
+// said>", or that the host has no such GPU.
+func eachGPU(h *SimGPUHost, gpus []repairv1.GPURef, check func(i int, st SimGPUState) string) []string {
+	var failed []string
+	for _, g := range gpus {
+		i, ok := h.index(g)
+		if !ok {
+			failed = append(failed, fmt.Sprintf("GPU %s: no such GPU on node %s", g.PCIBusID, h.Node))
+			continue
+		}
+		if msg := check(i, h.State[i]); msg != "" {
+			failed = append(failed, fmt.Sprintf("GPU %s: %s", g.PCIBusID, msg))
+		}
+	}
+	return failed
 }
 
 // index finds a GPU of the host by its PCI address, else its index.

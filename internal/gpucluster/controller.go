@@ -160,7 +160,7 @@ func (r *Reconciler) previousOperator(ctx context.Context) (liveowner.Holding, b
 func (r *Reconciler) waitForPreviousOperator(ctx context.Context, gc *nvidiav1alpha1.GPUCluster, h liveowner.Holding, ev *pendingevents.Recorder) (reconcile.Result, error) {
 	again := reconcile.Result{RequeueAfter: max(h.Until.Sub(r.Clock.Now()), time.Second)}
 	prev := meta.FindStatusCondition(gc.Status.Conditions, gpustack.ConditionPreviousOperator)
-	if prev != nil && prev.Status == metav1.ConditionTrue && strings.HasPrefix(prev.Message, waitingPrefix(h)) {
+	if prev != nil && prev.Status == metav1.ConditionTrue && h.Names(prev.Message) {
 		return again, nil // the message changes with each renewal: rewritten when the holder does
 	}
 	updated := gc.DeepCopy()
@@ -176,12 +176,6 @@ func (r *Reconciler) waitForPreviousOperator(ctx context.Context, gc *nvidiav1al
 	ev.Flush()
 	ctrl.LoggerFrom(ctx).Info("NVIDIA's GPU Operator is running; waiting", "lease", h.Namespace+"/"+h.Operator.Lease, "holder", h.Holder)
 	return again, nil
-}
-
-// waitingPrefix is the start of the waiting message that stays the same
-// while the same holder renews the lease.
-func waitingPrefix(h liveowner.Holding) string {
-	return h.Operator.Name + " is running (Lease " + h.Namespace + "/" + h.Operator.Lease + " held by " + h.Holder + ","
 }
 
 // isRefusal: the API server's final no for this object as sent.

@@ -11,6 +11,7 @@ package liveowner
 
 import (
 	"fmt"
+	"strings"
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
@@ -54,6 +55,12 @@ type Holding struct {
 func (h Holding) Message() string {
 	return fmt.Sprintf("%s is running (Lease %s/%s held by %s, renewed until %s): gpufleet does not act beside it; %s",
 		h.Operator.Name, h.Namespace, h.Operator.Lease, h.Holder, h.Until.UTC().Format(time.RFC3339), h.Operator.Stop)
+}
+
+// Names reports whether msg is this holding's Message (whatever renewal
+// time it states): the same operator, lease and holder.
+func (h Holding) Names(msg string) bool {
+	return strings.HasPrefix(msg, fmt.Sprintf("%s is running (Lease %s/%s held by %s,", h.Operator.Name, h.Namespace, h.Operator.Lease, h.Holder))
 }
 
 // Held returns the live holding of op's lease among leases (any

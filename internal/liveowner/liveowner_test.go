@@ -85,3 +85,14 @@ func TestHeldAcquiredOnly(t *testing.T) {
 		t.Fatal("a lease acquired a second ago is held")
 	}
 }
+
+func TestHoldingNames(t *testing.T) {
+	h := Holding{Operator: GPUOperator, Namespace: "gpu-operator", Holder: "pod-a", Until: time.Date(2026, 12, 6, 10, 0, 0, 0, time.UTC)}
+	renewed := h
+	renewed.Until = h.Until.Add(time.Minute)
+	other := h
+	other.Holder = "pod-b"
+	if !h.Names(renewed.Message()) || h.Names(other.Message()) || h.Names("") {
+		t.Errorf("Names: renewed %t, other holder %t", h.Names(renewed.Message()), h.Names(other.Message()))
+	}
+}

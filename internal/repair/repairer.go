@@ -160,7 +160,7 @@ func (r *Repairer) step(ctx context.Context, l *ladder) (reconcile.Result, error
 	if nr.Status.BootIDBefore != "" {
 		return r.awaitReboot(ctx, l)
 	}
-	if last := lastTimeline(nr); last != nil && last.Step == string(repairv1.ActionResetGPU) && last.Outcome == outcomeRefused {
+	if last := nr.LastEntry(); last != nil && last.Step == string(repairv1.ActionResetGPU) && last.Outcome == repairv1.OutcomeRefused {
 		// Not held by its GPU drain: nothing bigger (a reboot) instead.
 		return reconcile.Result{}, r.end(ctx, l, repairv1.PhaseRecoveryFailed, "the node agent did not reset the GPUs: "+last.Message)
 	}
@@ -186,12 +186,12 @@ func (r *Repairer) step(ctx context.Context, l *ladder) (reconcile.Result, error
 	if nr.Validates() {
 		// A reset GPU returns to service only once it passed its
 		// validation; a failed one goes up the ladder.
-		switch last := lastTimeline(nr); {
-		case last != nil && last.Step == string(repairv1.ActionResetGPU) && last.Outcome == outcomeSucceeded,
+		switch last := nr.LastEntry(); {
+		case last != nil && last.Step == string(repairv1.ActionResetGPU) && last.Outcome == repairv1.OutcomeSucceeded,
 			revalidate(nr, last):
 			r.request(l, repairv1.ActionValidateGPU)
 			return reconcile.Result{}, nil
-		case last != nil && last.Step == string(repairv1.ActionValidateGPU) && last.Outcome != outcomeSucceeded:
+		case last != nil && last.Step == string(repairv1.ActionValidateGPU) && last.Outcome != repairv1.OutcomeSucceeded:
 			l.events.Eventf(node, nr, corev1.EventTypeWarning, ReasonValidationFailed, actionRepair,
 				"Node %s: %s failed its validation after the reset, not returned to service: %s", node.Name, gpuNames(nr.Spec.GPUs), last.Message)
 			l.record("Validate", "Failed", "not returned to service; up the ladder")
@@ -323,7 +323,7 @@ func (r *Repairer) heldReboot(ctx context.Context, l *ladder) (reconcile.Result,
 // past the reboot timeout the repair fails instead of holding the node.
 func (r *Repairer) awaitReboot(ctx context.Context, l *ladder) (reconcile.Result, error) {
 	nr, node := l.nr, l.node
-	if last := lastTimeline(nr); nr.Status.Pending == nil && last != nil && last.Step == string(repairv1.ActionReboot) && last.Outcome == outcomeRefused {
+	if last := nr.LastEntry(); nr.Status.Pending == nil && last != nil && last.Step == string(repairv1.ActionReboot) && last.Outcome == repairv1.OutcomeRefused {
 		return reconcile.Result{}, r.end(ctx, l, repairv1.PhaseRecoveryFailed, "the node agent did not reboot node "+node.Name+": "+last.Message)
 	}
 	rebooted := nr.Status.Pending == nil && node.Status.NodeInfo.BootID != nr.Status.BootIDBefore && nodeReady(node)
@@ -334,7 +334,7 @@ func (r *Repairer) awaitReboot(ctx context.Context, l *ladder) (reconcile.Result
 		case v == nil, revalidate(nr, v):
 			r.request(l, repairv1.ActionValidateGPU)
 			return reconcile.Result{}, nil
-		case v.Outcome != outcomeSucceeded:
+		case v.Outcome != repairv1.OutcomeSucceeded:
 			l.events.Eventf(node, nr, corev1.EventTypeWarning, ReasonValidationFailed, actionRepair,
 				"Node %s: %s failed its validation after the reboot: %s", node.Name, gpuNames(nr.Spec.GPUs), v.Message)
 			return reconcile.Result{}, r.end(ctx, l, repairv1.PhaseRecoveryFailed,
@@ -375,14 +375,6 @@ func (r *Repairer) awaitReboot(ctx context.Context, l *ladder) (reconcile.Result
 		fmt.Sprintf("node %s did not come back from the reboot within %s: %s", node.Name, limit, why))
 }
 
-// Outcomes the node agent records.
-const (
-	// outcomeRefused: the node agent refused a disruptive action (no
-	// NodeMaintenance held the node).
-	outcomeRefused   = "Refused"
-	outcomeSucceeded = "Succeeded"
-)
-
 // lastAfter is the last timeline entry of step after the last entry of
 // step since (nil: none since).
 func lastAfter(nr *repairv1.NodeRepair, step, since string) *repairv1.TimelineEntry {
@@ -390,7 +382,7 @@ func lastAfter(nr *repairv1.NodeRepair, step, since string) *repairv1.TimelineEn
 		e := &nr.Status.Timeline[i]
 		switch e.Step {
 		case step:
-			if e.Outcome != "Requested" && e.Outcome != "Started" {
+			if e.Outcome != repairv1.OutcomeRequested && e.Outcome != repairv1.OutcomeStarted {
 				return e
 			}
 		case since:
@@ -404,12 +396,12 @@ func lastAfter(nr *repairv1.NodeRepair, step, since string) *repairv1.TimelineEn
 // while it ran); it is read-only, so it is asked for again, at most three
 // times in a repair.
 func revalidate(nr *repairv1.NodeRepair, last *repairv1.TimelineEntry) bool {
-	if last == nil || last.Step != string(repairv1.ActionValidateGPU) || last.Outcome != "Interrupted" {
+	if last == nil || last.Step != string(repairv1.ActionValidateGPU) || last.Outcome != repairv1.OutcomeInterrupted {
 		return false
 	}
 	n := 0
 	for _, e := range nr.Status.Timeline {
-		if e.Step == string(repairv1.ActionValidateGPU) && e.Outcome == "Interrupted" {
+		if e.Step == string(repairv1.ActionValidateGPU) && e.Outcome == repairv1.OutcomeInterrupted {
 			n++
 		}
 	}
@@ -419,17 +411,10 @@ func revalidate(nr *repairv1.NodeRepair, last *repairv1.TimelineEntry) bool {
 // validatedSuffix says that the GPUs passed their validation, when the
 // last thing the agent did was that.
 func validatedSuffix(nr *repairv1.NodeRepair) string {
-	if v := lastAfter(nr, string(repairv1.ActionValidateGPU), "Start"); v != nil && v.Outcome == outcomeSucceeded && nr.Validates() {
+	if v := lastAfter(nr, string(repairv1.ActionValidateGPU), "Start"); v != nil && v.Outcome == repairv1.OutcomeSucceeded && nr.Validates() {
 		return " (validated: " + string(nr.Spec.Validation.LevelOf()) + ")"
 	}
 	return ""
-}
-
-func lastTimeline(nr *repairv1.NodeRepair) *repairv1.TimelineEntry {
-	if n := len(nr.Status.Timeline); n > 0 {
-		return &nr.Status.Timeline[n-1]
-	}
-	return nil
 }
 
 // maintenanceRequest is the repair's request to hold its node: cordon, and

@@ -607,3 +607,30 @@ func TestAValidationIsWaitedForAsLongAsItsOwnBound(t *testing.T) {
 		t.Fatalf("past it: phase %s, message %q", got.Status.Phase, got.Status.Message)
 	}
 }
+
+// TestAnInterruptedValidationIsAskedForAgain: the agent restarted while it
+// validated the GPUs after the reboot (outcome Interrupted, not run again
+// by the agent): validation is read-only, so the repair asks for it again;
+// after the fourth interruption it stops asking and the repair fails, the
+// node released and the GPUs still out.
+func TestAnInterruptedValidationIsAskedForAgain(t *testing.T) {
+	d := newDirect(t)
+	now := metav1.NewTime(d.clock.Now())
+	entries := func(interrupted int) []repairv1.TimelineEntry {
+		tl := []repairv1.TimelineEntry{{Time: now, Step: "Reboot", Outcome: repairv1.OutcomeRequested}, {Time: now, Step: "Reboot", Outcome: repairv1.OutcomeSucceeded}}
+		for range interrupted {
+			tl = append(tl, repairv1.TimelineEntry{Time: now, Step: "ValidateGPU", Outcome: repairv1.OutcomeInterrupted})
+		}
+		return tl
+	}
+	once := d.gpuRepairWith("a-0-interrupted", "a-0", nil, repairv1.NodeRepairStatus{Phase: repairv1.PhaseRepairing, NextAction: 2,
+		BootIDBefore: "an-earlier-boot", RebootRequestedAt: &now, Timeline: entries(1)})
+	if _, got := d.reconcile(once.Name); got.Status.Pending == nil || got.Status.Pending.Action != repairv1.ActionValidateGPU {
+		t.Fatalf("after one interruption: pending %+v, phase %s", got.Status.Pending, got.Status.Phase)
+	}
+	often := d.gpuRepairWith("a-0-interrupted-often", "a-0", nil, repairv1.NodeRepairStatus{Phase: repairv1.PhaseRepairing, NextAction: 2,
+		BootIDBefore: "an-earlier-boot", RebootRequestedAt: &now, Timeline: entries(4)})
+	if _, got := d.reconcile(often.Name); got.Status.Phase != repairv1.PhaseRecoveryFailed || got.Status.Pending != nil {
+		t.Fatalf("after four interruptions: phase %s, pending %+v, message %q", got.Status.Phase, got.Status.Pending, got.Status.Message)
+	}
+}

@@ -31,6 +31,27 @@ const (
 	ActionValidateGPU Action = "ValidateGPU"
 )
 
+// Outcomes of a timeline entry of an agent action, as the node agent
+// writes them and the repair controller reads them.
+const (
+	OutcomeRequested   = "Requested"
+	OutcomeStarted     = "Started"
+	OutcomeSucceeded   = "Succeeded"
+	OutcomeFailed      = "Failed"
+	OutcomeInterrupted = "Interrupted"
+	// OutcomeRefused: the agent refused a disruptive action (no
+	// NodeMaintenance held its node).
+	OutcomeRefused = "Refused"
+)
+
+// LastEntry is the timeline's last entry (nil: none).
+func (nr *NodeRepair) LastEntry() *TimelineEntry {
+	if n := len(nr.Status.Timeline); n > 0 {
+		return &nr.Status.Timeline[n-1]
+	}
+	return nil
+}
+
 // Validates reports whether the repair's GPUs must pass a validation
 // before they return to service: a GPU repair whose validation is not Off
 // (the default level is Health).
