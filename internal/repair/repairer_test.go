@@ -557,10 +557,11 @@ func TestRequestedRepairValidation(t *testing.T) {
 	}
 }
 
-// gpuRepairWith creates a GPU repair of node (ResetGPU, then Reboot) with
-// validation v and sets its status.
-func (d *direct) gpuRepairWith(name, node string, v *repairv1.GPUValidation, st repairv1.NodeRepairStatus) *repairv1.NodeRepair {
+// gpuRepairWith creates a GPU repair of node a-0 (ResetGPU, then Reboot)
+// with validation v and sets its status.
+func (d *direct) gpuRepairWith(name string, v *repairv1.GPUValidation, st repairv1.NodeRepairStatus) *repairv1.NodeRepair {
 	d.t.Helper()
+	const node = "a-0"
 	nr := &repairv1.NodeRepair{ObjectMeta: metav1.ObjectMeta{Name: name},
 		Spec: repairv1.NodeRepairSpec{NodeName: node, Pool: "a", Policy: "test", Actions: []repairv1.Action{repairv1.ActionResetGPU, repairv1.ActionReboot},
 			GPUs: []repairv1.GPURef{{PCIBusID: "0000:18:00.0"}}, Validation: v,
@@ -581,7 +582,7 @@ func (d *direct) gpuRepairWith(name, node string, v *repairv1.GPUValidation, st 
 func TestARefusedGPUResetEndsTheRepair(t *testing.T) {
 	d := newDirect(t)
 	now := metav1.NewTime(d.clock.Now())
-	nr := d.gpuRepairWith("a-0-refused", "a-0", nil, repairv1.NodeRepairStatus{Phase: repairv1.PhaseRepairing, NextAction: 1,
+	nr := d.gpuRepairWith("a-0-refused", nil, repairv1.NodeRepairStatus{Phase: repairv1.PhaseRepairing, NextAction: 1,
 		Timeline: []repairv1.TimelineEntry{{Time: now, Step: "ResetGPU", Outcome: "Refused", Message: "refused: ResetGPU only runs inside a NodeMaintenance that holds the node; NodeMaintenance repair-x-gpu not found for node a-0"}}})
 	_, got := d.reconcile(nr.Name)
 	if got.Status.Phase != repairv1.PhaseRecoveryFailed || !strings.Contains(got.Status.Message, "did not reset the GPUs: refused") || got.Status.MaintenanceName != "" {
@@ -595,7 +596,7 @@ func TestARefusedGPUResetEndsTheRepair(t *testing.T) {
 // the repair fails.
 func TestAValidationIsWaitedForAsLongAsItsOwnBound(t *testing.T) {
 	d := newDirect(t)
-	nr := d.gpuRepairWith("a-0-validating", "a-0", &repairv1.GPUValidation{Level: repairv1.GPUValidationDiagnostic, TimeoutSeconds: 900},
+	nr := d.gpuRepairWith("a-0-validating", &repairv1.GPUValidation{Level: repairv1.GPUValidationDiagnostic, TimeoutSeconds: 900},
 		repairv1.NodeRepairStatus{Phase: repairv1.PhaseRepairing, NextAction: 1,
 			Pending: &repairv1.PendingAction{Action: repairv1.ActionValidateGPU, RequestedAt: metav1.NewTime(d.clock.Now())}})
 	d.clock.Step(700 * time.Second) // past the 600 s action timeout
@@ -623,12 +624,12 @@ func TestAnInterruptedValidationIsAskedForAgain(t *testing.T) {
 		}
 		return tl
 	}
-	once := d.gpuRepairWith("a-0-interrupted", "a-0", nil, repairv1.NodeRepairStatus{Phase: repairv1.PhaseRepairing, NextAction: 2,
+	once := d.gpuRepairWith("a-0-interrupted", nil, repairv1.NodeRepairStatus{Phase: repairv1.PhaseRepairing, NextAction: 2,
 		BootIDBefore: "an-earlier-boot", RebootRequestedAt: &now, Timeline: entries(1)})
 	if _, got := d.reconcile(once.Name); got.Status.Pending == nil || got.Status.Pending.Action != repairv1.ActionValidateGPU {
 		t.Fatalf("after one interruption: pending %+v, phase %s", got.Status.Pending, got.Status.Phase)
 	}
-	often := d.gpuRepairWith("a-0-interrupted-often", "a-0", nil, repairv1.NodeRepairStatus{Phase: repairv1.PhaseRepairing, NextAction: 2,
+	often := d.gpuRepairWith("a-0-interrupted-often", nil, repairv1.NodeRepairStatus{Phase: repairv1.PhaseRepairing, NextAction: 2,
 		BootIDBefore: "an-earlier-boot", RebootRequestedAt: &now, Timeline: entries(4)})
 	if _, got := d.reconcile(often.Name); got.Status.Phase != repairv1.PhaseRecoveryFailed || got.Status.Pending != nil {
 		t.Fatalf("after four interruptions: phase %s, pending %+v, message %q", got.Status.Phase, got.Status.Pending, got.Status.Message)
