@@ -73,6 +73,8 @@ func (h HostExecutor) execute(ctx context.Context, node *corev1.Node, a repairv1
 		return fmt.Errorf("no NTP unit (chronyd, ntpd, systemd-timesyncd) on this host")
 	case repairv1.ActionDeleteBrokenSandbox:
 		return h.deleteBrokenSandboxes(ctx)
+	case repairv1.ActionRestartFabricManager, repairv1.ActionRestartPersistenced, repairv1.ActionRestartDCGM:
+		return h.restartGPUUnit(ctx, a)
 	case repairv1.ActionResetGPU:
 		return h.resetGPUs(ctx, gpus)
 	case repairv1.ActionReboot:
@@ -80,9 +82,32 @@ func (h HostExecutor) execute(ctx context.Context, node *corev1.Node, a repairv1
 		return h.systemctl(ctx, "reboot")
 	case repairv1.ActionValidateGPU:
 		return h.validateGPUs(ctx, gpus, ValidationLevel(ctx))
+	case repairv1.ActionRestartGPUStackPods:
+		return fmt.Errorf("%s is run by gpufleet's repair controller, not the node agent", a)
 	default:
 		return fmt.Errorf("unknown action %q", a)
 	}
+}
+
+// GPUServiceUnits are the systemd units of the node's GPU services, by the
+// action that restarts them: the first of each list the host has (NVIDIA's
+// packages name the DCGM host engine nvidia-dcgm; older ones dcgm).
+var GPUServiceUnits = map[repairv1.Action][]string{
+	repairv1.ActionRestartFabricManager: {"nvidia-fabricmanager"},
+	repairv1.ActionRestartPersistenced:  {"nvidia-persistenced"},
+	repairv1.ActionRestartDCGM:          {"nvidia-dcgm", "dcgm"},
+}
+
+// restartGPUUnit restarts the GPU service of action a; a host without it
+// is an error (the rule asked for a service the node does not run).
+func (h HostExecutor) restartGPUUnit(ctx context.Context, a repairv1.Action) error {
+	units := GPUServiceUnits[a]
+	for _, unit := range units {
+		if _, err := h.host(ctx, "systemctl", "cat", unit); err == nil {
+			return h.restart(ctx, unit)
+		}
+	}
+	return fmt.Errorf("no %s unit on this host", strings.Join(units, " or "))
 }
 
 // GPUHolderUnits are the host's services that keep GPUs open; a GPU

@@ -98,6 +98,12 @@ func TestHostExecutor(t *testing.T) {
 		"broken sandboxes only": {&corev1.Node{}, repairv1.ActionDeleteBrokenSandbox, &fakeHost{pods: sandboxes},
 			[]string{"crictl pods --state NotReady -o json", "crictl rmp -f old", "crictl rmp -f number"}},
 		"reboot": {&corev1.Node{}, repairv1.ActionReboot, &fakeHost{}, []string{"systemctl reboot"}},
+		"fabric manager": {&corev1.Node{}, repairv1.ActionRestartFabricManager, &fakeHost{},
+			[]string{"systemctl cat nvidia-fabricmanager", "systemctl restart nvidia-fabricmanager"}},
+		"persistence daemon": {&corev1.Node{}, repairv1.ActionRestartPersistenced, &fakeHost{},
+			[]string{"systemctl cat nvidia-persistenced", "systemctl restart nvidia-persistenced"}},
+		"DCGM under its older unit name": {&corev1.Node{}, repairv1.ActionRestartDCGM, &fakeHost{missing: map[string]bool{"nvidia-dcgm": true}},
+			[]string{"systemctl cat nvidia-dcgm", "systemctl cat dcgm", "systemctl restart dcgm"}},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
@@ -123,6 +129,11 @@ func TestHostExecutor(t *testing.T) {
 	none := &fakeHost{missing: map[string]bool{"chronyd": true, "ntpd": true, "systemd-timesyncd": true}}
 	if err := (HostExecutor{Runner: none}).Execute(context.Background(), &corev1.Node{}, repairv1.ActionRestartNTP, nil); err == nil {
 		t.Errorf("no NTP unit: want an error")
+	}
+	noFM := &fakeHost{missing: map[string]bool{"nvidia-fabricmanager": true}}
+	if err := (HostExecutor{Runner: noFM}).Execute(context.Background(), &corev1.Node{}, repairv1.ActionRestartFabricManager, nil); err == nil ||
+		!strings.Contains(err.Error(), "no nvidia-fabricmanager unit") {
+		t.Errorf("no Fabric Manager on the host: error %v", err)
 	}
 }
 
@@ -249,10 +260,20 @@ func crdActions(t *testing.T) []repairv1.Action {
 func TestHostExecutorRunsTheFixedSetOnly(t *testing.T) {
 	known := crdActions(t)
 	if diff := cmp.Diff([]repairv1.Action{repairv1.ActionRestartKubelet, repairv1.ActionRestartContainerRuntime,
-		repairv1.ActionRestartNTP, repairv1.ActionDeleteBrokenSandbox, repairv1.ActionResetGPU, repairv1.ActionReboot, repairv1.ActionValidateGPU}, known); diff != "" {
+		repairv1.ActionRestartNTP, repairv1.ActionDeleteBrokenSandbox, repairv1.ActionResetGPU, repairv1.ActionReboot, repairv1.ActionValidateGPU,
+		repairv1.ActionRestartFabricManager, repairv1.ActionRestartPersistenced, repairv1.ActionRestartDCGM, repairv1.ActionRestartGPUStackPods}, known); diff != "" {
 		t.Errorf("actions of the CRD (-want +got):\n%s", diff)
 	}
 	for _, a := range known {
+		if !a.AgentRuns() {
+			t.Run(string(a)+" is the operator's", func(t *testing.T) {
+				host := &fakeHost{}
+				if err := (HostExecutor{Runner: host}).Execute(context.Background(), &corev1.Node{}, a, testGPUs); err == nil || len(host.calls) != 0 {
+					t.Errorf("the node agent ran %s (%v, commands %q)", a, err, host.calls)
+				}
+			})
+			continue
+		}
 		t.Run(string(a), func(t *testing.T) {
 			host := &fakeHost{pods: `{"items":[]}`, out: healthyAnswers(testGPUs)}
 			if err := (HostExecutor{Runner: host, Clock: sandboxClock}).Execute(context.Background(), &corev1.Node{}, a, testGPUs); err != nil {

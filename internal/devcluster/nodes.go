@@ -174,9 +174,9 @@ func osImage(id, version string) string {
 // each device-plugin node), and waits until kwok has made every one Ready.
 func (c *Cluster) AddNodes(ctx context.Context, specs ...NodeSpec) error {
 	for _, s := range specs {
-		if s.GPUs > 0 && s.DevicePluginOnly {
-			if err := c.startSimDevicePlugin(); err != nil {
-				return fmt.Errorf("starting the simulated device plugin: %w", err)
+		if s.GPUs > 0 {
+			if err := c.startSimGPUPlugins(ctx); err != nil {
+				return fmt.Errorf("starting the simulated GPU plugins: %w", err)
 			}
 		}
 		node, err := c.Client.CoreV1().Nodes().Create(ctx, s.Node(), metav1.CreateOptions{})

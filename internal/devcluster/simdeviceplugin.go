@@ -4,18 +4,26 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"slices"
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/workqueue"
+	"k8s.io/utils/ptr"
 
+	repairv1 "github.com/gpufleet/gpufleet/api/repair/v1alpha1"
 	"github.com/gpufleet/gpufleet/internal/gpufault"
 )
 
@@ -31,10 +39,18 @@ import (
 // plugin, the health check sees XIDs — all but the ones it skips as
 // application errors — and a GPU that fell off the bus, not
 // dcgm-exporter's counters: a GPU with only an ECC count stays allocatable.
-// A GPU is healthy again after a successful reset (or a reboot). A pod that
-// cannot get enough healthy free GPUs is left without (the kubelet would
-// refuse it; kwok runs it). The loop starts with the first device-plugin
-// node (AddNodes) and stops with the cluster.
+// Like NVIDIA's plugin, it never marks a GPU healthy again: only a restart
+// of the plugin (its pod, SimGPUPluginStart) or a reboot forgets the XIDs
+// it saw. A pod that cannot get enough healthy free GPUs is left without
+// (the kubelet would refuse it; kwok runs it).
+//
+// The same loop is the health monitor of the simulated DRA driver's
+// kubelet plugin on the other GPU nodes (simdra.go): it taints a device in
+// the node's ResourceSlice for an XID, as NVIDIA's DRA driver does, until
+// that plugin restarts. Both plugins run as kwok pods of DaemonSets in
+// kube-system (SimGPUPluginDaemonSets), so that deleting a plugin's pod
+// restarts it as on a real node. The loop starts with the first GPU node
+// (AddNodes) and stops with the cluster.
 const LabelDevicePluginOnly = "sim.gpufleet.dev/device-plugin-only"
 
 // devicePluginSkippedXIDs are the XIDs NVIDIA's device plugin does not mark
@@ -53,19 +69,25 @@ type simDevicePlugin struct {
 	queue   workqueue.TypedRateLimitingInterface[string]
 }
 
-// startSimDevicePlugin starts the loop once (the first device-plugin node
-// calls it).
-func (c *Cluster) startSimDevicePlugin() error {
+// startSimGPUPlugins starts the loop once (the first GPU node calls it),
+// after creating the plugins' DaemonSets.
+func (c *Cluster) startSimGPUPlugins(ctx context.Context) error {
 	var err error
 	c.devicePluginOnce.Do(func() {
-		ctx := c.simCtx
-		if ctx == nil {
-			ctx = context.Background() // a Cluster that Start did not make (Connect)
+		for _, ds := range SimGPUPluginDaemonSets() {
+			if _, cerr := c.Client.AppsV1().DaemonSets(ds.Namespace).Create(ctx, ds, metav1.CreateOptions{}); cerr != nil && !apierrors.IsAlreadyExists(cerr) {
+				err = fmt.Errorf("creating DaemonSet %s/%s: %w", ds.Namespace, ds.Name, cerr)
+				return
+			}
+		}
+		simCtx := c.simCtx
+		if simCtx == nil {
+			simCtx = context.Background() // a Cluster that Start did not make (Connect)
 		}
 		f := informers.NewSharedInformerFactoryWithOptions(c.Client, 0)
 		podInf := f.Core().V1().Pods().Informer()
 		nodeInf := informers.NewSharedInformerFactoryWithOptions(c.Client, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-			o.LabelSelector = LabelDevicePluginOnly + "=true"
+			o.LabelSelector = LabelNFDNvidiaPCI + "=true"
 		})).Core().V1().Nodes().Informer()
 		if err = podInf.AddIndexers(cache.Indexers{devicePluginPodsByNode: func(obj any) ([]string, error) {
 			if p, ok := obj.(*corev1.Pod); ok && p.Spec.NodeName != "" {
@@ -94,16 +116,91 @@ func (c *Cluster) startSimDevicePlugin() error {
 		if _, err = podInf.AddEventHandler(handler); err != nil {
 			return
 		}
-		if _, err = nodeInf.AddEventHandler(handler); err != nil {
+		// Nodes: what the plugins read (the simulated host's annotations,
+		// the boot) and what they write (allocatable), not heartbeats.
+		if _, err = nodeInf.AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: enqueue, DeleteFunc: enqueue, UpdateFunc: func(o, n any) {
+			on, ok1 := o.(*corev1.Node)
+			nn, ok2 := n.(*corev1.Node)
+			if !ok1 || !ok2 || !maps.Equal(on.Annotations, nn.Annotations) || on.Status.NodeInfo.BootID != nn.Status.NodeInfo.BootID ||
+				!equality.Semantic.DeepEqual(on.Status.Allocatable, nn.Status.Allocatable) || !maps.Equal(on.Labels, nn.Labels) {
+				enqueue(n)
+			}
+		}}); err != nil {
 			return
 		}
-		go podInf.RunWithContext(ctx)
-		go nodeInf.RunWithContext(ctx)
-		runNodeLoop(ctx, s.queue, []cache.InformerSynced{podInf.HasSynced, nodeInf.HasSynced}, s.sync, func(node string, err error) {
-			s.cluster.logf("simulated device plugin of %s: %v", node, err)
+		go podInf.RunWithContext(simCtx)
+		go nodeInf.RunWithContext(simCtx)
+		runNodeLoop(simCtx, s.queue, []cache.InformerSynced{podInf.HasSynced, nodeInf.HasSynced}, s.sync, func(node string, err error) {
+			s.cluster.logf("simulated GPU plugins of %s: %v", node, err)
 		})
 	})
 	return err
+}
+
+// SimGPUPluginDaemonSets are the simulated GPU plugins' DaemonSets, in
+// kube-system: NVIDIA's device plugin on device-plugin nodes (labelled as
+// its Helm chart labels it) and the DRA driver's kubelet plugin on the
+// other GPU nodes (labelled as the DRA driver's chart does). Their pods
+// run nothing (kwok); their creation time is the plugin's start.
+func SimGPUPluginDaemonSets() []*appsv1.DaemonSet {
+	ds := func(name string, labels map[string]string, affinity []corev1.NodeSelectorRequirement) *appsv1.DaemonSet {
+		return &appsv1.DaemonSet{
+			ObjectMeta: metav1.ObjectMeta{Namespace: metav1.NamespaceSystem, Name: name, Labels: labels},
+			Spec: appsv1.DaemonSetSpec{
+				Selector: &metav1.LabelSelector{MatchLabels: labels},
+				Template: corev1.PodTemplateSpec{
+					ObjectMeta: metav1.ObjectMeta{Labels: labels},
+					Spec: corev1.PodSpec{
+						Affinity: &corev1.Affinity{NodeAffinity: &corev1.NodeAffinity{RequiredDuringSchedulingIgnoredDuringExecution: &corev1.NodeSelector{
+							NodeSelectorTerms: []corev1.NodeSelectorTerm{{MatchExpressions: affinity}}}}},
+						Tolerations:                   []corev1.Toleration{{Operator: corev1.TolerationOpExists}},
+						TerminationGracePeriodSeconds: ptr.To[int64](0),
+						Containers:                    []corev1.Container{{Name: "plugin", Image: "registry.k8s.io/pause:3.10"}},
+					},
+				},
+			},
+		}
+	}
+	gpuNode := corev1.NodeSelectorRequirement{Key: LabelNFDNvidiaPCI, Operator: corev1.NodeSelectorOpIn, Values: []string{"true"}}
+	return []*appsv1.DaemonSet{
+		ds("sim-nvidia-device-plugin", map[string]string{"app.kubernetes.io/name": "nvidia-device-plugin"}, []corev1.NodeSelectorRequirement{
+			gpuNode, {Key: LabelDevicePluginOnly, Operator: corev1.NodeSelectorOpIn, Values: []string{"true"}}}),
+		ds("sim-dra-driver-kubelet-plugin", map[string]string{"dra-driver-nvidia-gpu-component": "kubelet-plugin"}, []corev1.NodeSelectorRequirement{
+			gpuNode, {Key: LabelDevicePluginOnly, Operator: corev1.NodeSelectorOpDoesNotExist}}),
+	}
+}
+
+// simPluginSelectors choose the pods of a node's GPU plugins: the selectors
+// gpufleet's repair restarts by default.
+var simPluginSelectors = func() []labels.Selector {
+	var out []labels.Selector
+	for _, ls := range repairv1.DefaultGPUStackPods() {
+		s, err := metav1.LabelSelectorAsSelector(&ls)
+		if err != nil {
+			panic(err) // constant selectors
+		}
+		out = append(out, s)
+	}
+	return out
+}()
+
+// SimGPUPluginStart is when the node's GPU plugin last started: the
+// creation of the newest of its pods (any pod of pods on node that the
+// default gpu.stackPods select), zero when none runs (it then remembers
+// the whole boot).
+func SimGPUPluginStart(node string, pods []*corev1.Pod) time.Time {
+	var start time.Time
+	for _, p := range pods {
+		if p.Spec.NodeName != node || p.DeletionTimestamp != nil {
+			continue
+		}
+		for _, s := range simPluginSelectors {
+			if s.Matches(labels.Set(p.Labels)) && p.CreationTimestamp.After(start) {
+				start = p.CreationTimestamp.Time
+			}
+		}
+	}
+	return start
 }
 
 // sync advertises the node's healthy GPUs (allocatable, as the kubelet
@@ -115,7 +212,19 @@ func (s *simDevicePlugin) sync(ctx context.Context, node string) error {
 	if err != nil || !ok {
 		return err
 	}
-	if healthy, change := SimDevicePluginAllocatable(obj.(*corev1.Node)); change {
+	objs, err := s.pods.ByIndex(devicePluginPodsByNode, node)
+	if err != nil {
+		return err
+	}
+	pods := make([]*corev1.Pod, 0, len(objs))
+	for _, o := range objs {
+		pods = append(pods, o.(*corev1.Pod))
+	}
+	since := SimGPUPluginStart(node, pods)
+	if obj.(*corev1.Node).Labels[LabelDevicePluginOnly] != "true" {
+		return s.cluster.syncSliceTaints(ctx, obj.(*corev1.Node), since)
+	}
+	if healthy, change := SimDevicePluginAllocatable(obj.(*corev1.Node), since); change {
 		patch, err := json.Marshal(map[string]any{"status": map[string]any{"allocatable": map[string]string{string(ResourceGPU): strconv.Itoa(healthy)}}})
 		if err != nil {
 			return err
@@ -124,17 +233,16 @@ func (s *simDevicePlugin) sync(ctx context.Context, node string) error {
 			return fmt.Errorf("advertising %d healthy GPUs: %w", healthy, err)
 		}
 	}
-	if objs, err := s.pods.ByIndex(devicePluginPodsByNode, node); err != nil || !slices.ContainsFunc(objs, func(o any) bool {
-		p := o.(*corev1.Pod)
+	if !slices.ContainsFunc(pods, func(p *corev1.Pod) bool {
 		return p.Annotations[AnnotationGPUs] == "" && podGPUs(p) > 0
 	}) {
-		return err // nobody waits
+		return nil // nobody waits
 	}
-	pods, err := s.cluster.Client.CoreV1().Pods("").List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + node})
+	live, err := s.cluster.Client.CoreV1().Pods("").List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + node})
 	if err != nil {
 		return err
 	}
-	for key, gpus := range SimDevicePluginAllocate(obj.(*corev1.Node), pods.Items) {
+	for key, gpus := range SimDevicePluginAllocate(obj.(*corev1.Node), live.Items) {
 		patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{AnnotationGPUs: gpus}}})
 		if err != nil {
 			return err
@@ -155,7 +263,11 @@ func SimDevicePluginAllocate(node *corev1.Node, pods []corev1.Pod) map[types.Nam
 	if err != nil {
 		return nil
 	}
-	taken := simDevicePluginUnhealthy(h)
+	ptrs := make([]*corev1.Pod, len(pods))
+	for i := range pods {
+		ptrs[i] = &pods[i]
+	}
+	taken := simPluginUnhealthy(h, SimGPUPluginStart(node.Name, ptrs))
 	var waiting []*corev1.Pod
 	for i := range pods {
 		p := &pods[i]
@@ -202,45 +314,88 @@ func SimDevicePluginAllocate(node *corev1.Node, pods []corev1.Pod) map[types.Nam
 }
 
 // SimDevicePluginAllocatable is the node's nvidia.com/gpu allocatable as
-// the kubelet reports it from NVIDIA's device plugin: its GPUs that pass
-// the plugin's health check (capacity stays the number of GPUs), and
-// whether the node's status says otherwise now.
-func SimDevicePluginAllocatable(node *corev1.Node) (healthy int, change bool) {
+// the kubelet reports it from NVIDIA's device plugin started at since: its
+// GPUs that pass the plugin's health check (capacity stays the number of
+// GPUs), and whether the node's status says otherwise now.
+func SimDevicePluginAllocatable(node *corev1.Node, since time.Time) (healthy int, change bool) {
 	h, err := ReadSimGPUHost(node)
 	if err != nil || h.GPUs == 0 {
 		return 0, false
 	}
-	healthy = h.GPUs - len(simDevicePluginUnhealthy(h))
+	healthy = h.GPUs - len(simPluginUnhealthy(h, since))
 	have, ok := node.Status.Allocatable[ResourceGPU]
 	return healthy, !ok || have.Value() != int64(healthy)
 }
 
 // SimDevicePluginHealthy is the simulated device plugin's health check of
-// GPU i: on the bus, and no XID since its last reset (in this boot) but
-// the ones NVIDIA's plugin skips as application errors.
-func SimDevicePluginHealthy(h SimGPUHost, i int) bool {
-	return !simDevicePluginUnhealthy(h)[i]
+// GPU i, for a plugin started at since: on the bus, and no XID since the
+// plugin started (in this boot) but the ones NVIDIA's plugin skips as
+// application errors.
+func SimDevicePluginHealthy(h SimGPUHost, i int, since time.Time) bool {
+	return !simPluginUnhealthy(h, since)[i]
 }
 
-// simDevicePluginUnhealthy is the plugin's health check of every GPU of
-// the host, reading the kernel log once: the GPUs that fail it.
-func simDevicePluginUnhealthy(h SimGPUHost) map[int]bool {
+// simXID is an XID of the simulated kernel log with its wall time.
+type simXID struct {
+	gpu  int
+	code int
+	seq  int64
+	at   time.Time
+}
+
+// simXIDs are the XIDs of the host's kernel log (this boot) on its GPUs,
+// oldest first, from userspace or not.
+func simXIDs(h SimGPUHost) []simXID {
+	events, _, err := gpufault.ScanKmsg(strings.NewReader(strings.Join(h.Kmsg, "\n")))
+	if err != nil {
+		return nil
+	}
+	byBus := map[string]int{}
+	for i := range h.GPUs {
+		byBus[SimGPU(h.Node, i).PCIBusID] = i
+	}
+	var out []simXID
+	for _, ev := range events {
+		i, ok := byBus[ev.PCIBusID]
+		if !ok {
+			continue
+		}
+		at := h.Boot.Time
+		if ev.KernelTimeUsec != gpufault.Unknown {
+			at = at.Add(time.Duration(ev.KernelTimeUsec) * time.Microsecond)
+		}
+		out = append(out, simXID{gpu: i, code: ev.Code, seq: ev.Seq, at: at})
+	}
+	return out
+}
+
+// simPluginUnhealthy is the health check of NVIDIA's GPU plugins (the
+// device plugin, the DRA driver's kubelet plugin) started at since: the
+// GPUs off the bus, and those with an XID since then that the plugins do
+// not skip as an application error (whole seconds: an object's creation
+// time has no more).
+func simPluginUnhealthy(h SimGPUHost, since time.Time) map[int]bool {
 	out := map[int]bool{}
 	for i, st := range h.State {
 		if st.Missing && i < h.GPUs {
 			out[i] = true
 		}
 	}
-	events, _, err := gpufault.ScanKmsg(strings.NewReader(strings.Join(h.Kmsg, "\n")))
-	if err != nil {
-		return out
+	for _, x := range simXIDs(h) {
+		if !x.at.Truncate(time.Second).Before(since) && !slices.Contains(devicePluginSkippedXIDs, x.code) {
+			out[x.gpu] = true
+		}
 	}
-	for i := range h.GPUs {
-		bus, reset := SimGPU(h.Node, i).PCIBusID, h.State[i].ResetSeq
-		for _, ev := range events {
-			if ev.PCIBusID == bus && ev.Seq > reset && !slices.Contains(devicePluginSkippedXIDs, ev.Code) {
-				out[i] = true
-			}
+	return out
+}
+
+// simXIDSinceReset: GPUs with an XID (but the skipped ones) since their
+// last reset, in this boot.
+func simXIDSinceReset(h SimGPUHost) map[int]bool {
+	out := map[int]bool{}
+	for _, x := range simXIDs(h) {
+		if x.seq > h.State[x.gpu].ResetSeq && !slices.Contains(devicePluginSkippedXIDs, x.code) {
+			out[x.gpu] = true
 		}
 	}
 	return out

@@ -27,11 +27,18 @@ func gpuPod(name string, gpus int, age time.Duration, held string) corev1.Pod {
 	return p
 }
 
+// pluginPod is a pod of the simulated device plugin on node gpu-003,
+// created (the plugin started) at start.
+func pluginPod(start time.Time) corev1.Pod {
+	return corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "kube-system", Name: "sim-nvidia-device-plugin-x", CreationTimestamp: metav1.NewTime(start),
+		Labels: map[string]string{"app.kubernetes.io/name": "nvidia-device-plugin"}}, Spec: corev1.PodSpec{NodeName: "gpu-003", Containers: []corev1.Container{{Name: "plugin"}}}}
+}
+
 // TestSimDevicePluginAllocate: pods waiting for GPUs get the lowest free
 // healthy ones, oldest pod first; a GPU held by another pod, off the bus,
 // or with an XID the plugin does not skip is not given; an application XID
 // and an ECC count (which the plugin does not see) do not matter; after a
-// reset the GPU is given again; a pod that cannot get all it asks for gets
+// reset the GPU is given again only once the plugin restarted; a pod that cannot get all it asks for gets
 // none.
 func TestSimDevicePluginAllocate(t *testing.T) {
 	type step func(t *testing.T, c *Cluster)
@@ -90,14 +97,19 @@ func TestSimDevicePluginAllocate(t *testing.T) {
 			pods: []corev1.Pod{gpuPod("new", 1, time.Minute, "")},
 			want: map[string]string{"ml/new": "1"},
 		},
-		"reset after the XID: given again": {
+		"reset after the XID: still not given (the plugin never marks a GPU healthy again)": {
 			host: []step{xid(0, 48), reset(0)},
 			pods: []corev1.Pod{gpuPod("new", 1, time.Minute, "")},
+			want: map[string]string{"ml/new": "1"},
+		},
+		"the plugin restarted after the XID: given again": {
+			host: []step{xid(0, 48), reset(0)},
+			pods: []corev1.Pod{gpuPod("new", 1, time.Minute, ""), pluginPod(simT.Add(time.Second))},
 			want: map[string]string{"ml/new": "0"},
 		},
-		"an XID after the reset: not given": {
-			host: []step{xid(0, 48), reset(0), xid(0, 48)},
-			pods: []corev1.Pod{gpuPod("new", 1, time.Minute, "")},
+		"the plugin started before the XID: not given": {
+			host: []step{xid(0, 48), reset(0)},
+			pods: []corev1.Pod{gpuPod("new", 1, time.Minute, ""), pluginPod(simT.Add(-time.Hour))},
 			want: map[string]string{"ml/new": "1"},
 		},
 		"not enough free GPUs: none": {
@@ -132,7 +144,8 @@ func TestSimDevicePluginAllocate(t *testing.T) {
 // TestSimDevicePluginAllocatable: the node advertises the GPUs that pass
 // the plugin's health check (allocatable 7 of 8 with one XID it sees),
 // not fewer for what it does not see (an application XID, an ECC count),
-// all again after the reset; nothing to change when the status already
+// all again once the plugin restarted after the XID (a reset is not
+// enough); nothing to change when the status already
 // says so.
 func TestSimDevicePluginAllocatable(t *testing.T) {
 	xid := func(gpu, code int) func(*testing.T, *Cluster) {
@@ -153,6 +166,7 @@ func TestSimDevicePluginAllocatable(t *testing.T) {
 	for name, tc := range map[string]struct {
 		host        []func(*testing.T, *Cluster)
 		allocatable string // the node's status before ("" none)
+		pluginStart time.Time
 		want        int
 		change      bool
 	}{
@@ -161,7 +175,11 @@ func TestSimDevicePluginAllocatable(t *testing.T) {
 		"one XID the plugin sees: 7 of 8": {host: []func(*testing.T, *Cluster){xid(3, 48)}, allocatable: "8", want: 7, change: true},
 		"two GPUs out":                    {host: []func(*testing.T, *Cluster){xid(3, 48), xid(5, 79)}, allocatable: "7", want: 6, change: true},
 		"an application XID: all 8":       {host: []func(*testing.T, *Cluster){xid(3, 13)}, allocatable: "8", want: 8},
-		"reset: all 8 again":              {host: []func(*testing.T, *Cluster){xid(3, 48), reset(3)}, allocatable: "7", want: 8, change: true},
+		"reset: still 7 until the plugin restarts": {host: []func(*testing.T, *Cluster){xid(3, 48), reset(3)}, allocatable: "7", want: 7},
+		"the plugin restarted after the XID: all 8 again": {host: []func(*testing.T, *Cluster){xid(3, 48), reset(3)}, allocatable: "7",
+			pluginStart: simT.Add(time.Second), want: 8, change: true},
+		"the plugin restarted before the XID: 7": {host: []func(*testing.T, *Cluster){xid(3, 48)}, allocatable: "7",
+			pluginStart: simT.Add(-time.Second), want: 7},
 		"an ECC count the plugin does not see": {host: []func(*testing.T, *Cluster){func(t *testing.T, c *Cluster) {
 			_ = c.SetGPUState(t.Context(), "gpu-003", 2, func(s *SimGPUState) { s.VolatileDBE = 2 })
 		}}, allocatable: "8", want: 8},
@@ -176,7 +194,7 @@ func TestSimDevicePluginAllocatable(t *testing.T) {
 			if tc.allocatable != "" {
 				n.Status.Allocatable[ResourceGPU] = resource.MustParse(tc.allocatable)
 			}
-			if got, change := SimDevicePluginAllocatable(n); got != tc.want || change != tc.change {
+			if got, change := SimDevicePluginAllocatable(n, tc.pluginStart); got != tc.want || change != tc.change {
 				t.Errorf("got %d (change %t), want %d (change %t)", got, change, tc.want, tc.change)
 			}
 		})

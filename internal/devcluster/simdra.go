@@ -4,9 +4,12 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strconv"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	resourcev1 "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -97,6 +100,97 @@ func (s NodeSpec) ResourceSlice(uid types.UID) *resourcev1.ResourceSlice {
 			Devices:  devices,
 		},
 	}
+}
+
+// Device taints of NVIDIA's DRA driver (its kubelet plugin's health
+// monitor, cmd/gpu-kubelet-plugin/device_health.go): one taint per key on
+// the device, the value and effect of the latest event, kept until the
+// kubelet plugin restarts.
+const (
+	DRATaintXID     = DRADriver + "/xid"
+	DRATaintGPULost = DRADriver + "/gpu-lost"
+)
+
+// SimDRATaints are the device taints the simulated DRA driver's kubelet
+// plugin, started at since, puts on each GPU of the host (by index): for
+// an XID since then, gpu.nvidia.com/xid=<code>, NoSchedule — None for the
+// XIDs the driver treats as application errors (the device plugin's
+// list) — the latest one's; for a GPU off the bus, gpu.nvidia.com/gpu-lost
+// (NoSchedule).
+func SimDRATaints(h SimGPUHost, since time.Time) map[int][]resourcev1.DeviceTaint {
+	out := map[int][]resourcev1.DeviceTaint{}
+	xid := map[int]resourcev1.DeviceTaint{}
+	for _, x := range simXIDs(h) {
+		if x.at.Truncate(time.Second).Before(since) {
+			continue
+		}
+		effect := resourcev1.DeviceTaintEffectNoSchedule
+		if slices.Contains(devicePluginSkippedXIDs, x.code) {
+			effect = resourcev1.DeviceTaintEffectNone
+		}
+		xid[x.gpu] = resourcev1.DeviceTaint{Key: DRATaintXID, Value: strconv.Itoa(x.code), Effect: effect}
+	}
+	for i := range h.GPUs {
+		if t, ok := xid[i]; ok {
+			out[i] = append(out[i], t)
+		}
+		if h.State[i].Missing {
+			out[i] = append(out[i], resourcev1.DeviceTaint{Key: DRATaintGPULost, Effect: resourcev1.DeviceTaintEffectNoSchedule})
+		}
+	}
+	return out
+}
+
+// syncSliceTaints writes the simulated driver's device taints (SimDRATaints)
+// into the node's ResourceSlice when they differ (one update; a taint
+// that stays keeps its timeAdded, a new or changed one gets the API
+// server's).
+func (c *Cluster) syncSliceTaints(ctx context.Context, node *corev1.Node, since time.Time) error {
+	h, err := ReadSimGPUHost(node)
+	if err != nil || h.GPUs == 0 {
+		return err
+	}
+	want := SimDRATaints(h, since)
+	api := c.Client.ResourceV1().ResourceSlices()
+	slice, err := api.Get(ctx, node.Name+"-"+DRADriver, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return nil // a device-plugin node, or not published yet (its creation brings the node back)
+	}
+	if err != nil {
+		return err
+	}
+	changed := false
+	for d := range slice.Spec.Devices {
+		dev := &slice.Spec.Devices[d]
+		i := -1
+		for g := range h.GPUs {
+			if dev.Name == SimGPUDevice(g) {
+				i = g
+			}
+		}
+		if i < 0 {
+			continue
+		}
+		var next []resourcev1.DeviceTaint
+		for _, t := range want[i] {
+			for _, old := range dev.Taints {
+				if old.Key == t.Key && old.Value == t.Value && old.Effect == t.Effect {
+					t.TimeAdded = old.TimeAdded
+				}
+			}
+			next = append(next, t)
+		}
+		if !equality.Semantic.DeepEqual(next, dev.Taints) && (len(next) > 0 || len(dev.Taints) > 0) {
+			dev.Taints, changed = next, true
+		}
+	}
+	if !changed {
+		return nil
+	}
+	if _, err := api.Update(ctx, slice, metav1.UpdateOptions{}); err != nil {
+		return fmt.Errorf("updating the device taints of ResourceSlice %s: %w", slice.Name, err)
+	}
+	return nil
 }
 
 // GPUDeviceClass returns the DeviceClass of full GPUs as NVIDIA's Helm

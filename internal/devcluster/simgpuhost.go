@@ -65,7 +65,7 @@ type SimGPUState struct {
 	// reboots.
 	FailsValidation bool `json:"failsValidation,omitempty"`
 	// ResetSeq is the kernel log's last sequence number when the GPU was
-	// last reset: the simulated device plugin counts only XIDs after it.
+	// last reset: the simulated validation counts only XIDs after it.
 	ResetSeq int64 `json:"resetSeq,omitempty"`
 }
 
@@ -403,7 +403,7 @@ func (c *Cluster) validateGPUs(ctx context.Context, node string, gpus []repairv1
 	if err != nil {
 		return err
 	}
-	unhealthy := simDevicePluginUnhealthy(h)
+	unhealthy := simXIDSinceReset(h)
 	failed := eachGPU(&h, gpus, func(i int, st SimGPUState) string {
 		switch {
 		case st.Missing:

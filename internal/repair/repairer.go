@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -46,6 +47,9 @@ type Repairer struct {
 	Namespace string
 	Clock     clock.PassiveClock
 	Recorder  events.EventRecorder
+	// DRA: the API server serves ResourceSlices and DeviceTaintRules (the
+	// slices are cached and indexed by node).
+	DRA bool
 }
 
 // ladder is one reconcile's view of a repair.
@@ -179,7 +183,11 @@ func (r *Repairer) step(ctx context.Context, l *ladder) (reconcile.Result, error
 	if !faulty {
 		msg := "fault cleared"
 		if len(nr.Spec.GPUs) > 0 {
-			msg = "back in service: " + gpuNames(nr.Spec.GPUs) + validatedSuffix(nr)
+			res, note, done, err := r.stackReturn(ctx, l)
+			if err != nil || !done {
+				return res, err
+			}
+			msg = "back in service: " + gpuNames(nr.Spec.GPUs) + validatedSuffix(nr) + note
 		}
 		return reconcile.Result{}, r.end(ctx, l, repairv1.PhaseSucceeded, msg)
 	}
@@ -203,6 +211,9 @@ func (r *Repairer) step(ctx context.Context, l *ladder) (reconcile.Result, error
 			if drained, err := r.gpuDrainRung(ctx, l); err != nil || !drained {
 				return reconcile.Result{}, err
 			}
+		}
+		if a := nr.Spec.Actions[idx]; !a.AgentRuns() {
+			return reconcile.Result{}, r.runStackRestart(ctx, l, a)
 		}
 		r.request(l, nr.Spec.Actions[idx])
 		return reconcile.Result{}, nil
@@ -373,6 +384,80 @@ func (r *Repairer) awaitReboot(ctx context.Context, l *ladder) (reconcile.Result
 	nr.Status.Pending = nil
 	return reconcile.Result{}, r.end(ctx, l, repairv1.PhaseRecoveryFailed,
 		fmt.Sprintf("node %s did not come back from the reboot within %s: %s", node.Name, limit, why))
+}
+
+// stackRestartWait bounds the wait for the GPU stack's restarted pods to
+// give a repaired GPU out again.
+const stackRestartWait = 3 * time.Minute
+
+// runStackRestart runs RestartGPUStackPods as a rung of the ladder: the
+// operator restarts the node's GPU stack pods itself, records the outcome
+// and goes on to the next rung (none found is a failed rung, not the end).
+func (r *Repairer) runStackRestart(ctx context.Context, l *ladder, a repairv1.Action) error {
+	l.nr.Status.NextAction++
+	actionsRequested.WithLabelValues(string(a)).Inc()
+	names, err := r.restartStackPods(ctx, l)
+	switch {
+	case err != nil && len(names) == 0:
+		l.record(string(a), repairv1.OutcomeFailed, err.Error())
+	case len(names) == 0:
+		l.record(string(a), repairv1.OutcomeFailed, "no pod of the GPU stack on the node (gpu.stackPods)")
+	default:
+		l.record(string(a), repairv1.OutcomeSucceeded, "restarted "+strings.Join(names, ", "))
+		l.events.Eventf(l.node, l.nr, corev1.EventTypeNormal, ReasonAction, actionRepair, "Node %s: %s: %s", l.node.Name, a, strings.Join(names, ", "))
+	}
+	return nil
+}
+
+// stackReturn is the last step of a GPU repair whose GPUs are back in
+// service by their records: when the node's device plugin or DRA driver
+// still holds one out of service (StackHolds), it restarts their pods
+// once and waits, at most stackRestartWait, for them to give the GPU out
+// again. done: the repair may end (note: what the user must know); a
+// restart that did not help ends it RecoveryFailed.
+func (r *Repairer) stackReturn(ctx context.Context, l *ladder) (res reconcile.Result, note string, done bool, err error) {
+	nr := l.nr
+	var faults repairv1.GPUFaultList
+	if err := r.Client.List(ctx, &faults); err != nil {
+		return res, "", false, fmt.Errorf("listing GPUFaults: %w", err)
+	}
+	var slices resourcev1.ResourceSliceList
+	if r.DRA {
+		if err := r.Client.List(ctx, &slices, client.MatchingFields{indexSliceNode: l.node.Name}); err != nil {
+			return res, "", false, fmt.Errorf("listing ResourceSlices of node %s: %w", l.node.Name, err)
+		}
+	}
+	isolated := func(f *repairv1.GPUFault) bool {
+		var rule resourcev1.DeviceTaintRule
+		return r.DRA && r.Client.Get(ctx, types.NamespacedName{Name: ruleName(f)}, &rule) == nil
+	}
+	hold := StackHolds(l.node, nr.Spec.GPUs, faults.Items, slices.Items, draDriver(&l.policy.Spec), isolated)
+	restarted := lastAfter(nr, string(repairv1.ActionRestartGPUStackPods), string(repairv1.ActionValidateGPU))
+	switch {
+	case hold.Held == "":
+		return res, "", true, nil
+	case hold.Blocked != "":
+		return res, "; the GPU stack still holds it (" + hold.Held + "): " + hold.Blocked, true, nil
+	case restarted == nil:
+		names, err := r.restartStackPods(ctx, l)
+		if err != nil && len(names) == 0 {
+			return res, "", false, err
+		}
+		if len(names) == 0 {
+			return res, "; the GPU stack still holds it (" + hold.Held + ") and no pod of the GPU stack on the node matches gpu.stackPods: restart the device plugin or DRA kubelet plugin of the node", true, nil
+		}
+		l.record(string(repairv1.ActionRestartGPUStackPods), repairv1.OutcomeSucceeded,
+			fmt.Sprintf("%s; restarted %s", hold.Held, strings.Join(names, ", ")))
+		l.events.Eventf(l.node, nr, corev1.EventTypeNormal, ReasonAction, actionRepair, "Node %s: %s: %s (%s)",
+			l.node.Name, repairv1.ActionRestartGPUStackPods, strings.Join(names, ", "), hold.Held)
+		return reconcile.Result{RequeueAfter: stackRestartWait}, "", false, nil
+	}
+	if waited := l.now.Sub(restarted.Time.Time); waited < stackRestartWait {
+		return reconcile.Result{RequeueAfter: stackRestartWait - waited}, "", false, nil
+	}
+	return res, "", false, r.end(ctx, l, repairv1.PhaseRecoveryFailed, fmt.Sprintf(
+		"%s passed its validation, but %s after gpufleet restarted the GPU stack's pods %s ago: check the node's device plugin or DRA kubelet plugin",
+		gpuNames(nr.Spec.GPUs), hold.Held, stackRestartWait))
 }
 
 // lastAfter is the last timeline entry of step after the last entry of

@@ -7,7 +7,7 @@ import (
 	repairv1 "github.com/gpufleet/gpufleet/api/repair/v1alpha1"
 )
 
-// DefaultRules reproduce SPEC R1; a policy without rules uses them. Reboot
+// DefaultRules are the documented default rules (docs/repair.md); a policy without rules uses them. Reboot
 // actions run only when the policy allows reboots. Each fault is matched in
 // both spellings in use: the kubelet's own Ready condition and ACK's
 // node-problem-detector (KubeletNotReady with reasons KubeletHung / PLEG /
@@ -45,6 +45,16 @@ func DefaultRules() []repairv1.Rule {
 			Actions: []repairv1.Action{repairv1.ActionRestartNTP}},
 		{Name: "systemd-offline", ConditionType: "SystemdOffline", Status: "True", ThresholdSeconds: 90, Risk: "high", Actions: reboot},
 		{Name: "readonly-filesystem", ConditionType: "ReadonlyFilesystem", Status: "True", ThresholdSeconds: 90, Risk: "high", Actions: reboot},
+		// The node's GPU services, as a node-problem-detector plugin (or any
+		// monitor) reports them: restarting the service fixes the common
+		// case without a reboot; Fabric Manager's link training falls back
+		// to one.
+		{Name: "fabric-manager", ConditionType: ConditionFabricManagerUnhealthy, Status: "True", ThresholdSeconds: 60, Risk: "high",
+			Actions: []repairv1.Action{repairv1.ActionRestartFabricManager, repairv1.ActionReboot}},
+		{Name: "persistenced", ConditionType: ConditionPersistencedUnhealthy, Status: "True", ThresholdSeconds: 60, Risk: "medium",
+			Actions: []repairv1.Action{repairv1.ActionRestartPersistenced}},
+		{Name: "dcgm", ConditionType: ConditionDCGMUnhealthy, Status: "True", ThresholdSeconds: 120, Risk: "low",
+			Actions: []repairv1.Action{repairv1.ActionRestartDCGM}},
 		// GPU faults found by the node agent (the GPU is isolated at once;
 		// the repair starts past the threshold).
 		{Name: "gpu-reset", ConditionType: repairv1.ConditionGPUProblem, Status: "True", Reason: string(repairv1.GPUClassResetGPU), ThresholdSeconds: 10, Risk: "high",
@@ -53,6 +63,13 @@ func DefaultRules() []repairv1.Rule {
 		{Name: "gpu-replace", ConditionType: repairv1.ConditionGPUProblem, Status: "True", Reason: string(repairv1.GPUClassReplace), ThresholdSeconds: 10, Risk: "high"},
 	}
 }
+
+// Node conditions of the node's GPU services the default rules repair.
+const (
+	ConditionFabricManagerUnhealthy = "FabricManagerUnhealthy"
+	ConditionPersistencedUnhealthy  = "NVIDIAPersistencedUnhealthy"
+	ConditionDCGMUnhealthy          = "DCGMHostEngineUnhealthy"
+)
 
 // RulesOf returns the policy's rules, or the defaults.
 func RulesOf(p *repairv1.NodeRepairPolicySpec) []repairv1.Rule {

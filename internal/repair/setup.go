@@ -102,42 +102,80 @@ func Setup(mgr manager.Manager, opts Options) error {
 	repairsOfGPU := handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
 		return repairsOf(ctx, o.(*repairv1.GPUFault).Spec.NodeName)
 	})
-	rep := &Repairer{Client: c, Live: mgr.GetAPIReader(), Namespace: opts.Namespace, Clock: opts.Clock, Recorder: mgr.GetEventRecorder("gpufleet-repair")}
-	err = builder.ControllerManagedBy(mgr).Named("noderepair").
+	dra := draServed(mgr, log)
+	if dra {
+		// The isolator and the repair controller read the slices of one
+		// node (the API server serves the same field selector, for a
+		// client without this cache).
+		if err := mgr.GetFieldIndexer().IndexField(context.Background(), &resourcev1.ResourceSlice{}, indexSliceNode, func(o client.Object) []string {
+			if n := o.(*resourcev1.ResourceSlice).Spec.NodeName; n != nil {
+				return []string{*n}
+			}
+			return nil
+		}); err != nil {
+			return fmt.Errorf("indexing ResourceSlices by node: %w", err)
+		}
+	}
+	rep := &Repairer{Client: c, Live: mgr.GetAPIReader(), Namespace: opts.Namespace, Clock: opts.Clock, Recorder: mgr.GetEventRecorder("gpufleet-repair"), DRA: dra}
+	// A node's device plugin giving a repaired GPU out again (allocatable),
+	// or its DRA driver dropping its device taint, ends the repair's wait
+	// for the GPU stack (stackReturn).
+	b := builder.ControllerManagedBy(mgr).Named("noderepair").
 		For(&repairv1.NodeRepair{}).
-		Watches(&corev1.Node{}, repairsOfNode, builder.WithPredicates(healthChanged)).
+		Watches(&corev1.Node{}, repairsOfNode, builder.WithPredicates(predicate.Or(healthChanged, gpuAllocatableChanged))).
 		Watches(&repairv1.GPUFault{}, repairsOfGPU, builder.WithPredicates(serviceChanged)).
 		Watches(&maintenancev1.NodeMaintenance{}, requestor.EnqueueOwner(mgr.GetScheme(), mgr.GetRESTMapper(), &repairv1.NodeRepair{}),
-			builder.WithPredicates(requestor.OfRequestor(Requestor), requestor.Transitions)).
-		WithOptions(controller.Options{MaxConcurrentReconciles: 4}).
-		Complete(rep)
-	if err != nil {
+			builder.WithPredicates(requestor.OfRequestor(Requestor), requestor.Transitions))
+	if dra {
+		b = b.Watches(&resourcev1.ResourceSlice{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
+			if n := o.(*resourcev1.ResourceSlice).Spec.NodeName; n != nil {
+				return repairsOf(ctx, *n)
+			}
+			return nil
+		}), builder.WithPredicates(deviceTaintsChanged))
+	}
+	if err = b.WithOptions(controller.Options{MaxConcurrentReconciles: 4}).Complete(rep); err != nil {
 		return fmt.Errorf("setting up the repair controller: %w", err)
+	}
+	if !dra {
+		return nil
 	}
 	return setupIsolator(mgr, log)
 }
 
-// setupIsolator registers the GPU isolator when the API server serves DRA's
-// DeviceTaintRule (resource.k8s.io/v1); without it a faulty GPU is kept
+// draServed reports whether the API server serves DRA's DeviceTaintRule and
+// ResourceSlice (resource.k8s.io/v1); without them a faulty GPU is kept
 // from new pods only by the device plugin's health marking.
-func setupIsolator(mgr manager.Manager, log logr.Logger) error {
+func draServed(mgr manager.Manager, log logr.Logger) bool {
 	for _, kind := range []string{"DeviceTaintRule", "ResourceSlice"} {
 		if _, err := mgr.GetRESTMapper().RESTMapping(schema.GroupKind{Group: resourcev1.GroupName, Kind: kind}, resourcev1.SchemeGroupVersion.Version); err != nil {
 			log.Info("GPU isolation through DRA is off: the API server does not serve it; a faulty GPU is kept from new pods only by the device plugin's health marking",
 				"kind", resourcev1.SchemeGroupVersion.WithKind(kind).String(), "error", err.Error())
-			return nil
+			return false
 		}
 	}
-	// The isolator reads the slices of one node (the API server serves the
-	// same field selector, for a client without this cache).
-	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &resourcev1.ResourceSlice{}, indexSliceNode, func(o client.Object) []string {
-		if n := o.(*resourcev1.ResourceSlice).Spec.NodeName; n != nil {
-			return []string{*n}
+	return true
+}
+
+// deviceTaintsChanged passes a ResourceSlice whose devices' taints changed
+// (or that appeared or went).
+var deviceTaintsChanged = predicate.Funcs{
+	UpdateFunc: func(e event.UpdateEvent) bool {
+		o, n := e.ObjectOld.(*resourcev1.ResourceSlice), e.ObjectNew.(*resourcev1.ResourceSlice)
+		if len(o.Spec.Devices) != len(n.Spec.Devices) {
+			return true
 		}
-		return nil
-	}); err != nil {
-		return fmt.Errorf("indexing ResourceSlices by node: %w", err)
-	}
+		for i := range o.Spec.Devices {
+			if !equality.Semantic.DeepEqual(o.Spec.Devices[i].Taints, n.Spec.Devices[i].Taints) {
+				return true
+			}
+		}
+		return false
+	},
+}
+
+// setupIsolator registers the GPU isolator (the API server serves DRA).
+func setupIsolator(mgr manager.Manager, log logr.Logger) error {
 	c := mgr.GetClient()
 	gpusOfNode := func(ctx context.Context, node string) []reconcile.Request {
 		var list repairv1.GPUFaultList

@@ -271,6 +271,42 @@ type GPUSpec struct {
 	// it), never back to service.
 	// +optional
 	Validation *GPUValidation `json:"validation,omitempty"`
+	// StackPods select the pods of the GPU stack on a node that
+	// RestartGPUStackPods restarts: the device plugin and the DRA kubelet
+	// plugin, which keep a GPU they found unhealthy out of service (out of
+	// nvidia.com/gpu allocatable; a device taint in the ResourceSlice) until
+	// they restart. A pod matching any selector counts. Empty: the pods of
+	// NVIDIA's GPU Operator and gpufleet's GPU stack (label app
+	// nvidia-device-plugin-daemonset or nvidia-dra-driver-kubelet-plugin),
+	// of NVIDIA's device plugin chart (app.kubernetes.io/name
+	// nvidia-device-plugin) and of NVIDIA's DRA driver chart
+	// (dra-driver-nvidia-gpu-component, or nvidia-dra-driver-gpu-component
+	// of older releases, kubelet-plugin). After a GPU passed its
+	// validation, a repair restarts them when they still hold it
+	// unhealthy.
+	// +optional
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=8
+	StackPods []metav1.LabelSelector `json:"stackPods,omitempty"`
+}
+
+// DefaultGPUStackPods are the selectors of gpu.stackPods when it is empty.
+func DefaultGPUStackPods() []metav1.LabelSelector {
+	return []metav1.LabelSelector{
+		{MatchExpressions: []metav1.LabelSelectorRequirement{{Key: "app", Operator: metav1.LabelSelectorOpIn,
+			Values: []string{"nvidia-device-plugin-daemonset", "nvidia-dra-driver-kubelet-plugin"}}}},
+		{MatchLabels: map[string]string{"app.kubernetes.io/name": "nvidia-device-plugin"}},
+		{MatchLabels: map[string]string{"dra-driver-nvidia-gpu-component": "kubelet-plugin"}},
+		{MatchLabels: map[string]string{"nvidia-dra-driver-gpu-component": "kubelet-plugin"}},
+	}
+}
+
+// StackPodSelectors are the policy's gpu.stackPods, or the defaults.
+func (g *GPUSpec) StackPodSelectors() []metav1.LabelSelector {
+	if g == nil || len(g.StackPods) == 0 {
+		return DefaultGPUStackPods()
+	}
+	return g.StackPods
 }
 
 // GPUValidationLevel says how a GPU is validated before it returns to

@@ -8,7 +8,7 @@ import (
 
 // Action is one thing the node agent can do. The set is fixed: the API
 // never carries an arbitrary command.
-// +kubebuilder:validation:Enum=RestartKubelet;RestartContainerRuntime;RestartNTP;DeleteBrokenSandbox;ResetGPU;Reboot;ValidateGPU
+// +kubebuilder:validation:Enum=RestartKubelet;RestartContainerRuntime;RestartNTP;DeleteBrokenSandbox;ResetGPU;Reboot;ValidateGPU;RestartFabricManager;RestartPersistenced;RestartDCGM;RestartGPUStackPods
 type Action string
 
 // Actions.
@@ -29,7 +29,26 @@ const (
 	// for it after a successful ResetGPU or reboot. It is not a rung of the
 	// ladder: a rule need not list it.
 	ActionValidateGPU Action = "ValidateGPU"
+	// ActionRestartFabricManager restarts NVIDIA Fabric Manager (systemd
+	// unit nvidia-fabricmanager) on the node.
+	ActionRestartFabricManager Action = "RestartFabricManager"
+	// ActionRestartPersistenced restarts the NVIDIA persistence daemon
+	// (nvidia-persistenced).
+	ActionRestartPersistenced Action = "RestartPersistenced"
+	// ActionRestartDCGM restarts the DCGM host engine (nvidia-dcgm).
+	ActionRestartDCGM Action = "RestartDCGM"
+	// ActionRestartGPUStackPods deletes the node's pods of the GPU stack
+	// that report GPU health to the kubelet and the scheduler — the device
+	// plugin and the DRA kubelet plugin (the policy's gpu.stackPods) — so
+	// that their DaemonSets start them again: both keep a GPU they once
+	// found unhealthy out of service until they restart. gpufleet runs it
+	// itself, not the node agent; running pods keep their GPUs.
+	ActionRestartGPUStackPods Action = "RestartGPUStackPods"
 )
+
+// AgentRuns reports whether the node agent runs the action (all but
+// RestartGPUStackPods, which the repair controller runs).
+func (a Action) AgentRuns() bool { return a != ActionRestartGPUStackPods }
 
 // Outcomes of a timeline entry of an agent action, as the node agent
 // writes them and the repair controller reads them.
