@@ -7,6 +7,7 @@ import (
 
 	jsonpatch "github.com/evanphx/json-patch/v5"
 	corev1 "k8s.io/api/core/v1"
+	resourcev1 "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
@@ -49,6 +50,9 @@ type API interface {
 	// before a disruptive action), the NodeMaintenance objects of node in
 	// every namespace.
 	NodeMaintenances(ctx context.Context, node string) ([]maintenancev1.NodeMaintenance, error)
+	// ResourceSlices lists the ResourceSlices of node (none when the API
+	// server serves no DRA).
+	ResourceSlices(ctx context.Context, node string) ([]resourcev1.ResourceSlice, error)
 }
 
 // MergePatch is the JSON merge patch from before to after, carrying
@@ -87,6 +91,8 @@ func MergePatch(before, after any, resourceVersion string) ([]byte, error) {
 type kubeAPI struct {
 	core, repair, maintenance        rest.Interface
 	nodes, repairs, faults, policies cache.Store
+	// slices: nil when the API server serves no resource.k8s.io/v1.
+	slices cache.Store
 }
 
 // newScheme knows the types the agent reads and writes.
@@ -99,6 +105,9 @@ func newScheme() (*runtime.Scheme, error) {
 		return nil, err
 	}
 	if err := maintenancev1.AddToScheme(s); err != nil {
+		return nil, err
+	}
+	if err := resourcev1.AddToScheme(s); err != nil {
 		return nil, err
 	}
 	metav1.AddToGroupVersion(s, schema.GroupVersion{Version: "v1"})
@@ -152,6 +161,19 @@ func (k *kubeAPI) GPUFaults(context.Context) ([]repairv1.GPUFault, error) {
 
 func (k *kubeAPI) NodeRepairPolicies(context.Context) ([]repairv1.NodeRepairPolicy, error) {
 	return list[repairv1.NodeRepairPolicy](k.policies), nil
+}
+
+func (k *kubeAPI) ResourceSlices(_ context.Context, node string) ([]resourcev1.ResourceSlice, error) {
+	if k.slices == nil {
+		return nil, nil
+	}
+	var out []resourcev1.ResourceSlice
+	for _, s := range list[resourcev1.ResourceSlice](k.slices) {
+		if s.Spec.NodeName != nil && *s.Spec.NodeName == node {
+			out = append(out, s)
+		}
+	}
+	return out, nil
 }
 
 func (k *kubeAPI) CreateGPUFault(ctx context.Context, f *repairv1.GPUFault) error {

@@ -7,6 +7,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	corev1 "k8s.io/api/core/v1"
+	resourcev1 "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -37,6 +38,20 @@ func (c clientAPI) GPUFaults(ctx context.Context) ([]repairv1.GPUFault, error) {
 func (c clientAPI) NodeRepairPolicies(ctx context.Context) ([]repairv1.NodeRepairPolicy, error) {
 	var l repairv1.NodeRepairPolicyList
 	return l.Items, c.List(ctx, &l)
+}
+
+func (c clientAPI) ResourceSlices(ctx context.Context, node string) ([]resourcev1.ResourceSlice, error) {
+	var l resourcev1.ResourceSliceList
+	if err := c.List(ctx, &l); err != nil {
+		return nil, err
+	}
+	var out []resourcev1.ResourceSlice
+	for _, s := range l.Items {
+		if s.Spec.NodeName != nil && *s.Spec.NodeName == node {
+			out = append(out, s)
+		}
+	}
+	return out, nil
 }
 
 func (c clientAPI) CreateGPUFault(ctx context.Context, f *repairv1.GPUFault) error {

@@ -9,6 +9,9 @@ import (
 
 	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
+	resourcev1 "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -81,7 +84,11 @@ type startable interface {
 type Daemon struct {
 	opts     Options
 	api      *kubeAPI
-	informer struct{ nodes, repairs, faults, policies cache.SharedIndexInformer }
+	informer struct {
+		nodes, repairs, faults, policies cache.SharedIndexInformer
+		// slices: nil when the API server serves no DRA.
+		slices cache.SharedIndexInformer
+	}
 	actions  workqueue.TypedRateLimitingInterface[string]
 	gpus     workqueue.TypedRateLimitingInterface[string]
 	agent    *Agent
@@ -141,6 +148,23 @@ func New(cfg *rest.Config, opts Options) (*Daemon, error) {
 	d.informer.policies = newInformer(d.api.repair, "noderepairpolicies", &repairv1.NodeRepairPolicy{}, nil)
 	d.api.nodes, d.api.repairs = d.informer.nodes.GetStore(), d.informer.repairs.GetStore()
 	d.api.faults, d.api.policies = d.informer.faults.GetStore(), d.informer.policies.GetStore()
+	if opts.GPUs != nil {
+		// The DRA driver's device taints are a GPU source too.
+		resource, err := restFor(resourcev1.SchemeGroupVersion, "/apis")
+		if err != nil {
+			return nil, err
+		}
+		served, err := groupVersionServed(d.api.core, resourcev1.SchemeGroupVersion)
+		if err != nil {
+			return nil, err
+		}
+		if served {
+			d.informer.slices = newInformer(resource, "resourceslices", &resourcev1.ResourceSlice{}, byNode)
+			d.api.slices = d.informer.slices.GetStore()
+		} else {
+			opts.Logger.Info("the API server serves no DRA (resource.k8s.io/v1): device taints are not read")
+		}
+	}
 
 	d.agent = &Agent{Client: d.api, NodeName: opts.NodeName, Namespace: opts.Namespace, Executor: opts.Executor, Clock: opts.Clock}
 	d.actions = newQueue("repair-agent")
@@ -184,6 +208,35 @@ func newInformer(c rest.Interface, resource string, obj runtime.Object, field fi
 		return o, nil
 	})
 	return inf
+}
+
+// groupVersionServed asks the API server whether it serves gv (a 404 says
+// it does not; another error is returned).
+func groupVersionServed(core rest.Interface, gv schema.GroupVersion) (bool, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	err := core.Get().AbsPath("/apis", gv.Group, gv.Version).Do(ctx).Error()
+	switch {
+	case err == nil:
+		return true, nil
+	case apierrors.IsNotFound(err):
+		return false, nil
+	default:
+		return false, fmt.Errorf("agent: asking whether the API server serves %s: %w", gv, err)
+	}
+}
+
+// deviceTaintsChanged: a ResourceSlice's devices' taints changed.
+func deviceTaintsChanged(o, n *resourcev1.ResourceSlice) bool {
+	if len(o.Spec.Devices) != len(n.Spec.Devices) {
+		return true
+	}
+	for i := range o.Spec.Devices {
+		if !equality.Semantic.DeepEqual(o.Spec.Devices[i].Taints, n.Spec.Devices[i].Taints) {
+			return true
+		}
+	}
+	return false
 }
 
 func newQueue(name string) workqueue.TypedRateLimitingInterface[string] {
@@ -250,6 +303,15 @@ func (d *Daemon) watchGPUs() error {
 	}, gpuFaultChanged)); err != nil {
 		return err
 	}
+	if d.informer.slices != nil {
+		if _, err := d.informer.slices.AddEventHandler(handler(func(s *resourcev1.ResourceSlice) {
+			if s.Spec.NodeName != nil && mine(*s.Spec.NodeName) {
+				d.gpus.Add(*s.Spec.NodeName)
+			}
+		}, deviceTaintsChanged)); err != nil {
+			return err
+		}
+	}
 	_, err := d.informer.policies.AddEventHandler(handler(func(*repairv1.NodeRepairPolicy) {
 		if d.opts.NodeName != "" {
 			d.gpus.Add(d.opts.NodeName)
@@ -274,8 +336,14 @@ func (d *Daemon) Start(ctx context.Context) error {
 	ctx = crlog.IntoContext(ctx, log)
 	var bg sync.WaitGroup
 	defer bg.Wait()
-	for _, inf := range []cache.SharedIndexInformer{d.informer.nodes, d.informer.repairs, d.informer.faults, d.informer.policies} {
-		bg.Go(func() { inf.RunWithContext(ctx) })
+	synced := []cache.InformerSynced{d.informer.nodes.HasSynced, d.informer.repairs.HasSynced, d.informer.faults.HasSynced, d.informer.policies.HasSynced}
+	for _, inf := range []cache.SharedIndexInformer{d.informer.nodes, d.informer.repairs, d.informer.faults, d.informer.policies, d.informer.slices} {
+		if inf != nil {
+			bg.Go(func() { inf.RunWithContext(ctx) })
+		}
+	}
+	if d.informer.slices != nil {
+		synced = append(synced, d.informer.slices.HasSynced)
 	}
 	defer d.actions.ShutDown()
 	if d.gpus != nil {
@@ -300,8 +368,7 @@ func (d *Daemon) Start(ctx context.Context) error {
 			})
 		}
 	}
-	if !cache.WaitForNamedCacheSyncWithContext(ctx, d.informer.nodes.HasSynced, d.informer.repairs.HasSynced,
-		d.informer.faults.HasSynced, d.informer.policies.HasSynced) {
+	if !cache.WaitForNamedCacheSyncWithContext(ctx, synced...) {
 		if ctx.Err() != nil {
 			return nil
 		}

@@ -3,11 +3,14 @@ package agent
 import (
 	"fmt"
 	"hash/fnv"
+	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	resourcev1 "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -62,6 +65,19 @@ type GPUObservation struct {
 	// scrapes, or the simulated host's inventory): a GPU the exporter no
 	// longer reports is recognised among them.
 	KnownGPUs []repairv1.GPURef
+	// DeviceTaints are the taints the node's DRA driver put on its GPUs'
+	// devices in its ResourceSlices (nil: none, or no DRA).
+	DeviceTaints []DeviceTaintObservation
+}
+
+// DeviceTaintObservation is a taint a DRA driver put on one of its
+// devices (NVIDIA's: gpu.nvidia.com/xid=<XID>, gpu.nvidia.com/gpu-lost).
+type DeviceTaintObservation struct {
+	GPU       repairv1.GPURef
+	Device    string
+	Key       string
+	Value     string
+	TimeAdded time.Time
 }
 
 // GPUState is the core's input for one node.
@@ -105,6 +121,7 @@ func DetectGPUFaults(s GPUState, now time.Time) []repairv1.GPUFault {
 		w.newBoot(s.BootID)
 	}
 	w.xids(s.Observed.XIDs, s.XIDClasses, s.BootID)
+	w.deviceTaints(s.Observed.DeviceTaints, s.XIDClasses, s.BootID, now)
 	if s.Observed.DCGM != nil {
 		w.counters(s.Observed.DCGM, s.Capacity, s.Observed.KnownGPUs, s.XIDClasses, s.BootID, now)
 	}
@@ -124,7 +141,7 @@ func ResetDone(records []repairv1.GPUFault, gpus []repairv1.GPURef) []repairv1.G
 		}
 		after := r.DeepCopy()
 		for i := range after.Status.Faults {
-			if e := &after.Status.Faults[i]; isXID(e) {
+			if e := &after.Status.Faults[i]; isEvent(e) {
 				e.Active = false
 			}
 		}
@@ -154,7 +171,7 @@ func ValidationDone(records []repairv1.GPUFault, gpus []repairv1.GPURef, result 
 			p.Active = false
 		}
 		for i := range after.Status.Faults {
-			if f := &after.Status.Faults[i]; isXID(f) && since != nil && !f.LastSeen.After(since.Time) {
+			if f := &after.Status.Faults[i]; isEvent(f) && since != nil && !f.LastSeen.After(since.Time) {
 				f.Active = false
 			}
 		}
@@ -176,7 +193,7 @@ func ValidationDone(records []repairv1.GPUFault, gpus []repairv1.GPURef, result 
 func ValidationPending(records []repairv1.GPUFault, gpus []repairv1.GPURef, now time.Time) []repairv1.GPUFault {
 	return updateGPUs(records, gpus, now, func(after *repairv1.GPUFault) {
 		for i := range after.Status.Faults {
-			if f := &after.Status.Faults[i]; isXID(f) {
+			if f := &after.Status.Faults[i]; isEvent(f) {
 				f.Active = false
 			}
 		}
@@ -305,6 +322,71 @@ func XIDClassesFor(node *corev1.Node, policies []repairv1.NodeRepairPolicy) map[
 	return out
 }
 
+// DRADriversFor are the DRA drivers whose device taints count for node:
+// the gpu.draDriver of the policies that select it (the default, NVIDIA's
+// gpu.nvidia.com, when none sets one).
+func DRADriversFor(node *corev1.Node, policies []repairv1.NodeRepairPolicy) []string {
+	var out []string
+	for i := range policies {
+		p := &policies[i]
+		if d := p.Spec.GPU.DRADriver; d != "" && p.SelectsLabels(node.Labels) && !slices.Contains(out, d) {
+			out = append(out, d)
+		}
+	}
+	if len(out) == 0 {
+		out = []string{defaultDRADriver}
+	}
+	return out
+}
+
+// defaultDRADriver is NVIDIA's DRA driver for GPUs.
+const defaultDRADriver = "gpu.nvidia.com"
+
+// DeviceTaintsOf are the taints drivers put on node's devices in slices,
+// each with the GPU its device is (attributes uuid and the PCI bus ID,
+// resource.kubernetes.io/pciBusID or NVIDIA's older pcieBusID; a full
+// GPU's name gpu-<index>).
+func DeviceTaintsOf(rs []resourcev1.ResourceSlice, drivers []string, node string) []DeviceTaintObservation {
+	var out []DeviceTaintObservation
+	for i := range rs {
+		s := &rs[i]
+		if !slices.Contains(drivers, s.Spec.Driver) || s.Spec.NodeName == nil || *s.Spec.NodeName != node {
+			continue
+		}
+		for _, d := range s.Spec.Devices {
+			if len(d.Taints) == 0 {
+				continue
+			}
+			ref := repairv1.GPURef{UUID: deviceAttr(d, "uuid"), PCIBusID: deviceAttr(d, "pciBusID")}
+			if ref.PCIBusID == "" {
+				ref.PCIBusID = deviceAttr(d, "pcieBusID")
+			}
+			if idx, err := strconv.Atoi(strings.TrimPrefix(d.Name, "gpu-")); err == nil && strings.HasPrefix(d.Name, "gpu-") && idx >= 0 && idx < 1<<16 {
+				n := int32(idx)
+				ref.Index = &n
+			}
+			for _, t := range d.Taints {
+				o := DeviceTaintObservation{GPU: ref, Device: d.Name, Key: t.Key, Value: t.Value}
+				if t.TimeAdded != nil {
+					o.TimeAdded = t.TimeAdded.Time
+				}
+				out = append(out, o)
+			}
+		}
+	}
+	return out
+}
+
+// deviceAttr is a device's string attribute name, qualified or not.
+func deviceAttr(d resourcev1.Device, name string) string {
+	for k, v := range d.Attributes {
+		if (string(k) == name || strings.HasSuffix(string(k), "/"+name)) && v.StringValue != nil {
+			return *v.StringValue
+		}
+	}
+	return ""
+}
+
 // NodeRecordName names the record of a node's GPUs that are missing and
 // not identified (the exporter reports fewer GPUs than the node has, and
 // nothing tells which).
@@ -356,7 +438,7 @@ func (w *workSet) newBoot(bootID string) {
 		}
 		if r.Status.BootID != "" {
 			for i := range r.Status.Faults {
-				if e := &r.Status.Faults[i]; isXID(e) {
+				if e := &r.Status.Faults[i]; isEvent(e) {
 					e.Active = false
 				}
 			}
@@ -459,6 +541,64 @@ func (w *workSet) xids(events []XIDObservation, overrides map[int]gpufault.Class
 			e.Class = class
 		}
 		e.Meaning, e.Citation = truncate(c.Meaning, maxEntryText), truncate(c.Citation, maxEntryText)
+		e.LastSeen, e.Active = t, true
+		e.Count++
+	}
+}
+
+// Keys of NVIDIA's DRA driver's device taints, after its driver name.
+const (
+	taintXID     = "/xid"
+	taintGPULost = "/gpu-lost"
+)
+
+// deviceTaints counts the DRA driver's device taints not counted yet: an
+// XID taint is an entry of its code and key, classed by the catalogue as
+// the kernel log's XID is; a lost GPU is an entry of its key, class
+// Reboot. Like an XID, a taint is counted once, by its timeAdded: the
+// driver keeps it until its kubelet plugin restarts, so one that stays
+// after the reset that ended it is not a new fault. Other keys are not
+// faults (the driver's unmonitored taint, anyone else's).
+func (w *workSet) deviceTaints(taints []DeviceTaintObservation, overrides map[int]gpufault.Class, bootID string, now time.Time) {
+	sorted := append([]DeviceTaintObservation(nil), taints...)
+	sort.SliceStable(sorted, func(i, j int) bool { return sorted[i].TimeAdded.Before(sorted[j].TimeAdded) })
+	for _, d := range sorted {
+		code, class, meaning, citation := 0, repairv1.GPUClassReboot, "the DRA driver lost the GPU (NVML: GPU is lost)", ""
+		switch {
+		case strings.HasSuffix(d.Key, taintXID):
+			n, err := strconv.Atoi(d.Value)
+			if err != nil || n <= 0 {
+				continue
+			}
+			c := gpufault.ClassifyEvent(gpufault.XIDEvent{Code: n}, overrides)
+			code, class, meaning, citation = n, repairv1.GPUFaultClass(c.Class), c.Meaning, c.Citation
+		case strings.HasSuffix(d.Key, taintGPULost):
+		default:
+			continue
+		}
+		ref := d.GPU
+		if bus, ok := gpufault.NormalizePCIBusID(ref.PCIBusID); ok {
+			ref.PCIBusID = bus
+		}
+		r := w.record(ref, bootID)
+		if r == nil {
+			continue
+		}
+		at := d.TimeAdded
+		if at.IsZero() {
+			at = now // the API server sets it; a taint without one is new now
+		}
+		t := metav1.NewTime(at.UTC().Truncate(time.Second))
+		e := entryFor(r, code, d.Key)
+		if e != nil && !t.After(e.LastSeen.Time) {
+			continue // counted before
+		}
+		if e == nil {
+			e = addEntry(r, repairv1.GPUFaultEntry{Code: int32(code), Counter: d.Key, FirstSeen: t})
+		}
+		e.Class = class
+		e.Meaning = truncate(fmt.Sprintf("%s, reported by the DRA driver on device %s", meaning, d.Device), maxEntryText)
+		e.Citation = truncate(citation, maxEntryText)
 		e.LastSeen, e.Active = t, true
 		e.Count++
 	}
@@ -612,7 +752,7 @@ func setCounters(r *repairv1.GPUFault, want []gpufault.Fault, now time.Time, min
 		e.Meaning, e.Citation = truncate(f.Meaning, maxEntryText), truncate(f.Citation, maxEntryText)
 	}
 	for i := range r.Status.Faults {
-		if e := &r.Status.Faults[i]; !isXID(e) && mine(e) && !wanted[e.Counter] {
+		if e := &r.Status.Faults[i]; !isEvent(e) && mine(e) && !wanted[e.Counter] {
 			e.Active = false
 		}
 	}
@@ -628,6 +768,15 @@ func refOf(k gpufault.GPUKey) repairv1.GPURef {
 }
 
 func isXID(e *repairv1.GPUFaultEntry) bool { return e.Code != 0 && e.Counter == "" }
+
+// isDeviceTaint: an entry read from a DRA driver's device taint; its
+// counter is the taint's key, the only counters with a "/".
+func isDeviceTaint(e *repairv1.GPUFaultEntry) bool { return strings.Contains(e.Counter, "/") }
+
+// isEvent: an entry of something that happened (a kernel-log XID, a DRA
+// driver's device taint) rather than a state a source shows: a reset or a
+// reboot ends it, and it is counted once by its time.
+func isEvent(e *repairv1.GPUFaultEntry) bool { return isXID(e) || isDeviceTaint(e) }
 
 func entryFor(r *repairv1.GPUFault, code int, counter string) *repairv1.GPUFaultEntry {
 	for i := range r.Status.Faults {
@@ -655,7 +804,7 @@ func (w *workSet) finish(overrides map[int]gpufault.Class, now time.Time) []repa
 	for _, name := range names {
 		r := w.recs[name]
 		for i := range r.Status.Faults {
-			if e := &r.Status.Faults[i]; isXID(e) {
+			if e := &r.Status.Faults[i]; isEvent(e) && e.Code != 0 {
 				e.Class = xidClass(int(e.Code), e.Class, overrides)
 			}
 		}
@@ -768,6 +917,10 @@ func describe(faults []repairv1.GPUFaultEntry, repairing bool) string {
 			parts[i] = fmt.Sprintf("Xid %d (%s)", e.Code, e.Meaning)
 		case isXID(&e):
 			parts[i] = fmt.Sprintf("Xid %d", e.Code)
+		case isDeviceTaint(&e) && e.Code != 0:
+			parts[i] = fmt.Sprintf("device taint %s=%d (%s)", e.Counter, e.Code, e.Meaning)
+		case isDeviceTaint(&e):
+			parts[i] = fmt.Sprintf("device taint %s (%s)", e.Counter, e.Meaning)
 		default:
 			parts[i] = counterLabel(e.Counter)
 		}

@@ -71,6 +71,11 @@ func (m *GPUMonitor) Reconcile(ctx context.Context, nodeName string) (requeueAft
 	if err != nil {
 		return 0, fmt.Errorf("observing the GPUs of node %s: %w", node.Name, err)
 	}
+	slices, err := m.Client.ResourceSlices(ctx, node.Name)
+	if err != nil {
+		return 0, fmt.Errorf("listing the ResourceSlices of node %s: %w", node.Name, err)
+	}
+	obs.DeviceTaints = DeviceTaintsOf(slices, DRADriversFor(node, policies), node.Name)
 	now := m.Clock.Now()
 	writes := DetectGPUFaults(GPUState{
 		Node: node.Name, BootID: node.Status.NodeInfo.BootID, Capacity: gpuCapacity(node),
