@@ -203,6 +203,17 @@ func TestGPUFaultIsolatesDrainsOnlyItsPodsResetsAndReturnsTheGPU(t *testing.T) {
 	if gf := gpuRecordOf(t, node, faulty); gf.Status.Class != repairv1.GPUClassResetGPU || !strings.Contains(gf.Status.Summary, "48") {
 		t.Errorf("GPUFault: class %q, summary %q", gf.Status.Class, gf.Status.Summary)
 	}
+	// The DRA driver taints the device too (its own view of the XID), and
+	// the agent records that as a fault of its own.
+	if got := waitDeviceTaint(t, node, faulty, true); got != devcluster.DRATaintXID+"=48" {
+		t.Errorf("the driver's device taint %q", got)
+	}
+	_ = wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
+		return strings.Contains(gpuRecordOf(t, node, faulty).Status.Summary, "device taint "+devcluster.DRATaintXID+"=48"), nil
+	})
+	if gf := gpuRecordOf(t, node, faulty); !strings.Contains(gf.Status.Summary, "device taint "+devcluster.DRATaintXID+"=48") {
+		t.Errorf("the driver's taint is not a fault of the GPU: %q", gf.Status.Summary)
+	}
 
 	// A new claim on that node gets another GPU.
 	fresh := claimPods(t, "fresh", node, 1)
@@ -214,13 +225,18 @@ func TestGPUFaultIsolatesDrainsOnlyItsPodsResetsAndReturnsTheGPU(t *testing.T) {
 	t.Logf("repaired %s after the XID; %d API requests by the operator and its in-process agent:\n%s",
 		time.Since(injected).Round(100*time.Millisecond), total(requests.Since(before)), devcluster.FormatCounts(requests.Since(before)))
 	steps := timelineSteps(r)
-	for _, want := range []string{"Maintenance:Requested", "ResetGPU:Started", "ResetGPU:Succeeded", "Done:Succeeded"} {
+	for _, want := range []string{"Maintenance:Requested", "ResetGPU:Started", "ResetGPU:Succeeded",
+		"ValidateGPU:Succeeded RestartGPUStackPods:Succeeded Done:Succeeded"} {
 		if !strings.Contains(steps, want) {
 			t.Errorf("timeline %q lacks %s", steps, want)
 		}
 	}
 	if strings.Contains(steps, "Reboot") || r.Status.MaintenanceName != "" {
 		t.Errorf("a GPU reset went up to a reboot: %q", steps)
+	}
+	// The driver's taint went with its kubelet plugin's restart.
+	if got := waitDeviceTaint(t, node, faulty, false); got != "" {
+		t.Errorf("the driver's taint stayed after the repair: %q", got)
 	}
 	if len(r.Spec.GPUs) != 1 || r.Spec.GPUs[0].PCIBusID != devcluster.SimGPU(node, faulty).PCIBusID {
 		t.Errorf("repair GPUs %+v, want GPU %d", r.Spec.GPUs, faulty)
@@ -249,6 +265,28 @@ func TestGPUFaultIsolatesDrainsOnlyItsPodsResetsAndReturnsTheGPU(t *testing.T) {
 	if evs := nodeEvents(t, node, repair.ReasonIsolated, repair.ReasonStart, repair.ReasonAction, repair.ReasonSucceed, repair.ReasonReturned); !strings.Contains(evs, repair.ReasonReturned) {
 		t.Errorf("events on the node: %s", evs)
 	}
+}
+
+// waitDeviceTaint waits (10 s) until GPU i's device in node's
+// ResourceSlice carries a driver taint (want) or none, and returns it
+// ("key=value", "" for none).
+func waitDeviceTaint(t *testing.T, node string, i int, want bool) string {
+	t.Helper()
+	var got string
+	_ = wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, 10*time.Second, true, func(ctx context.Context) (bool, error) {
+		s, err := env.Client.ResourceV1().ResourceSlices().Get(ctx, node+"-"+devcluster.DRADriver, metav1.GetOptions{})
+		if err != nil {
+			return false, nil //nolint:nilerr // keep polling
+		}
+		got = ""
+		for _, d := range s.Spec.Devices {
+			if d.Name == devcluster.SimGPUDevice(i) && len(d.Taints) > 0 {
+				got = d.Taints[0].Key + "=" + d.Taints[0].Value
+			}
+		}
+		return (got != "") == want, nil
+	})
+	return got
 }
 
 func TestApplicationXIDIsRecordedAndNotRepaired(t *testing.T) {
@@ -613,7 +651,10 @@ func TestDevicePluginXIDTakesTheGPUOutOfAllocatable(t *testing.T) {
 		t.Fatalf("GPU 3's isolation note is %q, want the device plugin's allocatable 7 of 8", note)
 	}
 	r := repairOf(t, node, repairv1.PhaseSucceeded, 90*time.Second)
-	if steps := timelineSteps(r); !strings.Contains(steps, "ResetGPU:Succeeded") || strings.Contains(steps, "Reboot") {
+	// Like NVIDIA's, the simulated plugin never marks the GPU healthy
+	// again: the repair restarts it after the validation.
+	if steps := timelineSteps(r); !strings.Contains(steps, "ResetGPU:Succeeded") || strings.Contains(steps, "Reboot") ||
+		!strings.Contains(steps, "ValidateGPU:Succeeded RestartGPUStackPods:Succeeded Done:Succeeded") {
 		t.Errorf("timeline %q", steps)
 	}
 	err = wait.PollUntilContextTimeout(t.Context(), 50*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {

@@ -215,6 +215,81 @@ func TestComponentRestartFixesTheFault(t *testing.T) {
 	}
 }
 
+// TestGPUServiceRestartsFixTheirFaults: a rule's GPU-stack rungs run
+// without a NodeMaintenance: the operator restarts the node's GPU plugin
+// pods (RestartGPUStackPods: the DaemonSet starts a new one), the agent
+// restarts Fabric Manager, which fixes the fault. On another node with no
+// GPU stack pod the rung fails visibly and the ladder goes on.
+func TestGPUServiceRestartsFixTheirFaults(t *testing.T) {
+	startOperator(t)
+	fm := repairv1.Rule{Name: "fabric-manager", ConditionType: repair.ConditionFabricManagerUnhealthy, Status: "True", ThresholdSeconds: 2,
+		Actions: []repairv1.Action{repairv1.ActionRestartGPUStackPods, repairv1.ActionRestartFabricManager}}
+	policy(t, true, fm)
+	t.Cleanup(func() {
+		for _, n := range []string{"a-1", "b-1"} {
+			_ = env.ClearNodeCondition(context.Background(), n, repair.ConditionFabricManagerUnhealthy)
+		}
+	})
+	plugin := func(node string) *corev1.Pod {
+		pods, err := env.Client.CoreV1().Pods(metav1.NamespaceSystem).List(t.Context(), metav1.ListOptions{
+			LabelSelector: "dra-driver-nvidia-gpu-component=kubelet-plugin", FieldSelector: "spec.nodeName=" + node})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range pods.Items {
+			if pods.Items[i].DeletionTimestamp == nil {
+				return &pods.Items[i]
+			}
+		}
+		return nil
+	}
+	var before *corev1.Pod
+	_ = wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
+		before = plugin("a-1")
+		return before != nil, nil
+	})
+	if before == nil {
+		t.Fatal("no simulated DRA kubelet plugin pod on a-1")
+	}
+	fault(t, "a-1", repair.ConditionFabricManagerUnhealthy, string(repairv1.ActionRestartFabricManager))
+	r := repairOf(t, "a-1", repairv1.PhaseSucceeded, 60*time.Second)
+	got := timelineSteps(r)
+	if !strings.Contains(got, "RestartGPUStackPods:Succeeded RestartFabricManager:Requested RestartFabricManager:Started RestartFabricManager:Succeeded") {
+		t.Errorf("timeline %q", got)
+	}
+	if r.Status.MaintenanceName != "" || r.Status.GPUMaintenanceName != "" {
+		t.Errorf("a service restart went through NodeMaintenance: %q %q", r.Status.MaintenanceName, r.Status.GPUMaintenanceName)
+	}
+	var after *corev1.Pod
+	_ = wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
+		after = plugin("a-1")
+		return after != nil && after.UID != before.UID, nil
+	})
+	if after == nil || after.UID == before.UID {
+		t.Errorf("the DRA kubelet plugin pod of a-1 was not restarted")
+	}
+
+	// No GPU stack pod matches: the rung fails, the next one runs.
+	var p repairv1.NodeRepairPolicy
+	if err := env.Kube.Get(t.Context(), types.NamespacedName{Name: "test"}, &p); err != nil {
+		t.Fatal(err)
+	}
+	p.Spec.GPU.StackPods = []metav1.LabelSelector{{MatchLabels: map[string]string{"app": "no-such-plugin"}}}
+	if err := env.Kube.Update(t.Context(), &p); err != nil {
+		t.Fatal(err)
+	}
+	fault(t, "b-1", repair.ConditionFabricManagerUnhealthy, string(repairv1.ActionRestartFabricManager))
+	r = repairOf(t, "b-1", repairv1.PhaseSucceeded, 60*time.Second)
+	if got := timelineSteps(r); !strings.Contains(got, "RestartGPUStackPods:Failed RestartFabricManager:Requested") {
+		t.Errorf("timeline without a stack pod %q", got)
+	}
+	for _, e := range r.Status.Timeline {
+		if e.Step == string(repairv1.ActionRestartGPUStackPods) && !strings.Contains(e.Message, "gpu.stackPods") {
+			t.Errorf("the failed rung does not say why: %q", e.Message)
+		}
+	}
+}
+
 func TestRebootRepairCordonsDrainsAndReleases(t *testing.T) {
 	startOperator(t)
 	policy(t, true, roRule)

@@ -440,8 +440,13 @@ func (r *Repairer) stackReturn(ctx context.Context, l *ladder) (res reconcile.Re
 		return res, "; the GPU stack still holds it (" + hold.Held + "): " + hold.Blocked, true, nil
 	case restarted == nil:
 		names, err := r.restartStackPods(ctx, l)
-		if err != nil && len(names) == 0 {
-			return res, "", false, err
+		if err != nil {
+			// Refused (a PodDisruptionBudget, permissions): no retry loop;
+			// the user restarts it.
+			l.record(string(repairv1.ActionRestartGPUStackPods), repairv1.OutcomeFailed, err.Error())
+			return res, "", false, r.end(ctx, l, repairv1.PhaseRecoveryFailed, fmt.Sprintf(
+				"%s passed its validation, but %s and gpufleet could not restart the GPU stack's pods (%v): restart the node's device plugin or DRA kubelet plugin",
+				gpuNames(nr.Spec.GPUs), hold.Held, err))
 		}
 		if len(names) == 0 {
 			return res, "; the GPU stack still holds it (" + hold.Held + ") and no pod of the GPU stack on the node matches gpu.stackPods: restart the device plugin or DRA kubelet plugin of the node", true, nil

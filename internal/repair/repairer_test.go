@@ -309,6 +309,33 @@ func TestRuleActionsValidation(t *testing.T) {
 // TestWholeNodeAfterValidation: the schema (CEL) takes a count of at least
 // one or a percentage from 1% to 100% for gpu.wholeNodeAfter, and rejects
 // anything else with its message, before the detector could read it.
+// TestStackPodsValidation: the API server refuses a gpu.stackPods selector
+// that would select every pod of a node.
+func TestStackPodsValidation(t *testing.T) {
+	devtest.NeedCluster(t)
+	for name, tc := range map[string]struct {
+		sel     metav1.LabelSelector
+		wantErr string
+	}{
+		"labels":       {sel: metav1.LabelSelector{MatchLabels: map[string]string{"app": "nvidia-device-plugin-daemonset"}}},
+		"expressions":  {sel: metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{Key: "app", Operator: metav1.LabelSelectorOpExists}}}},
+		"empty":        {sel: metav1.LabelSelector{}, wantErr: "a stackPods selector must not be empty"},
+		"empty labels": {sel: metav1.LabelSelector{MatchLabels: map[string]string{}}, wantErr: "a stackPods selector must not be empty"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			p := &repairv1.NodeRepairPolicy{ObjectMeta: metav1.ObjectMeta{GenerateName: "validation-"},
+				Spec: repairv1.NodeRepairPolicySpec{GPU: repairv1.GPUSpec{StackPods: []metav1.LabelSelector{tc.sel}}}}
+			err := env.Kube.Create(t.Context(), p, client.DryRunAll)
+			switch {
+			case tc.wantErr == "" && err != nil:
+				t.Errorf("rejected: %v", err)
+			case tc.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tc.wantErr)):
+				t.Errorf("error %v, want one containing %q", err, tc.wantErr)
+			}
+		})
+	}
+}
+
 func TestWholeNodeAfterValidation(t *testing.T) {
 	devtest.NeedCluster(t)
 	const msg = "wholeNodeAfter must be a count of at least 1 or a percentage from 1% to 100%"

@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	resourcev1 "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -155,9 +156,11 @@ func StackPods(pods []corev1.Pod, selectors []metav1.LabelSelector) ([]corev1.Po
 	return out, nil
 }
 
-// restartStackPods deletes the node's GPU stack pods (each with its UID as
-// a precondition: a pod already replaced is left alone). It returns their
-// names; none is not an error.
+// restartStackPods evicts the node's GPU stack pods, which their
+// DaemonSets start again (an eviction, as a drain's: the operator needs no
+// right to delete pods everywhere, and a PodDisruptionBudget of the stack
+// is honoured; each with its UID as a precondition: a pod already replaced
+// is left alone). It returns their names; none is not an error.
 func (r *Repairer) restartStackPods(ctx context.Context, l *ladder) ([]string, error) {
 	var pods corev1.PodList
 	if err := r.Live.List(ctx, &pods, client.MatchingFields{"spec.nodeName": l.node.Name}); err != nil {
@@ -170,7 +173,8 @@ func (r *Repairer) restartStackPods(ctx context.Context, l *ladder) ([]string, e
 	var names []string
 	for i := range stack {
 		p := &stack[i]
-		err := r.Client.Delete(ctx, p, client.Preconditions{UID: &p.UID})
+		ev := &policyv1.Eviction{DeleteOptions: &metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &p.UID}}}
+		err := r.Client.SubResource("eviction").Create(ctx, p, ev)
 		if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
 			return names, fmt.Errorf("restarting pod %s/%s: %w", p.Namespace, p.Name, err)
 		}

@@ -287,6 +287,7 @@ type GPUSpec struct {
 	// +optional
 	// +listType=atomic
 	// +kubebuilder:validation:MaxItems=8
+	// +kubebuilder:validation:XValidation:rule="self.all(s, (has(s.matchLabels) && size(s.matchLabels) > 0) || (has(s.matchExpressions) && size(s.matchExpressions) > 0))",message="a stackPods selector must not be empty: it would select every pod of the node"
 	StackPods []metav1.LabelSelector `json:"stackPods,omitempty"`
 }
 
