@@ -178,7 +178,7 @@ Logs of the control plane are in %[3]s. Press Ctrl-C to stop and clean up.
 }
 
 // devicePluginHelp is the device-plugin walkthrough of the start-up
-// message (README, "Try it on gpufleet dev").
+// message (docs/getting-started.md).
 func devicePluginHelp(dpNodes int, binDir string) string {
 	if dpNodes == 0 {
 		return `

@@ -89,10 +89,10 @@ type Daemon struct {
 		// slices: nil when the API server serves no DRA.
 		slices cache.SharedIndexInformer
 	}
-	actions  workqueue.TypedRateLimitingInterface[string]
-	gpus     workqueue.TypedRateLimitingInterface[string]
-	agent    *Agent
-	monitor  *GPUMonitor
+	actions workqueue.TypedRateLimitingInterface[string]
+	gpus    workqueue.TypedRateLimitingInterface[string]
+	agent   *Agent
+	monitor *GPUMonitor
 }
 
 // New builds the agent of opts.NodeName (every node if empty) against cfg.

@@ -170,11 +170,11 @@ func TestSimDevicePluginAllocatable(t *testing.T) {
 		want        int
 		change      bool
 	}{
-		"healthy, as advertised":          {allocatable: "8", want: 8},
-		"healthy, not advertised yet":     {want: 8, change: true},
-		"one XID the plugin sees: 7 of 8": {host: []func(*testing.T, *Cluster){xid(3, 48)}, allocatable: "8", want: 7, change: true},
-		"two GPUs out":                    {host: []func(*testing.T, *Cluster){xid(3, 48), xid(5, 79)}, allocatable: "7", want: 6, change: true},
-		"an application XID: all 8":       {host: []func(*testing.T, *Cluster){xid(3, 13)}, allocatable: "8", want: 8},
+		"healthy, as advertised":                   {allocatable: "8", want: 8},
+		"healthy, not advertised yet":              {want: 8, change: true},
+		"one XID the plugin sees: 7 of 8":          {host: []func(*testing.T, *Cluster){xid(3, 48)}, allocatable: "8", want: 7, change: true},
+		"two GPUs out":                             {host: []func(*testing.T, *Cluster){xid(3, 48), xid(5, 79)}, allocatable: "7", want: 6, change: true},
+		"an application XID: all 8":                {host: []func(*testing.T, *Cluster){xid(3, 13)}, allocatable: "8", want: 8},
 		"reset: still 7 until the plugin restarts": {host: []func(*testing.T, *Cluster){xid(3, 48), reset(3)}, allocatable: "7", want: 7},
 		"the plugin restarted after the XID: all 8 again": {host: []func(*testing.T, *Cluster){xid(3, 48), reset(3)}, allocatable: "7",
 			pluginStart: simT.Add(time.Second), want: 8, change: true},

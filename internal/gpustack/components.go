@@ -60,7 +60,7 @@ const (
 	NodeStatusExporter = "node-status-exporter"
 )
 
-// Components in rollout order (SPEC G3). The order is the one of status
+// Components in rollout order (docs/gpu-stack.md). The order is the one of status
 // and of the dependencies (After): driver → container-toolkit →
 // device-plugin → operator-validator; dcgm, dcgm-exporter,
 // gpu-feature-discovery and mig-manager need driver and toolkit, the node

@@ -192,9 +192,9 @@ func TestReconcileReportsAnOlderSchemaAndGoesOn(t *testing.T) {
 	}
 	// What the older schema lacks is gone from the stored policy: the
 	// first write under it (here gpufleet's status write) stored the
-	// policy as that schema reads it. The README says to set it again.
+	// policy as that schema reads it. docs/switching.md says to set it again.
 	if got.Spec.Driver.KernelModuleType != "" {
-		t.Errorf("spec.driver.kernelModuleType %q survived a write under the older schema: the README says it is lost",
+		t.Errorf("spec.driver.kernelModuleType %q survived a write under the older schema: docs/switching.md says it is lost",
 			got.Spec.Driver.KernelModuleType)
 	}
 }

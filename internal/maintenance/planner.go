@@ -143,7 +143,7 @@ func scaled(v intstr.IntOrString, total int, roundUp bool) (int, error) {
 	return n, nil
 }
 
-// MakePlan runs the scheduling algorithm of SPEC M4 on a snapshot at now,
+// MakePlan runs the scheduling algorithm (docs/maintenance.md, docs/concepts.md) on a snapshot at now,
 // with gpufleet's additions: maintenance windows (a closed calendar holds
 // back everything but urgent objects of unavailable nodes), per-pool limits
 // (on top of the cluster-wide ones) and urgency (urgent objects rank first).

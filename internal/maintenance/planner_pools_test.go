@@ -22,7 +22,7 @@ func inPools(ns []PlanNode, pool string, idx ...int) []PlanNode {
 
 func urgent(o PlanObject) PlanObject { o.Urgent = true; return o }
 
-// Windows, pools and urgency (gpufleet's additions to SPEC M4).
+// Windows, pools and urgency (gpufleet's additions to the Maintenance Operator's scheduling).
 func TestMakePlanWindowsPoolsUrgency(t *testing.T) {
 	// t0 is Thursday 2026-01-01 00:00 UTC.
 	nightly := Calendar{Windows: []Window{mustWindow(t, "0 1 * * *", 4*time.Hour, "UTC")}}  // closed at t0, opens 01:00

@@ -73,7 +73,7 @@ func TestMakePlan(t *testing.T) {
 		wantSlots   int
 		wantBudget  int
 	}{
-		// The three examples of SPEC M4.
+		// The three scheduling examples of NVIDIA's Maintenance Operator.
 		"seed: 3 slots, budget 1, two requests on unavailable nodes and one on an available node": {
 			nodes:  withNotReady(withUnavailable(nodes(10), 0), 1),
 			limits: Limits{MaxParallelOperations: num(3), MaxUnavailable: num(3)},

@@ -42,7 +42,7 @@ var versions = map[string]string{gpustack.ClusterPolicyCRD: "v1", gpustack.NVIDI
 // TestGPUOperatorHelmUserSwapsTheCRDs: a stand-in of the GPU Operator's
 // chart installs older ClusterPolicy and NVIDIADriver CRDs from its crds/
 // folder (no release ownership), and a ClusterPolicy is created. Then, as
-// the README says:
+// docs/switching.md says:
 //
 //   - `helm upgrade --install gpufleet-crds --take-ownership` adopts both
 //     CRDs (the release's annotations and labels) and installs gpufleet's

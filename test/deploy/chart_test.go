@@ -306,7 +306,7 @@ func TestChartAgent(t *testing.T) {
 	if !equality.Semantic.DeepEqual(mounts, []any{wantMount}) || !equality.Semantic.DeepEqual(vols, []any{wantVol}) {
 		t.Errorf("pod-resources: mounts %v, volumes %v", mounts, vols)
 	}
-	// Memory for the measured RSS of 24 MB (README): requested, with
+	// Memory for the measured RSS of 24 MB (docs/performance.md): requested, with
 	// headroom in the limit.
 	req, _, _ := unstructured.NestedString(c, "resources", "requests", "memory")
 	lim, _, _ := unstructured.NestedString(c, "resources", "limits", "memory")

@@ -46,7 +46,7 @@ func windowsOf(t *testing.T, dyn dynamic.Interface, name string) []any {
 }
 
 // TestHelmUpgradeUpgradesTheCRDs installs the previous chart (CRDs in
-// crds/, which Helm never upgrades), then upgrades as the README says:
+// crds/, which Helm never upgrades), then upgrades as docs/install.md says:
 // `helm upgrade --install gpufleet-crds` (the CRDs as templates; the first
 // time with --take-ownership, since Helm's crds/ left them without a
 // release) and `helm upgrade gpufleet`. The new field of the
