@@ -145,6 +145,8 @@ GPU faults (auto-repair with DRA; the simulated nodes publish their GPUs in Reso
   %[2]s/gpufleet sim gpu gpu-001 2 --dbe 4 --reset-fails   # a reset that fails: the node is rebooted
   %[2]s/gpufleet sim gpu gpu-002 4 --dbe 2 --fails-validation   # reset, fails its validation (stays isolated): reboot, validated
   %[2]s/gpufleet sim xid gpu-002 1 13          # an application's error: recorded, not repaired
+  kubectl get resourceslice gpu-000-gpu.nvidia.com -o jsonpath='{.spec.devices[3].taints}'   # the DRA driver's own taint, until the repair restarts its plugin
+  %[2]s/gpufleet sim condition gpu-003 FabricManagerUnhealthy --fixed-by RestartFabricManager   # default rule: Fabric Manager restarted, no reboot
 %[4]s
 See the fleet (every node's pool, GPUs, GPU stack, maintenance and repair):
   %[2]s/gpufleet status                         # or, with ln -s gpufleet kubectl-gpufleet on the PATH: kubectl gpufleet status

@@ -1,10 +1,14 @@
 package main
 
 import (
+	"encoding/json"
 	"fmt"
 	"strconv"
 
 	"github.com/spf13/cobra"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/gpufleet/gpufleet/internal/devcluster"
 )
@@ -86,7 +90,40 @@ GPUs' health as dcgm-exporter would report it. It talks to the cluster of
 			return c.ClearSimGPUs(cmd.Context(), args[0])
 		},
 	}
-	cmd.AddCommand(xid, gpu, clearCmd)
+	var fixedBy string
+	var clearCond bool
+	condition := &cobra.Command{
+		Use:   "condition NODE TYPE",
+		Short: "Set a node condition (status True), as a node-problem-detector plugin would; --clear removes it",
+		Example: `  gpufleet sim condition gpu-003 FabricManagerUnhealthy --fixed-by RestartFabricManager   # the default fabric-manager rule restarts it
+  gpufleet sim condition gpu-003 NTPProblem --fixed-by RestartNTP
+  gpufleet sim condition gpu-003 FabricManagerUnhealthy --clear`,
+		Args: cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := connect()
+			if err != nil {
+				return err
+			}
+			node, typ := args[0], corev1.NodeConditionType(args[1])
+			if clearCond {
+				return c.ClearNodeCondition(cmd.Context(), node, typ)
+			}
+			if fixedBy != "" {
+				patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{devcluster.AnnotationFixedBy: fixedBy}}})
+				if err != nil {
+					return err
+				}
+				if _, err := c.Client.CoreV1().Nodes().Patch(cmd.Context(), node, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+					return fmt.Errorf("node %s: %w", node, err)
+				}
+			}
+			return c.SetNodeCondition(cmd.Context(), node, corev1.NodeCondition{Type: typ, Status: corev1.ConditionTrue, Reason: "Simulated",
+				Message: "set by gpufleet sim condition"})
+		},
+	}
+	condition.Flags().StringVar(&fixedBy, "fixed-by", "", "the repair actions that clear the node's simulated conditions (comma separated, e.g. RestartFabricManager)")
+	condition.Flags().BoolVar(&clearCond, "clear", false, "remove the condition instead")
+	cmd.AddCommand(xid, gpu, clearCmd, condition)
 	return cmd
 }
 
