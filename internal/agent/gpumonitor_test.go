@@ -543,6 +543,7 @@ func TestGPUFaultName(t *testing.T) {
 func FuzzDetectGPUFaults(f *testing.F) {
 	f.Add([]byte{0, 48, 1, 3, 2, 1, 5}, uint8(8), false)
 	f.Add([]byte{1, 79, 200, 7, 7, 7, 0, 13, 0, 2}, uint8(4), true)
+	f.Add([]byte{4, 3, 49, 5, 7, 51, 6, 11, 21}, uint8(8), true)
 	f.Fuzz(func(t *testing.T, data []byte, capacity uint8, bootChange bool) {
 		var obs GPUObservation
 		known := false
@@ -563,7 +564,14 @@ func FuzzDetectGPUFaults(f *testing.F) {
 				obs.KnownGPUs = append(obs.KnownGPUs, repairv1.GPURef{PCIBusID: bus})
 				known = true
 			default:
-				obs.XIDs = append(obs.XIDs, xidAt(bus, 48, at))
+				if data[i+2]%2 == 0 {
+					obs.XIDs = append(obs.XIDs, xidAt(bus, 48, at))
+					break
+				}
+				// A DRA driver's device taint, some of keys that are no fault.
+				key := []string{"gpu.nvidia.com/xid", "gpu.nvidia.com/gpu-lost", "gpu.nvidia.com/unmonitored", "x/y"}[data[i]%4]
+				obs.DeviceTaints = append(obs.DeviceTaints, DeviceTaintObservation{GPU: repairv1.GPURef{PCIBusID: bus}, Device: "gpu-0",
+					Key: key, Value: fmt.Sprint(int(data[i+2])%160 - 5), TimeAdded: at})
 			}
 		}
 		in := GPUState{Node: gNode, BootID: gBoot, Capacity: int(capacity % 20), Observed: obs, XIDClasses: map[int]gpufault.Class{13: gpufault.ClassReboot}}

@@ -2,6 +2,7 @@ package repair_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -660,5 +661,76 @@ func TestAnInterruptedValidationIsAskedForAgain(t *testing.T) {
 		BootIDBefore: "an-earlier-boot", RebootRequestedAt: &now, Timeline: entries(4)})
 	if _, got := d.reconcile(often.Name); got.Status.Phase != repairv1.PhaseRecoveryFailed || got.Status.Pending != nil {
 		t.Fatalf("after four interruptions: phase %s, pending %+v, message %q", got.Status.Phase, got.Status.Pending, got.Status.Message)
+	}
+}
+
+// TestAGPUStackThatStillHoldsTheGPUIsRestartedOnce: the repaired GPU passed
+// its validation but the node's device plugin still leaves it out of the
+// allocatable: the repair restarts the plugin's pods once (evicted: the
+// DaemonSet starts new ones) and waits; a restart that does not help ends
+// the repair RecoveryFailed at the bound, with what to do. A reconcile
+// that finds the restart recorded (the operator restarted between the
+// eviction and the next pass) does not restart again.
+func TestAGPUStackThatStillHoldsTheGPUIsRestartedOnce(t *testing.T) {
+	d := newDirect(t)
+	const node = "a-0"
+	setAllocatable := func(v string) {
+		patch := fmt.Sprintf(`{"status":{"allocatable":{"nvidia.com/gpu":%q}}}`, v)
+		if _, err := env.Client.CoreV1().Nodes().Patch(context.Background(), node, types.MergePatchType, []byte(patch), metav1.PatchOptions{}, "status"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	setAllocatable("7")
+	t.Cleanup(func() { setAllocatable("8") })
+	var plugin []corev1.Pod
+	_ = wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		pods, err := env.Client.CoreV1().Pods(metav1.NamespaceSystem).List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + node})
+		if err != nil {
+			return false, nil //nolint:nilerr // keep polling
+		}
+		plugin = nil
+		for _, p := range pods.Items {
+			if p.Labels["dra-driver-nvidia-gpu-component"] == "kubelet-plugin" && p.DeletionTimestamp == nil {
+				plugin = append(plugin, p)
+			}
+		}
+		return len(plugin) == 1, nil
+	})
+	if len(plugin) != 1 {
+		t.Fatalf("plugin pods on %s: %d", node, len(plugin))
+	}
+	now := metav1.NewTime(d.clock.Now())
+	nr := d.gpuRepairWith("a-0-held", nil, repairv1.NodeRepairStatus{Phase: repairv1.PhaseRepairing, NextAction: 1,
+		Timeline: []repairv1.TimelineEntry{{Time: now, Step: "ResetGPU", Outcome: repairv1.OutcomeSucceeded},
+			{Time: now, Step: "ValidateGPU", Outcome: repairv1.OutcomeSucceeded}}})
+	res, got := d.reconcile(nr.Name)
+	last := got.LastEntry()
+	if got.Status.Phase != repairv1.PhaseRepairing || last.Step != string(repairv1.ActionRestartGPUStackPods) || last.Outcome != repairv1.OutcomeSucceeded ||
+		!strings.Contains(last.Message, "gives out 7 of the node's 8 GPUs") || !strings.Contains(last.Message, plugin[0].Name) || res.RequeueAfter != 3*time.Minute {
+		t.Fatalf("phase %s, last %+v, requeue %s", got.Status.Phase, last, res.RequeueAfter)
+	}
+	_ = wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, 10*time.Second, true, func(ctx context.Context) (bool, error) {
+		p, err := env.Client.CoreV1().Pods(metav1.NamespaceSystem).Get(ctx, plugin[0].Name, metav1.GetOptions{})
+		return err != nil || p.DeletionTimestamp != nil, nil
+	})
+	if p, err := env.Client.CoreV1().Pods(metav1.NamespaceSystem).Get(t.Context(), plugin[0].Name, metav1.GetOptions{}); err == nil && p.DeletionTimestamp == nil {
+		t.Errorf("plugin pod %s not evicted", p.Name)
+	}
+	// Within the bound: wait, no second restart.
+	d.clock.Step(time.Minute)
+	if res, got := d.reconcile(nr.Name); got.Status.Phase != repairv1.PhaseRepairing || len(got.Status.Timeline) != 3 || res.RequeueAfter != 2*time.Minute {
+		t.Fatalf("within the bound: phase %s, timeline %q, requeue %s", got.Status.Phase, timelineSteps(got), res.RequeueAfter)
+	}
+	// Past it: RecoveryFailed, saying what to check.
+	d.clock.Step(2 * time.Minute)
+	if _, got := d.reconcile(nr.Name); got.Status.Phase != repairv1.PhaseRecoveryFailed || !strings.Contains(got.Status.Message, "check the node's device plugin or DRA kubelet plugin") {
+		t.Fatalf("past the bound: phase %s, message %q", got.Status.Phase, got.Status.Message)
+	}
+	// Given out again: the repair succeeds without a restart.
+	setAllocatable("8")
+	ok := d.gpuRepairWith("a-0-given-out", nil, repairv1.NodeRepairStatus{Phase: repairv1.PhaseRepairing, NextAction: 1,
+		Timeline: []repairv1.TimelineEntry{{Time: now, Step: "ValidateGPU", Outcome: repairv1.OutcomeSucceeded}}})
+	if _, got := d.reconcile(ok.Name); got.Status.Phase != repairv1.PhaseSucceeded || strings.Contains(timelineSteps(got), "RestartGPUStackPods") {
+		t.Fatalf("given out: phase %s, timeline %q", got.Status.Phase, timelineSteps(got))
 	}
 }
