@@ -98,6 +98,7 @@ bench: tools ## Planner micro-benchmarks and scale scenarios on the local cluste
 	  go test -count=1 -run '^$$' -bench 'BenchmarkHealthyFleet500' -benchtime 1x -timeout 30m ./internal/repair/; \
 	  go test -count=1 -run '^$$' -bench 'BenchmarkOperatorMemory' -benchtime 1x -timeout 60m ./test/chaos/ -args -chaos.heap-profile=$(CURDIR)/results/heap.pprof; \
 	  go test -count=1 -run '^$$' -bench 'BenchmarkAgentMemory' -benchtime 1x -timeout 20m ./test/chaos/; \
+	  go test -count=1 -run '^$$' -bench 'BenchmarkGPUFaultBurst' -benchtime 1x -timeout 60m ./test/chaos/ -args -burst.nodes=1500 -burst.faults=200; \
 	} 2>&1 | grep -v '^\s*>' | tee results/bench.txt
 
 .PHONY: chaos
