@@ -3,9 +3,11 @@ package maintenance
 import (
 	"errors"
 	"fmt"
+	"strings"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/util/validation"
 
 	maintenancev1 "github.com/gpufleet/gpufleet/api/maintenance/v1alpha1"
 )
@@ -15,6 +17,8 @@ import (
 type Config struct {
 	Limits Limits
 	pools  []poolSelector
+	// domainLabel names a node's domain (spec.domains.nodeLabel; "": none).
+	domainLabel string
 	// Generation of the object it was read from (0: no object, defaults).
 	Generation int64
 }
@@ -66,10 +70,31 @@ func CompileConfig(spec *maintenancev1.MaintenanceOperatorConfigSpec) (Config, e
 		c.pools = append(c.pools, poolSelector{name: p.Name, selector: sel})
 		c.Limits.Pools = append(c.Limits.Pools, pl)
 	}
+	if d := spec.Domains; d != nil {
+		if msgs := validation.IsQualifiedName(d.NodeLabel); len(msgs) > 0 {
+			errs = append(errs, fmt.Errorf("domains: nodeLabel %q: %s", d.NodeLabel, strings.Join(msgs, "; ")))
+		}
+		if d.MaxDisruptedDomains != nil {
+			if _, err := scaled(*d.MaxDisruptedDomains, 100, true); err != nil {
+				errs = append(errs, fmt.Errorf("domains: maxDisruptedDomains: %w", err))
+			}
+		}
+		c.domainLabel = d.NodeLabel
+		c.Limits.Domains = &DomainLimits{MaxDisrupted: d.MaxDisruptedDomains, CoSchedule: d.CoSchedule == nil || *d.CoSchedule}
+	}
 	if err := errors.Join(errs...); err != nil {
 		return Config{}, err
 	}
 	return c, nil
+}
+
+// DomainOf names a node's domain: the value of spec.domains.nodeLabel
+// ("" without the label or without spec.domains).
+func (c Config) DomainOf(nodeLabels map[string]string) string {
+	if c.domainLabel == "" {
+		return ""
+	}
+	return nodeLabels[c.domainLabel]
 }
 
 // PoolsOf names the pools whose selectors match a node's labels.

@@ -7,6 +7,7 @@ import (
 	"cmp"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -21,6 +22,9 @@ type PlanNode struct {
 	Ready         bool
 	// Pools names the config's pools the node belongs to.
 	Pools []string
+	// Domain names the node's NVLink domain ("": none); used only when
+	// Limits.Domains is set.
+	Domain string
 }
 
 // available reports whether the node counts as available for maxUnavailable.
@@ -64,6 +68,8 @@ type Limits struct {
 	// UrgentScope says which urgent objects pass a closed calendar ("":
 	// UnavailableNodes).
 	UrgentScope maintenancev1.UrgentMaintenanceScope
+	// Domains: nil when spec.domains is not set.
+	Domains *DomainLimits
 }
 
 // PoolLimits are one pool's limits (nil: no pool limit).
@@ -106,6 +112,13 @@ type Plan struct {
 	// Window is the calendar at the time of the plan; the scheduler wakes
 	// at Window.NextChange.
 	Window CalendarState
+	// TotalDomains counts the nodes' domains (0 without spec.domains).
+	TotalDomains int
+	// MaxDisruptedDomains is resolved against TotalDomains; -1 when unlimited.
+	MaxDisruptedDomains int
+	// DisruptedDomains counts domains with a node in maintenance, before
+	// this plan.
+	DisruptedDomains int
 }
 
 // ResolveLimits turns the int-or-percent limits into node counts:
@@ -134,7 +147,7 @@ func scaled(v intstr.IntOrString, total int, roundUp bool) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	if n < 0 {
+	if n < 0 || (v.Type == intstr.String && strings.HasPrefix(v.StrVal, "-")) {
 		return 0, fmt.Errorf("must not be negative, got %s", v.String())
 	}
 	if v.Type == intstr.String && n > total {
@@ -147,7 +160,9 @@ func scaled(v intstr.IntOrString, total int, roundUp bool) (int, error) {
 // with gpufleet's additions: maintenance windows (a closed calendar holds
 // back everything but urgent objects of unavailable nodes), per-pool limits
 // (on top of the cluster-wide ones) and urgency (urgent objects rank first).
-// Without windows, pools and urgent objects it is exactly M4.
+// With domains (Limits.Domains), the domain budget applies and the pending
+// requests of a disrupted domain are co-scheduled (domains.go).
+// Without windows, pools, domains and urgent objects it is exactly M4.
 func MakePlan(s Snapshot, l Limits, now time.Time) (Plan, error) {
 	nodes := make(map[string]PlanNode, len(s.Nodes))
 	for _, n := range s.Nodes {
@@ -196,6 +211,10 @@ func MakePlan(s Snapshot, l Limits, now time.Time) (Plan, error) {
 		return Plan{}, err
 	}
 	p.Pools = pools
+	domains, err := newDomainUse(l.Domains, nodes, busy, &p)
+	if err != nil {
+		return Plan{}, err
+	}
 
 	// Steps 3 and 4: candidate objects are Pending objects on nodes that no
 	// in-progress object holds. Rank keys are computed once.
@@ -247,43 +266,63 @@ func MakePlan(s Snapshot, l Limits, now time.Time) (Plan, error) {
 		)
 	})
 
-	// Step 6: walk the ranked list. A candidate that does not fit the
+	// Step 6: walk the ranked list (with co-scheduling, in the order of
+	// domainUse.visitOrder). A candidate that does not fit the
 	// unavailability budget is skipped without using a slot, so a later
 	// candidate on an already-unavailable node can still be scheduled.
 	slots, budget, newlyUnavailable := p.AvailableSlots, p.CanBecomeUnavailable, 0
 	poolUse := newPoolUse(p.Pools)
 	claimed := make(map[string]string, len(candidates)) // node -> best-ranked candidate's key
 	var slotsMsg, budgetMsg string                      // built once: they no longer change when used
-	for _, c := range candidates {
+	// limited: candidates of a domain that wait for a limit; if their
+	// domain is disrupted after the walk, the reason says they will join it.
+	var limited []int
+	wait := func(i int, why string) {
+		p.Waiting[candidates[i].key] = why
+		if domains != nil && domains.coSchedule && domains.domainOf(nodes[candidates[i].NodeName]) != "" {
+			limited = append(limited, i)
+		}
+	}
+	visit := func(i int) {
+		c := &candidates[i]
 		if winner, ok := claimed[c.NodeName]; ok {
 			p.Waiting[c.key] = "another request for node " + c.NodeName + " ranks higher (" + winner + ")"
-			continue
+			return
 		}
 		claimed[c.NodeName] = c.key
 		n, exists := nodes[c.NodeName]
-		switch {
-		case !exists:
+		if !exists {
 			p.Waiting[c.key] = "node " + c.NodeName + " does not exist"
-		case !p.Window.Open && !passesClosedWindow(c.PlanObject, n, urgentScope):
-			p.Waiting[c.key] = windowMessage(p.Window, c.PlanObject, urgentScope)
+			return
+		}
+		if !p.Window.Open && !passesClosedWindow(c.PlanObject, n, urgentScope) {
+			wait(i, windowMessage(p.Window, c.PlanObject, urgentScope))
+			return
+		}
+		if why := domains.blocks(n); why != "" {
+			p.Waiting[c.key] = why
+			return
+		}
+		switch {
 		case slots == 0:
 			if slotsMsg == "" {
 				slotsMsg = p.slotsMessage()
 			}
-			p.Waiting[c.key] = slotsMsg
+			wait(i, slotsMsg)
 		case n.available() && budget == 0:
 			if budgetMsg == "" {
 				budgetMsg = fmt.Sprintf("maxUnavailable budget exhausted: %d/%d nodes unavailable",
 					p.Unavailable+newlyUnavailable, p.MaxUnavailable)
 			}
-			p.Waiting[c.key] = budgetMsg
+			wait(i, budgetMsg)
 		default:
 			if why := poolUse.blocks(n); why != "" {
-				p.Waiting[c.key] = why
-				continue
+				wait(i, why)
+				return
 			}
 			p.Schedule = append(p.Schedule, c.PlanObject)
 			poolUse.take(n)
+			domains.take(n)
 			slots--
 			if n.available() {
 				newlyUnavailable++
@@ -291,6 +330,16 @@ func MakePlan(s Snapshot, l Limits, now time.Time) (Plan, error) {
 					budget--
 				}
 			}
+		}
+	}
+	domains.visitOrder(len(candidates),
+		func(i int) bool { return candidates[i].Urgent },
+		func(i int) string { return domains.domainOf(nodes[candidates[i].NodeName]) },
+		visit)
+	for _, i := range limited {
+		c := candidates[i]
+		if d := domains.domainOf(nodes[c.NodeName]); domains.isDisrupted(d) {
+			p.Waiting[c.key] = domains.coScheduleReason(d, p.Waiting[c.key])
 		}
 	}
 	return p, nil

@@ -224,7 +224,7 @@ func snapshot(nodes *corev1.NodeList, list *maintenancev1.NodeMaintenanceList, c
 	for i := range nodes.Items {
 		n := &nodes.Items[i]
 		s.Nodes = append(s.Nodes, PlanNode{Name: n.Name, Unschedulable: n.Spec.Unschedulable, Ready: nodeReady(n),
-			Pools: cfg.PoolsOf(n.Labels)})
+			Pools: cfg.PoolsOf(n.Labels), Domain: cfg.DomainOf(n.Labels)})
 	}
 	for i := range list.Items {
 		nm := &list.Items[i]

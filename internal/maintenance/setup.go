@@ -3,6 +3,7 @@ package maintenance
 import (
 	"context"
 	"fmt"
+	"maps"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -88,7 +89,7 @@ func Setup(mgr manager.Manager, opts Options) error {
 	err = builder.ControllerManagedBy(mgr).
 		Named("nodemaintenance-scheduler").
 		Watches(&maintenancev1.NodeMaintenance{}, toScheduler, builder.WithPredicates(schedulingRelevantNM)).
-		Watches(&corev1.Node{}, toScheduler, builder.WithPredicates(availabilityChanged)).
+		Watches(&corev1.Node{}, toScheduler, builder.WithPredicates(schedulingRelevantNode)).
 		Watches(&maintenancev1.MaintenanceOperatorConfig{}, toScheduler, builder.WithPredicates(isDefaultConfig, specChanged)).
 		Watches(&coordinationv1.Lease{}, toScheduler, builder.WithPredicates(liveowner.HolderChanged)).
 		WatchesRawSource(alarm.Source(handler.TypedFuncs[struct{}, reconcile.Request]{
@@ -227,5 +228,13 @@ var availabilityChanged = predicate.Funcs{
 		o, n := e.ObjectOld.(*corev1.Node), e.ObjectNew.(*corev1.Node)
 		return o.Spec.Unschedulable != n.Spec.Unschedulable || nodeReady(o) != nodeReady(n) ||
 			(o.DeletionTimestamp == nil) != (n.DeletionTimestamp == nil)
+	},
+}
+
+// schedulingRelevantNode passes what availabilityChanged passes and label
+// changes: labels choose a node's pools and NVLink domain.
+var schedulingRelevantNode = predicate.Funcs{
+	UpdateFunc: func(e event.UpdateEvent) bool {
+		return availabilityChanged.Update(e) || !maps.Equal(e.ObjectOld.GetLabels(), e.ObjectNew.GetLabels())
 	},
 }

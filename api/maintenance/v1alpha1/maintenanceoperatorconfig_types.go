@@ -86,6 +86,50 @@ type MaintenanceOperatorConfigSpec struct {
 	// +optional
 	// +kubebuilder:default=UnavailableNodes
 	UrgentMaintenance UrgentMaintenanceScope `json:"urgentMaintenance,omitempty"`
+
+	// Domains (gpufleet) make the scheduler topology-aware: nodes whose
+	// GPUs share one NVLink domain (a GB200/GB300 NVL72 rack, say) are
+	// disrupted together, so a job spanning the domain is interrupted once
+	// per rollout rather than once per node. Unset: nodes are scheduled one
+	// by one, as by NVIDIA's Maintenance Operator.
+	// +optional
+	Domains *MaintenanceDomains `json:"domains,omitempty"`
+}
+
+// MaintenanceDomains groups nodes into failure domains (NVLink domains)
+// by a node label.
+type MaintenanceDomains struct {
+	// NodeLabel is the node label whose value names the node's domain,
+	// e.g. nvidia.com/gpu.clique (set by GPU feature discovery). A node
+	// without the label, or with an empty value, is in no domain and is
+	// scheduled as without domains.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=317
+	// +kubebuilder:validation:XValidation:rule="self.matches('^([a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$')",message="nodeLabel must be a label key such as nvidia.com/gpu.clique"
+	NodeLabel string `json:"nodeLabel"`
+
+	// MaxDisruptedDomains is how many domains may be disrupted (have a node
+	// in maintenance) at once: an integer or a percentage of the domains
+	// ("25%", rounded up). It is checked before the node limits: a node
+	// whose domain is not yet disrupted waits while the limit is reached;
+	// nodes of domains already disrupted, and nodes in no domain, are not
+	// held back by it. 0 lets maintenance continue only in domains already
+	// disrupted. Unset: no domain limit.
+	// +optional
+	// +kubebuilder:validation:XIntOrString
+	// +kubebuilder:validation:MaxLength=4
+	// +kubebuilder:validation:XValidation:rule="type(self) == int ? self >= 0 : self.matches('^(100|[1-9]?[0-9])%$')",message="maxDisruptedDomains must be a non-negative integer or a percentage between 0% and 100%"
+	MaxDisruptedDomains *intstr.IntOrString `json:"maxDisruptedDomains,omitempty"`
+
+	// CoSchedule: while a domain is disrupted (one of its nodes is in
+	// maintenance or starts now), the pending maintenance of its other
+	// nodes takes free slots before that of nodes in undisrupted domains,
+	// within every limit, so the domain is interrupted once. Urgent
+	// requests still rank first. false: the domain limit applies but the
+	// ranking is node by node. Default true.
+	// +optional
+	// +kubebuilder:default=true
+	CoSchedule *bool `json:"coSchedule,omitempty"`
 }
 
 // UrgentMaintenanceScope says which urgent requests pass a closed window.
