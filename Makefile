@@ -32,6 +32,17 @@ generate: controller-gen ## Regenerate deepcopy, CRDs and RBAC from the Go types
 	$(CONTROLLER_GEN) rbac:roleName=gpufleet-operator paths=./internal/... output:rbac:artifacts:config=config/rbac
 	hack/sync-chart.sh
 
+.PHONY: crd-ref-docs
+crd-ref-docs:
+	hack/build-tools.sh crd-ref-docs
+
+.PHONY: docs
+docs: crd-ref-docs ## Regenerate docs/reference/: the API (crd-ref-docs), every gpufleet command and flag (cobra), the operator's metrics.
+	CRD_REF_DOCS=$(BIN)/crd-ref-docs hack/api-docs.sh
+	rm -rf docs/reference/cli
+	go run -tags gendocs ./cmd/gpufleet docs/reference/cli
+	go run ./hack/metricsdoc docs/reference/metrics.md
+
 .PHONY: helm
 helm:
 	hack/build-tools.sh helm
@@ -83,6 +94,7 @@ unit: ## Unit tests only (no local cluster).
 .PHONY: verify
 verify: generate ## Fail if generated files are stale, code is unformatted, go vet or golangci-lint complains.
 	@git diff --exit-code -- api config charts && test -z "$$(git ls-files --others --exclude-standard -- api config charts)" || { git ls-files --others --exclude-standard -- api config charts; echo "generated files are stale: run 'make generate' and commit"; exit 1; }
+	@$(MAKE) --no-print-directory docs; git diff --exit-code -- docs/reference && test -z "$$(git ls-files --others --exclude-standard -- docs/reference)" || { git ls-files --others --exclude-standard -- docs/reference; echo "docs/reference is stale: run 'make docs' and commit"; exit 1; }
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { echo "gofmt needed:"; gofmt -l $$(git ls-files '*.go'); exit 1; }
 	go vet ./...
 	$(MAKE) --no-print-directory lint

@@ -40,12 +40,16 @@ build() {
 
 want=${1:-all}
 case "$want" in
-  all|controlplane|controller-gen|helm|golangci-lint|promtool) ;;
-  *) echo "usage: $0 [all|controlplane|controller-gen|helm|golangci-lint|promtool]" >&2; exit 2 ;;
+  all|controlplane|controller-gen|crd-ref-docs|helm|golangci-lint|promtool) ;;
+  *) echo "usage: $0 [all|controlplane|controller-gen|crd-ref-docs|helm|golangci-lint|promtool]" >&2; exit 2 ;;
 esac
 
 if [ "$want" = all ] || [ "$want" = controller-gen ]; then
   build controller-gen "-s -w" controller-gen -- sigs.k8s.io/controller-tools/cmd/controller-gen
+fi
+if [ "$want" = all ] || [ "$want" = crd-ref-docs ]; then
+  # the API reference, docs/reference/api/ (make docs)
+  build crd-ref-docs "-s -w" crd-ref-docs -- github.com/elastic/crd-ref-docs
 fi
 if [ "$want" = all ] || [ "$want" = helm ]; then
   build helm "-s -w -X helm.sh/helm/v4/internal/version.version=v4.3.2" helm -- helm.sh/helm/v4/cmd/helm

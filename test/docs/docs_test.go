@@ -1,4 +1,5 @@
-// Package docs checks the documentation: README.md and docs/*.md. Every
+// Package docs checks the documentation: README.md, docs/*.md and the
+// generated references in docs/reference/ (make docs). Every
 // relative link resolves to a file of the repository (and, with a
 // #fragment, to a heading of that file by GitHub's anchor rules), nothing
 // points outside the repository, every `make <target>` named exists in the
@@ -9,7 +10,9 @@ package docs
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -77,7 +80,8 @@ func readPage(t *testing.T, root, rel string) *page {
 	return p
 }
 
-// pages are README.md and every docs/*.md.
+// pages are README.md, every docs/*.md and every page of the generated
+// references, docs/reference/**/*.md (make docs).
 func pages(t *testing.T, root string) []*page {
 	t.Helper()
 	rels := []string{"README.md"}
@@ -87,6 +91,15 @@ func pages(t *testing.T, root string) []*page {
 	}
 	if len(docs) == 0 {
 		t.Fatal("no docs/*.md")
+	}
+	err = filepath.WalkDir(filepath.Join(root, "docs", "reference"), func(path string, d fs.DirEntry, err error) error {
+		if err == nil && !d.IsDir() && strings.HasSuffix(path, ".md") {
+			docs = append(docs, path)
+		}
+		return err
+	})
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		t.Fatal(err)
 	}
 	for _, d := range docs {
 		rel, err := filepath.Rel(root, d)
@@ -292,6 +305,11 @@ func (p *page) codeTexts() (texts []string, lineNos []int) {
 		case p.isFence[i]:
 			switch p.lang[i] {
 			case "", "sh", "bash", "shell":
+				// A flag's line of a usage (the Options blocks of
+				// docs/reference/cli) is no command.
+				if p.lang[i] == "" && flagLineRE.MatchString(l) {
+					continue
+				}
 				texts, lineNos = append(texts, l), append(lineNos, i+1)
 			case "console":
 				if cmd, ok := strings.CutPrefix(strings.TrimSpace(l), "$ "); ok {
@@ -539,21 +557,60 @@ func TestAnchorRules(t *testing.T) {
 	}
 }
 
-// TestPagesAreListed: every docs page is linked from the index, so none is
-// orphaned.
+// TestPagesAreListed: every docs page is reachable from the index by
+// links between docs pages, so none is orphaned: the hand-written pages
+// are linked from docs/README.md itself, the generated references of
+// docs/reference/ from it or from one another (a command's page from its
+// parent's).
 func TestPagesAreListed(t *testing.T) {
 	root := repoRoot(t)
-	index := readPage(t, root, "docs/README.md")
+	byRel := map[string]*page{}
+	for _, p := range pages(t, root) {
+		byRel[p.rel] = p
+	}
+	reached := map[string]bool{"docs/README.md": true}
+	queue := []string{"docs/README.md"}
+	for len(queue) > 0 {
+		p := byRel[queue[0]]
+		queue = queue[1:]
+		if p == nil {
+			continue
+		}
+		targets, _ := p.links()
+		for _, target := range targets {
+			file, _, _ := strings.Cut(target, "#")
+			if file == "" || strings.Contains(file, "://") {
+				continue
+			}
+			dest := filepath.ToSlash(filepath.Clean(filepath.Join(filepath.Dir(p.rel), file)))
+			if !reached[dest] && strings.HasPrefix(dest, "docs/") {
+				reached[dest] = true
+				queue = append(queue, dest)
+			}
+		}
+	}
+	var missing []string
+	for rel := range byRel {
+		if strings.HasPrefix(rel, "docs/") && !reached[rel] {
+			missing = append(missing, rel)
+		}
+	}
+	sort.Strings(missing)
+	if len(missing) > 0 {
+		t.Errorf("no links lead from docs/README.md to %v", missing)
+	}
+	// The hand-written pages are in the index itself.
+	index := byRel["docs/README.md"]
 	linked := map[string]bool{}
 	targets, _ := index.links()
 	for _, target := range targets {
 		file, _, _ := strings.Cut(target, "#")
 		linked[filepath.ToSlash(filepath.Clean(filepath.Join("docs", file)))] = true
 	}
-	var missing []string
-	for _, p := range pages(t, root) {
-		if strings.HasPrefix(p.rel, "docs/") && p.rel != "docs/README.md" && !linked[p.rel] {
-			missing = append(missing, p.rel)
+	missing = missing[:0]
+	for rel := range byRel {
+		if strings.HasPrefix(rel, "docs/") && !strings.HasPrefix(rel, "docs/reference/") && rel != "docs/README.md" && !linked[rel] {
+			missing = append(missing, rel)
 		}
 	}
 	sort.Strings(missing)
