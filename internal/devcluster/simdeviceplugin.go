@@ -9,6 +9,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -67,6 +68,9 @@ type simDevicePlugin struct {
 	pods    cache.Indexer
 	nodes   cache.Store
 	queue   workqueue.TypedRateLimitingInterface[string]
+	// started: when the loop first saw each plugin pod (its start, to
+	// the nanosecond; a creation time has whole seconds only).
+	started sync.Map // types.UID → time.Time
 }
 
 // startSimGPUPlugins starts the loop once (the first GPU node calls it),
@@ -105,6 +109,9 @@ func (c *Cluster) startSimGPUPlugins(ctx context.Context) error {
 			}
 			switch o := obj.(type) {
 			case *corev1.Pod:
+				if isSimPluginPod(o) {
+					s.started.LoadOrStore(o.UID, simNow())
+				}
 				if o.Spec.NodeName != "" {
 					s.queue.Add(o.Spec.NodeName)
 				}
@@ -112,7 +119,15 @@ func (c *Cluster) startSimGPUPlugins(ctx context.Context) error {
 				s.queue.Add(o.Name)
 			}
 		}
-		handler := cache.ResourceEventHandlerFuncs{AddFunc: enqueue, UpdateFunc: func(_, n any) { enqueue(n) }, DeleteFunc: enqueue}
+		handler := cache.ResourceEventHandlerFuncs{AddFunc: enqueue, UpdateFunc: func(_, n any) { enqueue(n) }, DeleteFunc: func(obj any) {
+			enqueue(obj)
+			if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+				obj = t.Obj
+			}
+			if p, ok := obj.(*corev1.Pod); ok {
+				s.started.Delete(p.UID)
+			}
+		}}
 		if _, err = podInf.AddEventHandler(handler); err != nil {
 			return
 		}
@@ -184,20 +199,43 @@ var simPluginSelectors = func() []labels.Selector {
 	return out
 }()
 
-// SimGPUPluginStart is when the node's GPU plugin last started: the
-// creation of the newest of its pods (any pod of pods on node that the
-// default gpu.stackPods select), zero when none runs (it then remembers
-// the whole boot).
-func SimGPUPluginStart(node string, pods []*corev1.Pod) time.Time {
+// startedAt is when the loop first saw plugin pod uid.
+func (s *simDevicePlugin) startedAt(uid types.UID) (time.Time, bool) {
+	t, ok := s.started.Load(uid)
+	if !ok {
+		return time.Time{}, false
+	}
+	return t.(time.Time), true
+}
+
+// isSimPluginPod: a pod the default gpu.stackPods select.
+func isSimPluginPod(p *corev1.Pod) bool {
+	for _, s := range simPluginSelectors {
+		if s.Matches(labels.Set(p.Labels)) {
+			return true
+		}
+	}
+	return false
+}
+
+// SimGPUPluginStart is when the node's GPU plugin last started: the start
+// of the newest of its pods (any pod of pods on node that the default
+// gpu.stackPods select) — when started knows it, else its creation —,
+// zero when none runs (it then remembers the whole boot).
+func SimGPUPluginStart(node string, pods []*corev1.Pod, started func(types.UID) (time.Time, bool)) time.Time {
 	var start time.Time
 	for _, p := range pods {
-		if p.Spec.NodeName != node || p.DeletionTimestamp != nil {
+		if p.Spec.NodeName != node || p.DeletionTimestamp != nil || !isSimPluginPod(p) {
 			continue
 		}
-		for _, s := range simPluginSelectors {
-			if s.Matches(labels.Set(p.Labels)) && p.CreationTimestamp.After(start) {
-				start = p.CreationTimestamp.Time
+		at := p.CreationTimestamp.Time
+		if started != nil {
+			if t, ok := started(p.UID); ok && t.After(at) {
+				at = t
 			}
+		}
+		if at.After(start) {
+			start = at
 		}
 	}
 	return start
@@ -220,7 +258,7 @@ func (s *simDevicePlugin) sync(ctx context.Context, node string) error {
 	for _, o := range objs {
 		pods = append(pods, o.(*corev1.Pod))
 	}
-	since := SimGPUPluginStart(node, pods)
+	since := SimGPUPluginStart(node, pods, s.startedAt)
 	if obj.(*corev1.Node).Labels[LabelDevicePluginOnly] != "true" {
 		return s.cluster.syncSliceTaints(ctx, obj.(*corev1.Node), since)
 	}
@@ -242,7 +280,7 @@ func (s *simDevicePlugin) sync(ctx context.Context, node string) error {
 	if err != nil {
 		return err
 	}
-	for key, gpus := range SimDevicePluginAllocate(obj.(*corev1.Node), live.Items) {
+	for key, gpus := range SimDevicePluginAllocate(obj.(*corev1.Node), live.Items, s.startedAt) {
 		patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{AnnotationGPUs: gpus}}})
 		if err != nil {
 			return err
@@ -258,7 +296,7 @@ func (s *simDevicePlugin) sync(ctx context.Context, node string) error {
 // node and its pods: for each pod that requests nvidia.com/gpu and names
 // no GPUs yet, oldest first, the lowest-numbered healthy GPUs (indices,
 // AnnotationGPUs's format) that no pod of the node holds.
-func SimDevicePluginAllocate(node *corev1.Node, pods []corev1.Pod) map[types.NamespacedName]string {
+func SimDevicePluginAllocate(node *corev1.Node, pods []corev1.Pod, started func(types.UID) (time.Time, bool)) map[types.NamespacedName]string {
 	h, err := ReadSimGPUHost(node)
 	if err != nil {
 		return nil
@@ -267,7 +305,7 @@ func SimDevicePluginAllocate(node *corev1.Node, pods []corev1.Pod) map[types.Nam
 	for i := range pods {
 		ptrs[i] = &pods[i]
 	}
-	taken := simPluginUnhealthy(h, SimGPUPluginStart(node.Name, ptrs))
+	taken := simPluginUnhealthy(h, SimGPUPluginStart(node.Name, ptrs, started))
 	var waiting []*corev1.Pod
 	for i := range pods {
 		p := &pods[i]
@@ -372,8 +410,7 @@ func simXIDs(h SimGPUHost) []simXID {
 // simPluginUnhealthy is the health check of NVIDIA's GPU plugins (the
 // device plugin, the DRA driver's kubelet plugin) started at since: the
 // GPUs off the bus, and those with an XID since then that the plugins do
-// not skip as an application error (whole seconds: an object's creation
-// time has no more).
+// not skip as an application error.
 func simPluginUnhealthy(h SimGPUHost, since time.Time) map[int]bool {
 	out := map[int]bool{}
 	for i, st := range h.State {
@@ -382,7 +419,7 @@ func simPluginUnhealthy(h SimGPUHost, since time.Time) map[int]bool {
 		}
 	}
 	for _, x := range simXIDs(h) {
-		if !x.at.Truncate(time.Second).Before(since) && !slices.Contains(devicePluginSkippedXIDs, x.code) {
+		if !x.at.Before(since) && !slices.Contains(devicePluginSkippedXIDs, x.code) {
 			out[x.gpu] = true
 		}
 	}

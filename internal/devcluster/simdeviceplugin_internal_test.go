@@ -124,7 +124,7 @@ func TestSimDevicePluginAllocate(t *testing.T) {
 				s(t, c)
 			}
 			got := map[string]string{}
-			for k, v := range SimDevicePluginAllocate(simNode(t, c), tc.pods) {
+			for k, v := range SimDevicePluginAllocate(simNode(t, c), tc.pods, nil) {
 				got[k.String()] = v
 			}
 			if diff := cmp.Diff(tc.want, got); diff != "" {
@@ -136,7 +136,7 @@ func TestSimDevicePluginAllocate(t *testing.T) {
 	other := gpuPod("elsewhere", 1, time.Minute, "")
 	other.Spec.NodeName = "gpu-004"
 	c, _ := simHostCluster(t)
-	if got := SimDevicePluginAllocate(simNode(t, c), []corev1.Pod{other}); len(got) != 0 {
+	if got := SimDevicePluginAllocate(simNode(t, c), []corev1.Pod{other}, nil); len(got) != 0 {
 		t.Errorf("a pod of another node got %v", got)
 	}
 }

@@ -82,9 +82,20 @@ func TestSimulatedDevicePluginGivesOutGPUs(t *testing.T) {
 	if err := (devcluster.SimExecutor{Cluster: cluster}).Execute(ctx, n, repairv1.ActionResetGPU, []repairv1.GPURef{devcluster.SimGPU(node, 3)}); err != nil {
 		t.Fatal(err)
 	}
+	// Like NVIDIA's plugin, it does not mark the GPU healthy again after
+	// the reset; its restart (a new pod of its DaemonSet) does.
+	waitAllocatable(t, node, 7)
+	plugins, err := cluster.Client.CoreV1().Pods(metav1.NamespaceSystem).List(ctx, metav1.ListOptions{
+		LabelSelector: "app.kubernetes.io/name=nvidia-device-plugin", FieldSelector: "spec.nodeName=" + node})
+	if err != nil || len(plugins.Items) != 1 {
+		t.Fatalf("the simulated device plugin's pods on %s: %v (%v)", node, plugins, err)
+	}
+	if err := cluster.Client.CoreV1().Pods(metav1.NamespaceSystem).Delete(ctx, plugins.Items[0].Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
 	waitAllocatable(t, node, 8)
 	if got := pod("dpsim-4"); got != "3" {
-		t.Errorf("after GPU 3's reset, the next pod was given GPU %s, want 3", got)
+		t.Errorf("after GPU 3's reset and the plugin's restart, the next pod was given GPU %s, want 3", got)
 	}
 	pods, err := cluster.Client.CoreV1().Pods("default").List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + node})
 	if err != nil {
@@ -109,6 +120,14 @@ func waitAllocatable(t *testing.T, node string, want int64) {
 		return got.Value() == want && capacity.Value() == 8, nil
 	})
 	if err != nil {
-		t.Fatalf("%s: nvidia.com/gpu allocatable %s of %s, want %d of 8", node, got.String(), capacity.String(), want)
+		var plugins []string
+		if pods, err := cluster.Client.CoreV1().Pods(metav1.NamespaceSystem).List(t.Context(), metav1.ListOptions{FieldSelector: "spec.nodeName=" + node}); err == nil {
+			for _, p := range pods.Items {
+				plugins = append(plugins, fmt.Sprintf("%s created %s deleting %v", p.Name, p.CreationTimestamp.UTC().Format(time.RFC3339), p.DeletionTimestamp))
+			}
+		}
+		n, _ := cluster.Client.CoreV1().Nodes().Get(t.Context(), node, metav1.GetOptions{})
+		t.Fatalf("%s: nvidia.com/gpu allocatable %s of %s, want %d of 8; kube-system pods %q; kernel log boot %s:\n%s", node, got.String(), capacity.String(), want,
+			plugins, n.Annotations[devcluster.AnnotationKmsgBoot], n.Annotations[devcluster.AnnotationKmsg])
 	}
 }

@@ -121,7 +121,7 @@ func SimDRATaints(h SimGPUHost, since time.Time) map[int][]resourcev1.DeviceTain
 	out := map[int][]resourcev1.DeviceTaint{}
 	xid := map[int]resourcev1.DeviceTaint{}
 	for _, x := range simXIDs(h) {
-		if x.at.Truncate(time.Second).Before(since) {
+		if x.at.Before(since) {
 			continue
 		}
 		effect := resourcev1.DeviceTaintEffectNoSchedule
