@@ -1,7 +1,6 @@
 package maintenance
 
 import (
-	"fmt"
 	"testing"
 	"time"
 
@@ -293,5 +292,3 @@ func TestMakePlanDomainsWithoutDomainNodes(t *testing.T) {
 		}
 	}
 }
-
-var _ = fmt.Sprint
