@@ -86,6 +86,8 @@ type repairSeen struct {
 	phase          repairv1.Phase
 	message        string
 	gpuMaintenance string
+	// rule and fault: what the detector saw (spec.fault).
+	rule, fault string
 }
 
 // nmSeen is one NodeMaintenance of a repair.
@@ -175,7 +177,8 @@ func (w *burstWatch) onRepair(nr *repairv1.NodeRepair) {
 	}
 	r := w.repairs[nr.Name]
 	if r == nil {
-		r = &repairSeen{node: nr.Spec.NodeName, pool: nr.Spec.Pool, created: now, since: nr.Spec.Fault.Since.Time}
+		r = &repairSeen{node: nr.Spec.NodeName, pool: nr.Spec.Pool, created: now, since: nr.Spec.Fault.Since.Time,
+			rule: nr.Spec.Fault.Rule, fault: nr.Spec.Fault.Reason + ": " + nr.Spec.Fault.Message}
 		for _, g := range nr.Spec.GPUs {
 			r.gpus = append(r.gpus, g.PCIBusID)
 			if f := w.byNodePCI[nr.Spec.NodeName+"/"+g.PCIBusID]; f != nil && f.repair == "" {
@@ -392,6 +395,10 @@ type burstReportData struct {
 	Repairs        int            `json:"repairs"`
 	RepairsByPhase map[string]int `json:"repairsByPhase"`
 	IgnoredRecords int            `json:"ignoredRecords"`
+	// ExtraRepairs: repairs of a faulty node after its first (e.g. a
+	// fault its first repair left); examples say which.
+	ExtraRepairs        int      `json:"extraRepairs"`
+	ExtraRepairExamples []string `json:"extraRepairExamples,omitempty"`
 	// FromFaultMs: per fault, from its injection to each milestone.
 	FromFaultMs map[string]map[string]float64 `json:"fromFaultMs"`
 	// StagesMs: per repair (or fault), each stage between milestones,
@@ -986,8 +993,23 @@ func (w *burstWatch) report(threshold time.Duration) burstReportData {
 		}
 		rep.PeakEvictionsPerSec = max(rep.PeakEvictionsPerSec, j-i)
 	}
-	if rep.Repairs != rep.FaultyNodes {
-		rep.Violations = append(rep.Violations, fmt.Sprintf("%d repairs for %d faulty nodes (one each expected)", rep.Repairs, rep.FaultyNodes))
+	// Repairs beyond the first of a faulty node (not a limit: reported).
+	firstOf := map[string]string{}
+	for _, f := range w.faults {
+		if f.repair != "" {
+			firstOf[f.node] = f.repair
+		}
+	}
+	for _, name := range slices.Sorted(maps.Keys(w.repairs)) {
+		r := w.repairs[name]
+		if r.phase == repairv1.PhaseIgnored || firstOf[r.node] == name {
+			continue
+		}
+		rep.ExtraRepairs++
+		if len(rep.ExtraRepairExamples) < 5 {
+			rep.ExtraRepairExamples = append(rep.ExtraRepairExamples, fmt.Sprintf("%s (node %s, %s after its first repair ended): rule %s, %q; %s: %s",
+				name, r.node, r.created.Sub(w.repairs[firstOf[r.node]].ended).Round(100*time.Millisecond), r.rule, r.fault, r.phase, r.message))
+		}
 	}
 	return rep
 }
@@ -1007,6 +1029,7 @@ func (r burstReportData) markdown() string {
 	fmt.Fprintf(&s, "| injection: first call to last return | %.0f ms |\n", r.InjectionSpreadMs)
 	fmt.Fprintf(&s, "| burst: first injection to every GPU back in service | %.1f s |\n", r.BurstSeconds)
 	fmt.Fprintf(&s, "| repairs (by phase) / dry-run or ignored records | %d (%s) / %d |\n", r.Repairs, formatCounts(r.RepairsByPhase), r.IgnoredRecords)
+	fmt.Fprintf(&s, "| repairs of a faulty node after its first | %d |\n", r.ExtraRepairs)
 	fmt.Fprintf(&s, "| repairs allowed by the limits at their threshold / drain requested within 5 s of the threshold | %d / %d |\n", r.DispatchAllowed, r.DispatchWithin5s)
 	fmt.Fprintf(&s, "| from allowed (threshold, or the last repair ended before) to drain requested, p50 / p90 / p99 / max | %s |\n", pct(r.DispatchFromAllowedMs))
 	fmt.Fprintf(&s, "| claim pods evicted / evictions per second (first to last) / most in one second | %d / %.2f / %d |\n", r.Evictions, r.EvictionsPerSecond, r.PeakEvictionsPerSec)
@@ -1044,6 +1067,12 @@ func (r burstReportData) markdown() string {
 	fmt.Fprintf(&s, "| drain rate | %s | %.2f evictions/s (first to last eviction), at most %d in one second |\n\n", r.NVSentinel["drain"], r.EvictionsPerSecond, r.PeakEvictionsPerSec)
 	fmt.Fprintf(&s, "The two runs differ: NVSentinel's limits, thresholds and hardware are its own; here every repair waits for one repair per pool, maxParallelPools and the NodeMaintenance limits.\n\n")
 	fmt.Fprintf(&s, "Operator requests during the burst: %s\n\nAgent requests during the burst: %s\n", formatCounts(r.OperatorRequests), formatCounts(r.AgentRequests))
+	if len(r.ExtraRepairExamples) > 0 {
+		fmt.Fprintf(&s, "\nRepairs after a node's first:\n\n")
+		for _, e := range r.ExtraRepairExamples {
+			fmt.Fprintf(&s, "- %s\n", e)
+		}
+	}
 	if len(r.Violations) > 0 {
 		fmt.Fprintf(&s, "\nViolations:\n\n")
 		for _, v := range r.Violations {
