@@ -1,10 +1,14 @@
 package maintenance
 
 import (
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"k8s.io/utils/ptr"
+
+	maintenancev1 "github.com/gpufleet/gpufleet/api/maintenance/v1alpha1"
 )
 
 // rack builds ready nodes of one domain ("" : no domain).
@@ -290,5 +294,36 @@ func TestMakePlanDomainsWithoutDomainNodes(t *testing.T) {
 		if diff := cmp.Diff(want.Waiting, got.Waiting); diff != "" {
 			t.Fatalf("seed %d: waiting (-without +with domains):\n%s", seed, diff)
 		}
+	}
+}
+
+func TestCompileConfigDomains(t *testing.T) {
+	spec := &maintenancev1.MaintenanceOperatorConfigSpec{Domains: &maintenancev1.MaintenanceDomains{NodeLabel: "nvidia.com/gpu.clique"}}
+	c, err := CompileConfig(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Limits.Domains == nil || !c.Limits.Domains.CoSchedule || c.Limits.Domains.MaxDisrupted != nil {
+		t.Errorf("domains = %+v, want coSchedule by default and no budget", c.Limits.Domains)
+	}
+	if got := c.DomainOf(map[string]string{"nvidia.com/gpu.clique": "rack-7.1", "other": "x"}); got != "rack-7.1" {
+		t.Errorf("DomainOf = %q", got)
+	}
+	if got := c.DomainOf(map[string]string{"other": "x"}); got != "" {
+		t.Errorf("DomainOf without the label = %q", got)
+	}
+	spec.Domains.CoSchedule = ptr.To(false)
+	spec.Domains.MaxDisruptedDomains = pct("25%")
+	if c, err = CompileConfig(spec); err != nil || c.Limits.Domains.CoSchedule || c.Limits.Domains.MaxDisrupted == nil {
+		t.Errorf("coSchedule false, 25%%: %+v, %v", c.Limits.Domains, err)
+	}
+	if c, _ := CompileConfig(&maintenancev1.MaintenanceOperatorConfigSpec{}); c.Limits.Domains != nil || c.DomainOf(map[string]string{"nvidia.com/gpu.clique": "a"}) != "" {
+		t.Error("without spec.domains a node has a domain")
+	}
+	spec.Domains.NodeLabel = "bad label"
+	spec.Domains.MaxDisruptedDomains = pct("150%")
+	_, err = CompileConfig(spec)
+	if err == nil || !strings.Contains(err.Error(), "domains: nodeLabel") || !strings.Contains(err.Error(), "domains: maxDisruptedDomains") {
+		t.Errorf("bad domains config: %v", err)
 	}
 }

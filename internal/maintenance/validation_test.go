@@ -73,6 +73,10 @@ func TestSchemaRejectsBadObjects(t *testing.T) {
 		"pool limit 150%":                   {cfg("  pools:\n  - {name: p, nodeSelector: {}, maxUnavailable: 150%}\n"), "maxUnavailable must be a non-negative integer or a percentage"},
 		"pool without selector":             {cfg("  pools:\n  - {name: p, maxParallelOperations: 1}\n"), "nodeSelector: Required value"},
 		"unknown urgency scope":             {cfg("  urgentMaintenance: Everything\n"), "Unsupported value: \"Everything\""},
+		"domains without nodeLabel":         {cfg("  domains: {maxDisruptedDomains: 2}\n"), "nodeLabel: Required value"},
+		"domains with a bad nodeLabel":      {cfg("  domains: {nodeLabel: \"nvidia.com/gpu clique\"}\n"), "nodeLabel must be a label key"},
+		"maxDisruptedDomains 150%":          {cfg("  domains: {nodeLabel: nvidia.com/gpu.clique, maxDisruptedDomains: 150%}\n"), "maxDisruptedDomains must be a non-negative integer or a percentage"},
+		"maxDisruptedDomains -1":            {cfg("  domains: {nodeLabel: nvidia.com/gpu.clique, maxDisruptedDomains: -1}\n"), "maxDisruptedDomains must be a non-negative integer or a percentage"},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
@@ -93,6 +97,13 @@ func TestSchemaAcceptsGoodValues(t *testing.T) {
 		doc := "apiVersion: maintenance.nvidia.com/v1alpha1\nkind: MaintenanceOperatorConfig\nmetadata:\n  generateName: good-\n  namespace: default\nspec:\n  maxParallelOperations: " + quoteIfPercent(v) + "\n  maxUnavailable: " + quoteIfPercent(v) + "\n"
 		if err := applyYAML(t, doc); err != nil {
 			t.Errorf("value %s rejected: %v", v, err)
+		}
+	}
+	for _, d := range []string{"{nodeLabel: nvidia.com/gpu.clique}", "{nodeLabel: rack, maxDisruptedDomains: 0, coSchedule: false}",
+		"{nodeLabel: example.com/nvlink-domain, maxDisruptedDomains: \"25%\"}"} {
+		doc := "apiVersion: maintenance.nvidia.com/v1alpha1\nkind: MaintenanceOperatorConfig\nmetadata:\n  generateName: good-\n  namespace: default\nspec:\n  domains: " + d + "\n"
+		if err := applyYAML(t, doc); err != nil {
+			t.Errorf("domains %s rejected: %v", d, err)
 		}
 	}
 	for _, sel := range []string{"app=training", "app==x,tier!=web", "gpu in (a100, h100)", "!canary", "example.com/team notin (a,b),env", ""} {
