@@ -2,7 +2,6 @@ package maintenance
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
@@ -30,6 +29,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	maintenancev1 "github.com/gpufleet/gpufleet/api/maintenance/v1alpha1"
+	"github.com/gpufleet/gpufleet/internal/maintenance/requestor"
 	"github.com/gpufleet/gpufleet/internal/ownwrites"
 	"github.com/gpufleet/gpufleet/internal/pendingevents"
 )
@@ -446,7 +446,7 @@ func (r *Reconciler) waitForPods(ctx context.Context, nm *maintenancev1.NodeMain
 		if p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed || !sel.Matches(labels.Set(p.Labels)) {
 			continue
 		}
-		if SurvivesDrain(p) {
+		if requestor.SurvivesDrain(p) {
 			continue // they never complete on their own
 		}
 		waiting = append(waiting, p.Namespace+"/"+p.Name)
@@ -611,21 +611,7 @@ func (r *Reconciler) otherHolder(ctx context.Context, nm *maintenancev1.NodeMain
 // setUnschedulable patches only spec.unschedulable, so it never overwrites
 // other changes to the node.
 func (r *Reconciler) setUnschedulable(ctx context.Context, node *corev1.Node, v bool) error {
-	return SetUnschedulable(ctx, r.Client, node, v)
-}
-
-// SetUnschedulable cordons (v true) or uncordons node with a patch of
-// spec.unschedulable alone: the one way gpufleet changes it (the lifecycle
-// controller, and gpufleet uninstall releasing what it cordoned).
-func SetUnschedulable(ctx context.Context, c client.Client, node *corev1.Node, v bool) error {
-	patch, err := json.Marshal(map[string]any{"spec": map[string]any{"unschedulable": v}})
-	if err != nil {
-		return err
-	}
-	if err := c.Patch(ctx, node, client.RawPatch(types.StrategicMergePatchType, patch)); err != nil {
-		return fmt.Errorf("setting node %s unschedulable=%t: %w", node.Name, v, err)
-	}
-	return nil
+	return requestor.SetUnschedulable(ctx, r.Client, node, v)
 }
 
 func (r *Reconciler) invalidSpec(nm *maintenancev1.NodeMaintenance, msg string, ev *pendingevents.Recorder) {
@@ -633,22 +619,6 @@ func (r *Reconciler) invalidSpec(nm *maintenancev1.NodeMaintenance, msg string, 
 		ev.Eventf(nm, nil, corev1.EventTypeWarning, ReasonInvalidSpec, actionValidate, "%s; nothing is evicted until it is fixed", msg)
 	}
 	setCondition(nm, maintenancev1.ConditionTypeInvalidSpec, metav1.ConditionTrue, ReasonInvalidSpec, msg, r.Clock.Now())
-}
-
-// SurvivesDrain reports whether a drain leaves the pod on its node (a
-// DaemonSet's or a static pod's mirror).
-func SurvivesDrain(p *corev1.Pod) bool {
-	return isDaemonSetPod(p) || isMirrorPod(p)
-}
-
-func isDaemonSetPod(p *corev1.Pod) bool {
-	c := metav1.GetControllerOf(p)
-	return c != nil && c.Kind == "DaemonSet"
-}
-
-func isMirrorPod(p *corev1.Pod) bool {
-	_, ok := p.Annotations[corev1.MirrorPodAnnotationKey]
-	return ok
 }
 
 // summarize joins up to n names and says how many more there are.

@@ -31,7 +31,7 @@ const (
 	// pods, or why it is not.
 	AnnotationIsolation = "repair.gpufleet.dev/isolation"
 	// LabelIsolates on a DeviceTaintRule names the GPUFault it is for.
-	LabelIsolates = "repair.gpufleet.dev/isolates"
+	LabelIsolates = repairv1.LabelIsolates
 	// TaintKey of the device taint; its value is the GPU's fault class.
 	TaintKey = "repair.gpufleet.dev/gpu-fault"
 

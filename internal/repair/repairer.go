@@ -23,7 +23,6 @@ import (
 
 	maintenancev1 "github.com/gpufleet/gpufleet/api/maintenance/v1alpha1"
 	repairv1 "github.com/gpufleet/gpufleet/api/repair/v1alpha1"
-	"github.com/gpufleet/gpufleet/internal/maintenance"
 	"github.com/gpufleet/gpufleet/internal/maintenance/requestor"
 	"github.com/gpufleet/gpufleet/internal/pendingevents"
 )
@@ -213,7 +212,8 @@ func (r *Repairer) step(ctx context.Context, l *ladder) (reconcile.Result, error
 			}
 		}
 		if a := nr.Spec.Actions[idx]; !a.AgentRuns() {
-			return reconcile.Result{}, r.runStackRestart(ctx, l, a)
+			r.runStackRestart(ctx, l, a)
+			return reconcile.Result{}, nil
 		}
 		r.request(l, nr.Spec.Actions[idx])
 		return reconcile.Result{}, nil
@@ -314,7 +314,7 @@ func (r *Repairer) heldReboot(ctx context.Context, l *ladder) (reconcile.Result,
 	}
 	left := 0
 	for i := range pods.Items {
-		if p := &pods.Items[i]; p.DeletionTimestamp == nil && !maintenance.SurvivesDrain(p) && p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed {
+		if p := &pods.Items[i]; p.DeletionTimestamp == nil && !requestor.SurvivesDrain(p) && p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed {
 			left++
 		}
 	}
@@ -393,7 +393,7 @@ const stackRestartWait = 3 * time.Minute
 // runStackRestart runs RestartGPUStackPods as a rung of the ladder: the
 // operator restarts the node's GPU stack pods itself, records the outcome
 // and goes on to the next rung (none found is a failed rung, not the end).
-func (r *Repairer) runStackRestart(ctx context.Context, l *ladder, a repairv1.Action) error {
+func (r *Repairer) runStackRestart(ctx context.Context, l *ladder, a repairv1.Action) {
 	l.nr.Status.NextAction++
 	actionsRequested.WithLabelValues(string(a)).Inc()
 	names, err := r.restartStackPods(ctx, l)
@@ -406,7 +406,6 @@ func (r *Repairer) runStackRestart(ctx context.Context, l *ladder, a repairv1.Ac
 		l.record(string(a), repairv1.OutcomeSucceeded, "restarted "+strings.Join(names, ", "))
 		l.events.Eventf(l.node, l.nr, corev1.EventTypeNormal, ReasonAction, actionRepair, "Node %s: %s: %s", l.node.Name, a, strings.Join(names, ", "))
 	}
-	return nil
 }
 
 // stackReturn is the last step of a GPU repair whose GPUs are back in

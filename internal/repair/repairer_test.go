@@ -711,7 +711,10 @@ func TestAGPUStackThatStillHoldsTheGPUIsRestartedOnce(t *testing.T) {
 	}
 	_ = wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, 10*time.Second, true, func(ctx context.Context) (bool, error) {
 		p, err := env.Client.CoreV1().Pods(metav1.NamespaceSystem).Get(ctx, plugin[0].Name, metav1.GetOptions{})
-		return err != nil || p.DeletionTimestamp != nil, nil
+		if err != nil {
+			return true, nil //nolint:nilerr // gone: evicted
+		}
+		return p.DeletionTimestamp != nil, nil
 	})
 	if p, err := env.Client.CoreV1().Pods(metav1.NamespaceSystem).Get(t.Context(), plugin[0].Name, metav1.GetOptions{}); err == nil && p.DeletionTimestamp == nil {
 		t.Errorf("plugin pod %s not evicted", p.Name)

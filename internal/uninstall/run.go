@@ -22,8 +22,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	maintenancev1 "github.com/gpufleet/gpufleet/api/maintenance/v1alpha1"
-	"github.com/gpufleet/gpufleet/internal/maintenance"
-	"github.com/gpufleet/gpufleet/internal/repair"
+	repairv1 "github.com/gpufleet/gpufleet/api/repair/v1alpha1"
+	"github.com/gpufleet/gpufleet/internal/maintenance/requestor"
 )
 
 // Options of an uninstall.
@@ -262,7 +262,7 @@ func execute(ctx context.Context, c client.Client, p Plan, nodes map[string]*cor
 		}
 	}
 	for _, name := range p.Uncordon {
-		if err := maintenance.SetUnschedulable(ctx, c, nodes[name], false); client.IgnoreNotFound(err) != nil {
+		if err := requestor.SetUnschedulable(ctx, c, nodes[name], false); client.IgnoreNotFound(err) != nil {
 			return err
 		}
 	}
@@ -315,7 +315,7 @@ func verify(ctx context.Context, c client.Client, say func(string, ...any)) erro
 // DeviceTaintRules are deleted.
 func reportKept(ctx context.Context, c client.Client, say func(string, ...any)) {
 	var rules resourcev1.DeviceTaintRuleList
-	if err := c.List(ctx, &rules, client.HasLabels{repair.LabelIsolates}); err != nil {
+	if err := c.List(ctx, &rules, client.HasLabels{repairv1.LabelIsolates}); err != nil {
 		return // no DRA, or not allowed to list: nothing to report
 	}
 	for _, r := range rules.Items {

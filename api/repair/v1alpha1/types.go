@@ -78,6 +78,10 @@ func (nr *NodeRepair) Validates() bool {
 	return len(nr.Spec.GPUs) > 0 && nr.Spec.Validation.LevelOf() != GPUValidationOff
 }
 
+// LabelIsolates on a DeviceTaintRule of gpufleet's names the GPUFault it
+// isolates (gpufleet uninstall reports the rules it leaves).
+const LabelIsolates = "repair.gpufleet.dev/isolates"
+
 // RequestorID is the requestor of the NodeMaintenance objects a repair
 // holds its node with (the node agent runs a reboot or a GPU reset only
 // inside one of them).
