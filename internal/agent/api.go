@@ -34,9 +34,8 @@ import (
 type API interface {
 	Node(ctx context.Context, name string) (*corev1.Node, error)
 	NodeRepair(ctx context.Context, name string) (*repairv1.NodeRepair, error)
-	// GPUFaults lists the GPUFault records (of every node the agent
-	// watches).
-	GPUFaults(ctx context.Context) ([]repairv1.GPUFault, error)
+	// GPUFaults lists the GPUFault records of node.
+	GPUFaults(ctx context.Context, node string) ([]repairv1.GPUFault, error)
 	NodeRepairPolicies(ctx context.Context) ([]repairv1.NodeRepairPolicy, error)
 	CreateGPUFault(ctx context.Context, f *repairv1.GPUFault) error
 	// PatchGPUFault writes after's spec, PatchGPUFaultStatus its status.
@@ -147,6 +146,47 @@ func list[T any, P interface {
 	return out
 }
 
+// indexNode indexes the cached GPUFaults and ResourceSlices by their node:
+// the in-process agent of every simulated node reads one node's objects
+// per pass, not a copy of all of them.
+const indexNode = "node"
+
+// nodeIndexer is indexNode's function: spec.nodeName of a GPUFault or a
+// ResourceSlice.
+func nodeIndexer(o any) ([]string, error) {
+	switch v := o.(type) {
+	case *repairv1.GPUFault:
+		return []string{v.Spec.NodeName}, nil
+	case *resourcev1.ResourceSlice:
+		if v.Spec.NodeName != nil {
+			return []string{*v.Spec.NodeName}, nil
+		}
+	}
+	return nil, nil
+}
+
+// byNodeIndex returns copies of the cached objects of node.
+func byNodeIndex[T any, P interface {
+	*T
+	runtime.Object
+}](s cache.Store, node string) ([]T, error) {
+	idx, ok := s.(cache.Indexer)
+	if !ok {
+		return nil, fmt.Errorf("the cache of %T is not indexed by node", P(nil))
+	}
+	items, err := idx.ByIndex(indexNode, node)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]T, 0, len(items))
+	for _, o := range items {
+		if p, ok := o.(P); ok {
+			out = append(out, *p.DeepCopyObject().(P))
+		}
+	}
+	return out, nil
+}
+
 func (k *kubeAPI) Node(_ context.Context, name string) (*corev1.Node, error) {
 	return get[*corev1.Node](k.nodes, "nodes", name)
 }
@@ -155,8 +195,8 @@ func (k *kubeAPI) NodeRepair(_ context.Context, name string) (*repairv1.NodeRepa
 	return get[*repairv1.NodeRepair](k.repairs, "noderepairs", name)
 }
 
-func (k *kubeAPI) GPUFaults(context.Context) ([]repairv1.GPUFault, error) {
-	return list[repairv1.GPUFault](k.faults), nil
+func (k *kubeAPI) GPUFaults(_ context.Context, node string) ([]repairv1.GPUFault, error) {
+	return byNodeIndex[repairv1.GPUFault](k.faults, node)
 }
 
 func (k *kubeAPI) NodeRepairPolicies(context.Context) ([]repairv1.NodeRepairPolicy, error) {
@@ -167,13 +207,7 @@ func (k *kubeAPI) ResourceSlices(_ context.Context, node string) ([]resourcev1.R
 	if k.slices == nil {
 		return nil, nil
 	}
-	var out []resourcev1.ResourceSlice
-	for _, s := range list[resourcev1.ResourceSlice](k.slices) {
-		if s.Spec.NodeName != nil && *s.Spec.NodeName == node {
-			out = append(out, s)
-		}
-	}
-	return out, nil
+	return byNodeIndex[resourcev1.ResourceSlice](k.slices, node)
 }
 
 func (k *kubeAPI) CreateGPUFault(ctx context.Context, f *repairv1.GPUFault) error {

@@ -30,9 +30,18 @@ func (c clientAPI) NodeRepair(ctx context.Context, name string) (*repairv1.NodeR
 	return nr, c.Get(ctx, types.NamespacedName{Name: name}, nr)
 }
 
-func (c clientAPI) GPUFaults(ctx context.Context) ([]repairv1.GPUFault, error) {
+func (c clientAPI) GPUFaults(ctx context.Context, node string) ([]repairv1.GPUFault, error) {
 	var l repairv1.GPUFaultList
-	return l.Items, c.List(ctx, &l)
+	if err := c.List(ctx, &l); err != nil {
+		return nil, err
+	}
+	var out []repairv1.GPUFault
+	for _, f := range l.Items {
+		if f.Spec.NodeName == node {
+			out = append(out, f)
+		}
+	}
+	return out, nil
 }
 
 func (c clientAPI) NodeRepairPolicies(ctx context.Context) ([]repairv1.NodeRepairPolicy, error) {

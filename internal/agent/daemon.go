@@ -145,6 +145,9 @@ func New(cfg *rest.Config, opts Options) (*Daemon, error) {
 	d.informer.nodes = newInformer(d.api.core, "nodes", &corev1.Node{}, byName)
 	d.informer.repairs = newInformer(d.api.repair, "noderepairs", &repairv1.NodeRepair{}, byNode)
 	d.informer.faults = newInformer(d.api.repair, "gpufaults", &repairv1.GPUFault{}, byNode)
+	if err := d.informer.faults.AddIndexers(cache.Indexers{indexNode: nodeIndexer}); err != nil {
+		return nil, err
+	}
 	d.informer.policies = newInformer(d.api.repair, "noderepairpolicies", &repairv1.NodeRepairPolicy{}, nil)
 	d.api.nodes, d.api.repairs = d.informer.nodes.GetStore(), d.informer.repairs.GetStore()
 	d.api.faults, d.api.policies = d.informer.faults.GetStore(), d.informer.policies.GetStore()
@@ -160,6 +163,9 @@ func New(cfg *rest.Config, opts Options) (*Daemon, error) {
 		}
 		if served {
 			d.informer.slices = newInformer(resource, "resourceslices", &resourcev1.ResourceSlice{}, byNode)
+			if err := d.informer.slices.AddIndexers(cache.Indexers{indexNode: nodeIndexer}); err != nil {
+				return nil, err
+			}
 			d.api.slices = d.informer.slices.GetStore()
 		} else {
 			opts.Logger.Info("the API server serves no DRA (resource.k8s.io/v1): device taints are not read")

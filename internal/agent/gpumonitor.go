@@ -529,8 +529,8 @@ func (w *workSet) xids(events []XIDObservation, overrides map[int]gpufault.Class
 		}
 		t := metav1.NewTime(x.Time.UTC().Truncate(time.Second))
 		e := entryFor(r, x.Event.Code, "")
-		if e != nil && !t.After(e.LastSeen.Time) {
-			continue // counted before
+		if e != nil && !t.After(e.LastSeen.Time) || !t.After(overAt(r)) {
+			continue // counted before, or ended by the GPU's reset
 		}
 		c := gpufault.ClassifyEvent(x.Event, overrides)
 		class := repairv1.GPUFaultClass(c.Class)
@@ -544,6 +544,21 @@ func (w *workSet) xids(events []XIDObservation, overrides map[int]gpufault.Class
 		e.LastSeen, e.Active = t, true
 		e.Count++
 	}
+}
+
+// overAt is when the GPU's events (XIDs, device taints) were last ended:
+// its reset (the ValidationPending entry's time) or its last validation.
+// An event dated then or before is over even when a source first shows it
+// later (a slow kernel-log follower, a driver's taint that stays).
+func overAt(r *repairv1.GPUFault) time.Time {
+	var t time.Time
+	if e := entryFor(r, 0, gpufault.CounterValidationPending); e != nil {
+		t = e.LastSeen.Time
+	}
+	if v := r.Status.Validation; v != nil && v.Time.After(t) {
+		t = v.Time.Time
+	}
+	return t
 }
 
 // Keys of NVIDIA's DRA driver's device taints, after its driver name.
@@ -590,8 +605,8 @@ func (w *workSet) deviceTaints(taints []DeviceTaintObservation, overrides map[in
 		}
 		t := metav1.NewTime(at.UTC().Truncate(time.Second))
 		e := entryFor(r, code, d.Key)
-		if e != nil && !t.After(e.LastSeen.Time) {
-			continue // counted before
+		if e != nil && !t.After(e.LastSeen.Time) || !t.After(overAt(r)) {
+			continue // counted before, or ended by the GPU's reset: the driver keeps its taint until its plugin restarts
 		}
 		if e == nil {
 			e = addEntry(r, repairv1.GPUFaultEntry{Code: int32(code), Counter: d.Key, FirstSeen: t})

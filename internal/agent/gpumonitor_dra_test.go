@@ -163,3 +163,32 @@ func TestDeviceTaintsOf(t *testing.T) {
 		t.Errorf("the node's policy: %v", got)
 	}
 }
+
+// TestEventsEndedByTheResetStayEnded: a taint (or an XID) dated before the
+// GPU's reset or validation is over even when a source first shows it
+// after them — a slow agent that reads the driver's lingering taint only
+// after the repair would otherwise take the GPU out again and start a
+// second repair. One dated after them is a new fault.
+func TestEventsEndedByTheResetStayEnded(t *testing.T) {
+	validated := rec(name3, ref3(), repairv1.GPUFaultStatus{Validation: &repairv1.GPUValidationResult{Passed: true, Time: mt(t0.Add(time.Minute))}})
+	if _, writes := detect(t, records(validated), taint("gpu.nvidia.com/xid", "48", t0)); len(writes) != 0 {
+		t.Errorf("a taint from before the validation wrote %+v", writes)
+	}
+	w := DetectGPUFaults(GPUState{Node: gNode, BootID: gBoot, Capacity: 8, Records: records(validated),
+		Observed: GPUObservation{XIDs: []XIDObservation{xidAt(bus3, 48, t0)}}}, gNow)
+	if len(w) != 0 {
+		t.Errorf("an XID from before the validation wrote %+v", w)
+	}
+	recs, writes := detect(t, records(validated), taint("gpu.nvidia.com/xid", "48", t0.Add(2*time.Minute)))
+	if len(writes) != 1 || recs[name3].Status.Class != repairv1.GPUClassResetGPU {
+		t.Errorf("a taint after the validation: writes %+v", writes)
+	}
+	// Reset, waiting for its validation: the pending entry's time ends
+	// what came before.
+	pending := ValidationPending([]repairv1.GPUFault{rec(name3, ref3(), repairv1.GPUFaultStatus{})}, []repairv1.GPURef{ref3()}, t0.Add(time.Minute))[0]
+	pending.ResourceVersion = "8"
+	before := pending.DeepCopy()
+	if _, writes := detect(t, records(pending), taint("gpu.nvidia.com/xid", "79", t0)); len(writes) != 0 {
+		t.Errorf("a taint from before the reset wrote %+v (record was %+v)", writes, before.Status)
+	}
+}

@@ -213,7 +213,7 @@ func updateRecords(ctx context.Context, c API, clk clock.PassiveClock, nodeName 
 
 // nodeRecords returns the node's GPUFault records by name.
 func nodeRecords(ctx context.Context, c API, node string) (map[string]repairv1.GPUFault, error) {
-	list, err := c.GPUFaults(ctx)
+	list, err := c.GPUFaults(ctx, node)
 	if err != nil {
 		return nil, fmt.Errorf("listing GPU fault records: %w", err)
 	}
