@@ -210,7 +210,9 @@ func setupIsolator(mgr manager.Manager, log logr.Logger) error {
 		Watches(&corev1.Node{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
 			return gpusOfNode(ctx, o.GetName())
 		}), builder.WithPredicates(gpuAllocatableChanged)).
-		WithOptions(controller.Options{MaxConcurrentReconciles: 2}).
+		// Isolation is the first thing a burst of faults waits for; each
+		// GPU's record is its own key.
+		WithOptions(controller.Options{MaxConcurrentReconciles: 8}).
 		Complete(&Isolator{Client: c, Recorder: mgr.GetEventRecorder("gpufleet-repair")})
 	if err != nil {
 		return fmt.Errorf("setting up the GPU isolator: %w", err)
