@@ -259,10 +259,16 @@ func (s *simDevicePlugin) sync(ctx context.Context, node string) error {
 		pods = append(pods, o.(*corev1.Pod))
 	}
 	since := SimGPUPluginStart(node, pods, s.startedAt)
+	// Between a plugin's pod going and its successor starting, nothing
+	// reports for the node: what it published stays as it was.
+	restarting := since.IsZero() && slices.ContainsFunc(pods, func(p *corev1.Pod) bool { return isSimPluginPod(p) && p.DeletionTimestamp != nil })
 	if obj.(*corev1.Node).Labels[LabelDevicePluginOnly] != "true" {
+		if restarting {
+			return nil
+		}
 		return s.cluster.syncSliceTaints(ctx, obj.(*corev1.Node), since)
 	}
-	if healthy, change := SimDevicePluginAllocatable(obj.(*corev1.Node), since); change {
+	if healthy, change := SimDevicePluginAllocatable(obj.(*corev1.Node), since); change && !restarting {
 		patch, err := json.Marshal(map[string]any{"status": map[string]any{"allocatable": map[string]string{string(ResourceGPU): strconv.Itoa(healthy)}}})
 		if err != nil {
 			return err
