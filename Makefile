@@ -63,6 +63,10 @@ lint-chart: helm ## helm lint --strict the chart.
 promtool:
 	hack/build-tools.sh promtool
 
+.PHONY: test-fuzz
+test-fuzz: ## Run every fuzz target for FUZZTIME (default 10s) each; a failing input is saved under the package's testdata/fuzz/.
+	hack/fuzz.sh
+
 .PHONY: test-rules
 test-rules: promtool ## promtool check and unit-test the alerting rules; check the dashboards (make test runs these too, in test/monitoring).
 	$(BIN)/promtool check rules charts/gpufleet/rules/gpufleet.rules.yaml
