@@ -44,6 +44,14 @@ func TestBudgetTurnWaitEndsWithTheContext(t *testing.T) {
 	defer holder()
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	done := b.take(ctx, "ns/pdb", time.Unix(1, 0), "n1", time.Hour)
-	done()
+	// Bounded: a wait that ignored the context would hang here; the test
+	// fails after 30 s instead of at the suite's timeout.
+	returned := make(chan func(), 1)
+	go func() { returned <- b.take(ctx, "ns/pdb", time.Unix(1, 0), "n1", time.Hour) }()
+	select {
+	case done := <-returned:
+		done()
+	case <-time.After(30 * time.Second):
+		t.Fatal("take waited for the holder's turn although its context had ended")
+	}
 }
