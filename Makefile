@@ -21,6 +21,10 @@ all: build
 tools: ## Build the pinned tools and control-plane binaries into bin/ (first time ~15 min).
 	hack/build-tools.sh all
 
+.PHONY: controlplane
+controlplane: ## Build only the local control plane into bin/ (etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, kwok): what gpufleet dev needs.
+	hack/build-tools.sh controlplane
+
 .PHONY: controller-gen
 controller-gen:
 	hack/build-tools.sh controller-gen
@@ -79,7 +83,7 @@ build: ## Build bin/gpufleet and bin/gpufleet-agent (the node agent alone, what 
 	go build -trimpath -ldflags "$(LDFLAGS)" -o $(BIN)/gpufleet-agent ./cmd/gpufleet-agent
 
 .PHONY: dev
-dev: tools build ## Start the local cluster with simulated GPU nodes and the operator (Ctrl-C to stop).
+dev: controlplane build ## Start the local cluster with simulated GPU nodes and the operator (Ctrl-C to stop).
 	$(BIN)/gpufleet dev $(DEV_ARGS)
 
 .PHONY: test
