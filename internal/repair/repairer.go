@@ -648,6 +648,19 @@ func nodeReady(n *corev1.Node) bool {
 func (r *Repairer) gpuDrainRung(ctx context.Context, l *ladder) (bool, error) {
 	nr := l.nr
 	if nr.Status.GPUMaintenanceName == "" {
+		// Already created, and its record not in this (older) view of the
+		// repair — the NodeMaintenance's own event can arrive first, or the
+		// operator restarted between the two writes: take it up as it is
+		// instead of listing the node's pods again for a create that
+		// would be refused.
+		name := gpuDrainName(nr)
+		if nm, err := requestor.Get(ctx, r.Client, r.Namespace, name); err != nil {
+			return false, err
+		} else if nm != nil && metav1.IsControlledBy(nm, nr) {
+			nr.Status.GPUMaintenanceName = name
+			l.record("Maintenance", "Requested", fmt.Sprintf("NodeMaintenance %s/%s (found: created before this repair recorded it)", r.Namespace, name))
+			return false, nil
+		}
 		req, n, err := r.gpuDrainRequest(ctx, l)
 		if err != nil {
 			return false, err
@@ -678,6 +691,9 @@ func (r *Repairer) gpuDrainRung(ctx context.Context, l *ladder) (bool, error) {
 	}
 	return true, nil
 }
+
+// gpuDrainName names a repair's GPU drain NodeMaintenance.
+func gpuDrainName(nr *repairv1.NodeRepair) string { return "repair-" + nr.Name + "-gpu" }
 
 // gpuDrainRequest marks the pods using the repair's GPUs and builds the
 // request that drains exactly them. With DRA, they are the pods whose
@@ -752,7 +768,7 @@ func (r *Repairer) gpuDrainRequest(ctx context.Context, l *ladder) (requestor.Re
 		what += " requesting nvidia.com/gpu (device plugin: which pod holds which GPU is not known)"
 	}
 	return requestor.Request{
-		RequestorID: Requestor, Namespace: r.Namespace, Name: "repair-" + l.nr.Name + "-gpu", NodeName: node, Owner: l.nr,
+		RequestorID: Requestor, Namespace: r.Namespace, Name: gpuDrainName(l.nr), NodeName: node, Owner: l.nr,
 		Cordon: ptr.To(false), Drain: spec, Urgent: true,
 	}, what, nil
 }

@@ -737,3 +737,33 @@ func TestAGPUStackThatStillHoldsTheGPUIsRestartedOnce(t *testing.T) {
 		t.Fatalf("given out: phase %s, timeline %q", got.Status.Phase, timelineSteps(got))
 	}
 }
+
+// TestCrashBetweenTheGPUDrainRequestAndItsRecord: the GPU drain's
+// NodeMaintenance exists but the repair does not record it (the operator
+// restarted between the two writes, or the NodeMaintenance's event came
+// before the repair's own write reached the cache): the next pass takes it
+// up as it is — no second create, no second listing of the node's pods.
+func TestCrashBetweenTheGPUDrainRequestAndItsRecord(t *testing.T) {
+	d := newDirect(t)
+	nr := d.gpuRepairWith("a-0-gpu-crash", nil, repairv1.NodeRepairStatus{Phase: repairv1.PhaseRepairing})
+	req := requestor.Request{RequestorID: repair.Requestor, Namespace: ns, Name: "repair-" + nr.Name + "-gpu", NodeName: nr.Spec.NodeName, Owner: nr,
+		Cordon: ptr.To(false), Drain: &maintenancev1.DrainSpec{}}
+	if _, err := requestor.Ensure(t.Context(), env.Kube, req); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = requestor.Release(context.Background(), env.Kube, ns, req.Name) })
+	var got *repairv1.NodeRepair
+	for range 20 { // the cache catches up with the create
+		_, got = d.reconcile(nr.Name)
+		if got.Status.GPUMaintenanceName != "" {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if got.Status.GPUMaintenanceName != req.Name {
+		t.Fatalf("GPU drain recorded %q, want the existing %s; timeline %q", got.Status.GPUMaintenanceName, req.Name, timelineSteps(got))
+	}
+	if last := got.LastEntry(); last.Step != "Maintenance" || !strings.Contains(last.Message, "found") {
+		t.Errorf("last entry %+v", last)
+	}
+}
