@@ -47,7 +47,9 @@ for p in $platforms; do
   t=$SECONDS
   # -s -w: no symbol table or DWARF (stack traces keep their function names
   # and lines); static: CGO_ENABLED=0.
-  CGO_ENABLED=0 GOOS=$os GOARCH=$arch go build -trimpath -buildvcs=false -ldflags "-s -w $ldflags" \
+  # -tags release: the shipped binary has no gpufleet dev / sim and links
+  # no local control plane or simulator.
+  CGO_ENABLED=0 GOOS=$os GOARCH=$arch go build -trimpath -buildvcs=false -tags release -ldflags "-s -w $ldflags" \
     -o "$stage/${os}_${arch}/gpufleet" ./cmd/gpufleet
   CGO_ENABLED=0 GOOS=$os GOARCH=$arch go build -trimpath -buildvcs=false -ldflags "-s -w $ldflags" \
     -o "$stage/${os}_${arch}/gpufleet-agent" ./cmd/gpufleet-agent

@@ -38,8 +38,9 @@ func newRootCommand() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newOperatorCommand(), newDevCommand(), agentcmd.NewCommand("agent"), newSimCommand(), newVersionCommand(),
+	root.AddCommand(newOperatorCommand(), agentcmd.NewCommand("agent"), newVersionCommand(),
 		newStatusCommand(), newExplainCommand(), newUICommand(), newUninstallCommand(), newTakeoverCommand())
+	root.AddCommand(devCommands()...)
 	return root
 }
 
