@@ -23,6 +23,9 @@ const (
 	// evictionSeenWithin: how long an evicted pod is not evicted again
 	// while the pod watch still shows it untouched.
 	evictionSeenWithin = 5 * time.Second
+	// evictionRequestTimeout bounds one eviction request (it outlives
+	// the drain that sent it).
+	evictionRequestTimeout = 30 * time.Second
 	// forgetEvictionAfter: a record nobody asked about for this long is
 	// dropped (its drain ended or was deleted).
 	forgetEvictionAfter = 10 * time.Minute
@@ -233,11 +236,17 @@ func (e *evictor) evict(drain types.NamespacedName, p *corev1.Pod, budget string
 			return
 		}
 		began := time.Now()
-		err := e.kube.PolicyV1().Evictions(ns).Evict(ctx, &policyv1.Eviction{
+		// A request once sent is not withdrawn (the API server may grant
+		// it): it is not cancelled with its drain, whose end would make
+		// client-go log the cut response as an error; it is bounded by
+		// its own timeout instead.
+		reqCtx, cancelReq := context.WithTimeout(context.WithoutCancel(ctx), evictionRequestTimeout)
+		err := e.kube.PolicyV1().Evictions(ns).Evict(reqCtx, &policyv1.Eviction{
 			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
 			// The pod's own terminationGracePeriodSeconds.
 			DeleteOptions: &metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid}},
 		})
+		cancelReq()
 		<-e.slots
 		evictionDuration.WithLabelValues(strconv.FormatBool(budget != "")).Observe(time.Since(began).Seconds())
 		granted = err == nil

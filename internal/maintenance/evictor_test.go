@@ -26,11 +26,13 @@ type evictionAPI struct {
 	maxFlight map[string]int
 	answer    func(pod string) error
 	notified  []string
+	// cancelled: the request's context had ended when it was answered.
+	cancelled map[string]bool
 }
 
 func newEvictionAPI(answer func(pod string) error) *evictionAPI {
 	return &evictionAPI{Clientset: fake.NewClientset(), requests: map[string]int{},
-		inFlight: map[string]int{}, maxFlight: map[string]int{}, answer: answer}
+		inFlight: map[string]int{}, maxFlight: map[string]int{}, answer: answer, cancelled: map[string]bool{}}
 }
 
 // The fake clientset runs its reactors one at a time: evictions are
@@ -53,7 +55,7 @@ type fakeEvictions struct {
 	api *evictionAPI
 }
 
-func (e fakeEvictions) Evict(_ context.Context, ev *policyv1.Eviction) error {
+func (e fakeEvictions) Evict(ctx context.Context, ev *policyv1.Eviction) error {
 	a := e.api
 	budget := ev.Name[:1] // pods "a…" share one budget, "b…" another
 	a.mu.Lock()
@@ -64,6 +66,9 @@ func (e fakeEvictions) Evict(_ context.Context, ev *policyv1.Eviction) error {
 	err := a.answer(ev.Name)
 	a.mu.Lock()
 	a.inFlight[budget]--
+	if ctx.Err() != nil {
+		a.cancelled[ev.Name] = true
+	}
 	a.mu.Unlock()
 	return err
 }
@@ -320,4 +325,25 @@ func TestEvictorStopsTheEvictionsOfAStoppedDrain(t *testing.T) {
 		t.Errorf("a2 after its drain stopped: state %v, want evict now (forgotten)", st)
 	}
 	e.stop(types.NamespacedName{Name: "never-drained"}) // unknown: nothing happens
+}
+
+// TestEvictorLetsARequestSentFinishAfterItsDrainStopped: a drain that
+// ends while one of its evictions waits for the API server's answer does
+// not cut that request (client-go would log the cut response as an error,
+// and the eviction may have been granted); the request is bounded by its
+// own timeout.
+func TestEvictorLetsARequestSentFinishAfterItsDrainStopped(t *testing.T) {
+	release := make(chan struct{})
+	api := newEvictionAPI(func(string) error { <-release; return nil })
+	e := api.evictor()
+	e.evict(testDrain, evictionPod("x1"), "", time.Now(), time.Second)
+	waitFor(t, "x1's eviction sent", func() bool { return api.asked("x1") })
+	e.stop(testDrain)
+	close(release)
+	e.wait()
+	api.mu.Lock()
+	defer api.mu.Unlock()
+	if api.cancelled["x1"] {
+		t.Error("the eviction request was cancelled with its drain")
+	}
 }
