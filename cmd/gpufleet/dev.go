@@ -25,6 +25,7 @@ func newDevCommand() *cobra.Command {
 		nodes, pools int
 		cpuNodes     int
 		dpNodes      int
+		domains      int
 		binDir       string
 		noOperator   bool
 	)
@@ -39,7 +40,7 @@ Ctrl-C. Everything it started is stopped and removed on exit.`,
 			level := cli.SetupLogging(true, zapcore.DebugLevel)
 			ctx, cancel := cli.SignalContext()
 			defer cancel()
-			return runDev(ctx, devParams{nodes: nodes, pools: pools, cpuNodes: cpuNodes, dpNodes: dpNodes, binDir: binDir,
+			return runDev(ctx, devParams{nodes: nodes, pools: pools, cpuNodes: cpuNodes, dpNodes: dpNodes, domains: domains, binDir: binDir,
 				operator: !noOperator, logLevel: level})
 		},
 	}
@@ -47,6 +48,7 @@ Ctrl-C. Everything it started is stopped and removed on exit.`,
 	f.IntVar(&nodes, "nodes", 8, "number of simulated GPU nodes")
 	f.IntVar(&pools, "pools", 2, "number of node pools the GPU nodes are spread over")
 	f.IntVar(&cpuNodes, "cpu-nodes", 0, "number of simulated nodes without GPUs")
+	f.IntVar(&domains, "domains", 0, "label the GPU nodes into this many NVLink domains (nvidia.com/gpu.clique, as GPU feature discovery labels NVL72 racks): consecutive nodes share a domain")
 	f.IntVar(&dpNodes, "device-plugin-nodes", 0, "number of simulated GPU nodes (dp-000, …, pool dp) whose GPUs only the device plugin gives out (nvidia.com/gpu, no DRA)")
 	f.StringVar(&binDir, "bin-dir", "", "directory of the control-plane binaries (default: $GPUFLEET_BIN_DIR or bin/ of the source tree)")
 	f.BoolVar(&noOperator, "no-operator", false, "start only the cluster, not the operator")
@@ -55,6 +57,8 @@ Ctrl-C. Everything it started is stopped and removed on exit.`,
 
 type devParams struct {
 	nodes, pools, cpuNodes int
+	// domains labels the GPU nodes into this many NVLink domains.
+	domains int
 	// dpNodes are GPU nodes of the device plugin only (no ResourceSlice).
 	dpNodes  int
 	binDir   string
@@ -84,6 +88,7 @@ func runDev(ctx context.Context, p devParams) error {
 	}()
 
 	specs := devcluster.GPUNodes(p.nodes, p.pools)
+	devcluster.InDomains(specs, p.domains)
 	for i := range p.cpuNodes {
 		specs = append(specs, devcluster.NodeSpec{Name: fmt.Sprintf("cpu-%03d", i), Pool: "cpu"})
 	}
@@ -135,6 +140,7 @@ The local cluster is up. In another terminal:
   kubectl get nodes -L gpufleet.dev/pool
   kubectl apply -f examples/maintenance.yaml   # a MaintenanceOperatorConfig and two NodeMaintenance objects
   kubectl get nodemaintenances -w
+  # with --domains 3 (NVLink domains rack-0…2): kubectl apply -f examples/maintenance-domains.yaml
   kubectl apply -f examples/clusterpolicy.yaml # the GPU stack, deployed node by node
   kubectl get clusterpolicy cluster-policy -o yaml; kubectl get pods -n gpufleet-system -o wide
 

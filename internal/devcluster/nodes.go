@@ -83,6 +83,32 @@ func GPUNodes(n, pools int) []NodeSpec {
 	return specs
 }
 
+// LabelGPUClique is the label GPU feature discovery puts on the nodes of
+// one NVLink domain (e.g. the nodes of a GB200 NVL72 rack).
+const LabelGPUClique = "nvidia.com/gpu.clique"
+
+// InDomains labels the GPU nodes of specs into n NVLink domains
+// (LabelGPUClique, values rack-0 …), consecutive nodes together; n ≤ 0
+// leaves them in none.
+func InDomains(specs []NodeSpec, n int) {
+	var gpu []int
+	for i, s := range specs {
+		if s.GPUs > 0 {
+			gpu = append(gpu, i)
+		}
+	}
+	if n <= 0 || len(gpu) == 0 {
+		return
+	}
+	per := (len(gpu) + n - 1) / n
+	for k, i := range gpu {
+		if specs[i].Labels == nil {
+			specs[i].Labels = map[string]string{}
+		}
+		specs[i].Labels[LabelGPUClique] = fmt.Sprintf("rack-%d", k/per)
+	}
+}
+
 func (s NodeSpec) withDefaults() NodeSpec {
 	if s.OSID == "" {
 		s.OSID = "ubuntu"
