@@ -529,7 +529,7 @@ func (w *workSet) xids(events []XIDObservation, overrides map[int]gpufault.Class
 		}
 		t := metav1.NewTime(x.Time.UTC().Truncate(time.Second))
 		e := entryFor(r, x.Event.Code, "")
-		if e != nil && !t.After(e.LastSeen.Time) || !t.After(overAt(r)) {
+		if e != nil && !t.After(e.LastSeen.Time) || t.Time.Before(overAt(r)) {
 			continue // counted before, or ended by the GPU's reset
 		}
 		c := gpufault.ClassifyEvent(x.Event, overrides)
@@ -548,8 +548,10 @@ func (w *workSet) xids(events []XIDObservation, overrides map[int]gpufault.Class
 
 // overAt is when the GPU's events (XIDs, device taints) were last ended:
 // its reset (the ValidationPending entry's time) or its last validation.
-// An event dated then or before is over even when a source first shows it
-// later (a slow kernel-log follower, a driver's taint that stays).
+// An event dated before it is over even when a source first shows it later
+// (a slow kernel-log follower, a driver's taint that stays). Both times
+// have whole seconds: an event of the same second counts, as a new fault
+// must never be lost (at worst a GPU is reset once more).
 func overAt(r *repairv1.GPUFault) time.Time {
 	var t time.Time
 	if e := entryFor(r, 0, gpufault.CounterValidationPending); e != nil {
@@ -605,7 +607,7 @@ func (w *workSet) deviceTaints(taints []DeviceTaintObservation, overrides map[in
 		}
 		t := metav1.NewTime(at.UTC().Truncate(time.Second))
 		e := entryFor(r, code, d.Key)
-		if e != nil && !t.After(e.LastSeen.Time) || !t.After(overAt(r)) {
+		if e != nil && !t.After(e.LastSeen.Time) || t.Time.Before(overAt(r)) {
 			continue // counted before, or ended by the GPU's reset: the driver keeps its taint until its plugin restarts
 		}
 		if e == nil {

@@ -171,7 +171,7 @@ func TestDeviceTaintsOf(t *testing.T) {
 
 // TestEventsEndedByTheResetStayEnded: a taint (or an XID) dated before the
 // GPU's reset or validation is over even when a source first shows it
-// after them — a slow agent that reads the driver's lingering taint only
+// after them (one of the same second counts: a new fault is never lost) — a slow agent that reads the driver's lingering taint only
 // after the repair would otherwise take the GPU out again and start a
 // second repair. One dated after them is a new fault.
 func TestEventsEndedByTheResetStayEnded(t *testing.T) {
@@ -187,6 +187,11 @@ func TestEventsEndedByTheResetStayEnded(t *testing.T) {
 	recs, writes := detect(t, records(validated), taint("gpu.nvidia.com/xid", "48", t0.Add(2*time.Minute)))
 	if len(writes) != 1 || recs[name3].Status.Class != repairv1.GPUClassResetGPU {
 		t.Errorf("a taint after the validation: writes %+v", writes)
+	}
+	w = DetectGPUFaults(GPUState{Node: gNode, BootID: gBoot, Capacity: 8, Records: records(validated),
+		Observed: GPUObservation{XIDs: []XIDObservation{xidAt(bus3, 48, t0.Add(time.Minute+300*time.Millisecond))}}}, gNow)
+	if len(w) != 1 || w[0].Status.Class != repairv1.GPUClassResetGPU {
+		t.Errorf("an XID in the second of the validation was lost: %+v", w)
 	}
 	// Reset, waiting for its validation: the pending entry's time ends
 	// what came before.
