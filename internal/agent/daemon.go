@@ -10,7 +10,6 @@ import (
 	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
 	resourcev1 "k8s.io/api/resource/v1"
-	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
@@ -25,6 +24,7 @@ import (
 
 	maintenancev1 "github.com/gpufleet/gpufleet/api/maintenance/v1alpha1"
 	repairv1 "github.com/gpufleet/gpufleet/api/repair/v1alpha1"
+	"github.com/gpufleet/gpufleet/internal/gpufault"
 )
 
 // The agent's permissions are its own ClusterRole, config/agent/rbac.yaml
@@ -232,18 +232,6 @@ func groupVersionServed(core rest.Interface, gv schema.GroupVersion) (bool, erro
 	}
 }
 
-// deviceTaintsChanged: a ResourceSlice's devices' taints changed.
-func deviceTaintsChanged(o, n *resourcev1.ResourceSlice) bool {
-	if len(o.Spec.Devices) != len(n.Spec.Devices) {
-		return true
-	}
-	for i := range o.Spec.Devices {
-		if !equality.Semantic.DeepEqual(o.Spec.Devices[i].Taints, n.Spec.Devices[i].Taints) {
-			return true
-		}
-	}
-	return false
-}
 
 func newQueue(name string) workqueue.TypedRateLimitingInterface[string] {
 	return workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](),
@@ -314,7 +302,7 @@ func (d *Daemon) watchGPUs() error {
 			if s.Spec.NodeName != nil && mine(*s.Spec.NodeName) {
 				d.gpus.Add(*s.Spec.NodeName)
 			}
-		}, deviceTaintsChanged)); err != nil {
+		}, gpufault.DeviceTaintsChanged)); err != nil {
 			return err
 		}
 	}

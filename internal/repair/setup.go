@@ -21,6 +21,7 @@ import (
 
 	maintenancev1 "github.com/gpufleet/gpufleet/api/maintenance/v1alpha1"
 	repairv1 "github.com/gpufleet/gpufleet/api/repair/v1alpha1"
+	"github.com/gpufleet/gpufleet/internal/gpufault"
 	"github.com/gpufleet/gpufleet/internal/maintenance/requestor"
 )
 
@@ -161,16 +162,7 @@ func draServed(mgr manager.Manager, log logr.Logger) bool {
 // (or that appeared or went).
 var deviceTaintsChanged = predicate.Funcs{
 	UpdateFunc: func(e event.UpdateEvent) bool {
-		o, n := e.ObjectOld.(*resourcev1.ResourceSlice), e.ObjectNew.(*resourcev1.ResourceSlice)
-		if len(o.Spec.Devices) != len(n.Spec.Devices) {
-			return true
-		}
-		for i := range o.Spec.Devices {
-			if !equality.Semantic.DeepEqual(o.Spec.Devices[i].Taints, n.Spec.Devices[i].Taints) {
-				return true
-			}
-		}
-		return false
+		return gpufault.DeviceTaintsChanged(e.ObjectOld.(*resourcev1.ResourceSlice), e.ObjectNew.(*resourcev1.ResourceSlice))
 	},
 }
 
