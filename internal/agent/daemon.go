@@ -232,7 +232,6 @@ func groupVersionServed(core rest.Interface, gv schema.GroupVersion) (bool, erro
 	}
 }
 
-
 func newQueue(name string) workqueue.TypedRateLimitingInterface[string] {
 	return workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](),
 		workqueue.TypedRateLimitingQueueConfig[string]{Name: name})
