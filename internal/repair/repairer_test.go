@@ -745,6 +745,17 @@ func TestAGPUStackThatStillHoldsTheGPUIsRestartedOnce(t *testing.T) {
 // up as it is — no second create, no second listing of the node's pods.
 func TestCrashBetweenTheGPUDrainRequestAndItsRecord(t *testing.T) {
 	d := newDirect(t)
+	// GPU 0000:18:00.0 of a-0 is out of service.
+	gf := &repairv1.GPUFault{ObjectMeta: metav1.ObjectMeta{Name: "a-0-0000-18-00-0-crash"},
+		Spec: repairv1.GPUFaultSpec{NodeName: "a-0", GPU: repairv1.GPURef{PCIBusID: "0000:18:00.0"}}}
+	if err := env.Kube.Create(t.Context(), gf); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = env.Kube.Delete(context.Background(), gf) })
+	gf.Status.Class = repairv1.GPUClassResetGPU
+	if err := env.Kube.Status().Update(t.Context(), gf); err != nil {
+		t.Fatal(err)
+	}
 	nr := d.gpuRepairWith("a-0-gpu-crash", nil, repairv1.NodeRepairStatus{Phase: repairv1.PhaseRepairing})
 	req := requestor.Request{RequestorID: repair.Requestor, Namespace: ns, Name: "repair-" + nr.Name + "-gpu", NodeName: nr.Spec.NodeName, Owner: nr,
 		Cordon: ptr.To(false), Drain: &maintenancev1.DrainSpec{}}
