@@ -31,6 +31,14 @@ var (
 		Help:    "Time from the start of a drain to its end.",
 		Buckets: prometheus.ExponentialBuckets(1, 2, 12),
 	})
+	domainsGauge = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "gpufleet_maintenance_domains",
+		Help: "NVLink domains (spec.domains) by state after the last scheduling pass: total, and disrupted (a node of it in maintenance).",
+	}, []string{"state"})
+	domainInterruptions = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "gpufleet_maintenance_domain_interruptions_total",
+		Help: "Times a domain went into maintenance while none of its nodes was (co-scheduling keeps this at one per domain and rollout).",
+	})
 	watchedNodes = prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "gpufleet_maintenance_watched_nodes",
 		Help: "Nodes whose pods the operator watches (nodes being cordoned, waited on or drained).",
@@ -65,7 +73,7 @@ var (
 
 func init() {
 	metrics.Registry.MustRegister(objects, objectsByPhase, schedulingDecisions, planDuration, drainDuration, evictions, watchedNodes, statusConflicts,
-		evictionDuration, evictionTurnWait, evictionTurns)
+		evictionDuration, evictionTurnWait, evictionTurns, domainsGauge, domainInterruptions)
 	// Every writer and result from the start, at 0: a dashboard or alert
 	// on a rare event sees a series before the first one.
 	for _, w := range []string{"scheduler", "wait-reasons", "lifecycle"} {
@@ -170,4 +178,10 @@ func waitReasonClass(nm *maintenancev1.NodeMaintenance) string {
 	default:
 		return "other"
 	}
+}
+
+// recordDomains sets the domain gauges after a scheduling pass.
+func recordDomains(total, disrupted int) {
+	domainsGauge.WithLabelValues("total").Set(float64(total))
+	domainsGauge.WithLabelValues("disrupted").Set(float64(disrupted))
 }

@@ -327,3 +327,18 @@ func TestCompileConfigDomains(t *testing.T) {
 		t.Errorf("bad domains config: %v", err)
 	}
 }
+
+// TestDisruptedDomains: the domains with a node in maintenance (in
+// progress), before a pass; nodes in no domain and pending objects count
+// for none.
+func TestDisruptedDomains(t *testing.T) {
+	snap := Snapshot{
+		Nodes: []PlanNode{{Name: "a1", Domain: "rack-a"}, {Name: "a2", Domain: "rack-a"}, {Name: "b1", Domain: "rack-b"}, {Name: "c1", Domain: "rack-c"}, {Name: "x"}},
+		Objects: []PlanObject{{Name: "1", NodeName: "a1", InProgress: true}, {Name: "2", NodeName: "a2", InProgress: true},
+			{Name: "3", NodeName: "b1"}, {Name: "4", NodeName: "x", InProgress: true}, {Name: "5", NodeName: "c1", InProgress: true}},
+	}
+	got := disruptedDomains(snap)
+	if len(got) != 2 || !got["rack-a"] || !got["rack-c"] {
+		t.Errorf("disrupted %v, want rack-a and rack-c", got)
+	}
+}

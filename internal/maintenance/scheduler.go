@@ -127,6 +127,14 @@ func (s *Scheduler) Reconcile(ctx context.Context, _ reconcile.Request) (reconci
 	// The wait-reason writer learns the plan first, so it no longer
 	// writes the objects about to be scheduled.
 	s.Reasons.Set(plan.Waiting, byKey)
+	disrupted := disruptedDomains(snap)
+	defer func() { recordDomains(plan.TotalDomains, len(disrupted)) }()
+	domainOf := make(map[string]string, len(snap.Nodes))
+	for _, n := range snap.Nodes {
+		if n.Domain != "" {
+			domainOf[n.Name] = n.Domain
+		}
+	}
 	for _, o := range plan.Schedule {
 		if err := s.schedule(ctx, byKey[o.Key()], &nodes); err != nil {
 			if apierrors.IsConflict(err) {
@@ -137,6 +145,12 @@ func (s *Scheduler) Reconcile(ctx context.Context, _ reconcile.Request) (reconci
 				return reconcile.Result{RequeueAfter: 100 * time.Millisecond}, nil
 			}
 			return reconcile.Result{}, err
+		}
+		// A domain's interruption begins with the first of its nodes to
+		// go into maintenance while none of them is.
+		if d := domainOf[o.NodeName]; d != "" && plan.TotalDomains > 0 && !disrupted[d] {
+			disrupted[d] = true
+			domainInterruptions.Inc()
 		}
 	}
 	if len(plan.Schedule) > 0 {
@@ -150,6 +164,24 @@ func (s *Scheduler) Reconcile(ctx context.Context, _ reconcile.Request) (reconci
 		}
 	}
 	return reconcile.Result{}, nil
+}
+
+// disruptedDomains are the domains with a node whose maintenance is in
+// progress (none without spec.domains: no node has a domain then).
+func disruptedDomains(snap Snapshot) map[string]bool {
+	domainOf := make(map[string]string, len(snap.Nodes))
+	for _, n := range snap.Nodes {
+		if n.Domain != "" {
+			domainOf[n.Name] = n.Domain
+		}
+	}
+	out := map[string]bool{}
+	for _, o := range snap.Objects {
+		if d := domainOf[o.NodeName]; o.InProgress && d != "" {
+			out[d] = true
+		}
+	}
+	return out
 }
 
 // config reads the "default" MaintenanceOperatorConfig in the operator's
