@@ -1,63 +1,144 @@
 package chaos
 
 import (
+	"bufio"
 	"context"
+	"encoding/json"
+	"errors"
 	"flag"
+	"fmt"
+	"io/fs"
+	"maps"
+	"os"
+	"path/filepath"
+	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
-	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
-	"k8s.io/utils/ptr"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+
+	"github.com/gpufleet/gpufleet/internal/devcluster"
+	"github.com/gpufleet/gpufleet/internal/operator"
 )
 
-// BenchmarkOperatorMemory measures the operator process's memory with
-// 1,000 nodes and 20,000 pods in the cluster (every capability on, caches
-// synced), after 30 idle seconds. Target: under 150 MB RSS.
-var memoryEnv = flag.String("chaos.memory-env", ",GOGC=100",
-	"comma-separated runtime settings, one operator run each (empty: the operator's own, GOGC=50; GOGC=100: Go's default)")
+// BenchmarkOperatorMemory measures the operator at rest: -memory.nodes GPU
+// nodes (8 GPUs each, in -memory.pools pools, each publishing the
+// simulated DRA driver's ResourceSlice) with -memory.pods-per-node running
+// pods, every capability on. For each runtime setting it starts the real
+// operator binary, waits until every controller's caches are synced (the
+// time to rest), lets it idle, and reports its RSS, Go heap in use, bytes
+// per node and per pod, the API requests per minute at rest, a heap
+// profile (results/heap-<nodes>.pprof) and its top in-use allocation
+// sites. Each size is written to results/rest-<nodes>.{json,md} and merged
+// into the curve results/scale-rest.{json,md}.
+var (
+	memoryEnv = flag.String("chaos.memory-env", "",
+		"comma-separated runtime settings, one operator run each (empty: the operator's own, GOGC=50; GOGC=100: Go's default)")
+	heapProfile       = flag.String("chaos.heap-profile", "", "also copy the first run's heap profile here (BenchmarkOperatorMemory)")
+	memoryNodes       = flag.Int("memory.nodes", 1000, "simulated GPU nodes (BenchmarkOperatorMemory)")
+	memoryPodsPerNode = flag.Int("memory.pods-per-node", 8, "running pods per node, bound to it (BenchmarkOperatorMemory)")
+	memoryPools       = flag.Int("memory.pools", 16, "node pools (BenchmarkOperatorMemory)")
+	memorySettle      = flag.Duration("memory.settle", 30*time.Second, "wait after the caches are synced before measuring (BenchmarkOperatorMemory)")
+	memoryIdle        = flag.Duration("memory.idle", time.Minute, "window at rest for the API requests per minute (BenchmarkOperatorMemory)")
+	memoryReport      = flag.String("memory.report", "", "directory for rest-<nodes>.{json,md}, scale-rest.{json,md} and heap-<nodes>.pprof (default: results/ in the source tree)")
+)
 
-var heapProfile = flag.String("chaos.heap-profile", "", "write the operator's heap profile here (BenchmarkOperatorMemory)")
+// restRun is one operator run at rest.
+type restRun struct {
+	Setting string `json:"setting"`
+	// RestSeconds: process start to every controller's workers started
+	// (their caches synced).
+	RestSeconds  float64 `json:"timeToRestSeconds"`
+	RSSMB        float64 `json:"rssMB"`
+	PeakRSSMB    float64 `json:"peakRssMB"`
+	HeapInuseMB  float64 `json:"heapInuseMB"`
+	BytesPerNode float64 `json:"heapBytesPerNode"`
+	BytesPerPod  float64 `json:"heapBytesPerPod"`
+	RSSPerNode   float64 `json:"rssBytesPerNode"`
+	CPUSeconds   float64 `json:"cpuSecondsToEnd"`
+	// StartupRequests: the operator's API requests up to rest.
+	StartupRequests map[string]int `json:"startupRequests"`
+	// RestRequests: its requests in the idle window; RestPerMinute all of
+	// them, RestPerMinuteNoLeases without coordination leases.
+	RestRequests          map[string]int `json:"restRequests"`
+	RestPerMinute         float64        `json:"restRequestsPerMinute"`
+	RestPerMinuteNoLeases float64        `json:"restRequestsPerMinuteWithoutLeases"`
+	HeapProfile           string         `json:"heapProfile,omitempty"`
+	TopInuse              []string       `json:"topInuseSites,omitempty"`
+}
+
+// restReport is one fleet size.
+type restReport struct {
+	Commit     string         `json:"commit"`
+	Date       string         `json:"date"`
+	Nodes      int            `json:"nodes"`
+	Pools      int            `json:"pools"`
+	Pods       int            `json:"pods"`
+	Objects    map[string]int `json:"clusterObjects"`
+	Setup      map[string]any `json:"setup"`
+	Runs       []restRun      `json:"runs"`
+	LoadAfter  string         `json:"loadAverageAfter"`
+	EtcdDBMB   float64        `json:"etcdDbMB"`
+	MemAvailMB float64        `json:"machineMemAvailableMB"`
+}
 
 func BenchmarkOperatorMemory(b *testing.B) {
 	ctx := context.Background()
-	const nodes, pods = 1000, 20000
-	env, kubeconfig := startEnv(b, largeCluster, nodes, 10)
-	labels := map[string]string{"app": "fleet"}
-	dep := &appsv1.Deployment{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "fleet"},
-		Spec: appsv1.DeploymentSpec{
-			Replicas: ptr.To[int32](pods),
-			Selector: &metav1.LabelSelector{MatchLabels: labels},
-			Template: corev1.PodTemplateSpec{
-				ObjectMeta: metav1.ObjectMeta{Labels: labels, Annotations: map[string]string{"example.com/owner": "team-a"}},
-				Spec: corev1.PodSpec{Containers: []corev1.Container{{
-					Name: "main", Image: "registry.example/fleet:1", Args: []string{"--serve", "--port=8080"},
-					Env: []corev1.EnvVar{{Name: "MODE", Value: "training"}, {Name: "SHARD", Value: "0"}},
-				}}},
-			},
-		},
+	nodes, perNode, pools := *memoryNodes, *memoryPodsPerNode, *memoryPools
+	first := min(nodes, pools)
+	// Kubelet lease renewals (a quarter of the lease duration) are the
+	// control plane's load at rest: scale the lease with the fleet.
+	opts := largeCluster
+	if lease := time.Duration(nodes/25) * time.Second; lease > opts.NodeLeaseDuration {
+		opts.NodeLeaseDuration, opts.NodeMonitorGracePeriod = lease, lease*3/2
 	}
-	if _, err := env.Client.AppsV1().Deployments("default").Create(ctx, dep, metav1.CreateOptions{}); err != nil {
+	setup := map[string]any{"nodeLeaseSeconds": opts.NodeLeaseDuration.Seconds()}
+	began := time.Now()
+	env, kubeconfig := startEnv(b, opts, first, pools)
+	setup["clusterStartSeconds"] = time.Since(began).Seconds()
+	cfg := rest.CopyConfig(env.Config)
+	cfg.QPS, cfg.Burst = 2000, 2000
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
 		b.Fatal(err)
 	}
-	began := time.Now()
-	err := wait.PollUntilContextTimeout(ctx, 2*time.Second, 20*time.Minute, true, func(ctx context.Context) (bool, error) {
-		d, err := env.Client.AppsV1().Deployments("default").Get(ctx, "fleet", metav1.GetOptions{})
-		return err == nil && d.Status.ReadyReplicas == pods, nil
-	})
-	if err != nil {
-		b.Fatalf("%d pods never ready: %v", pods, err)
-	}
-	b.Logf("%d nodes, %d pods running after %s", nodes, pods, time.Since(began).Round(time.Second))
+	specs := devcluster.GPUNodes(nodes, pools)
+	began = time.Now()
+	createNodes(ctx, b, cs, specs[first:])
+	created := time.Since(began)
+	setup["nodeCreateSeconds"] = created.Seconds()
+	setup["nodesCreatedPerSecond"] = float64(nodes-first) / created.Seconds()
+	waitNodesReady(ctx, b, cs, nodes)
+	setup["nodesReadySeconds"] = time.Since(began).Seconds()
+	b.Logf("%d nodes (%d pools) Ready after %s (created at %.0f/s)", nodes, pools, time.Since(began).Round(time.Second), float64(nodes-first)/created.Seconds())
+
+	began = time.Now()
+	createPods(ctx, b, cs, specs, perNode)
+	created = time.Since(began)
+	setup["podCreateSeconds"] = created.Seconds()
+	setup["podsCreatedPerSecond"] = float64(nodes*perNode) / created.Seconds()
+	waitPodsRunning(ctx, b, cs)
+	setup["podsRunningSeconds"] = time.Since(began).Seconds()
+	b.Logf("%d pods (%d per node) running after %s (created at %.0f/s)", nodes*perNode, perNode, time.Since(began).Round(time.Second), float64(nodes*perNode)/created.Seconds())
+
+	r := restReport{Commit: gitCommit(), Date: time.Now().UTC().Format(time.RFC3339), Nodes: nodes, Pools: pools, Setup: setup,
+		Objects: clusterObjects(ctx, b, env)}
+	r.Pods = r.Objects["pods"]
+	dir := reportDir(b, *memoryReport)
 	addr, err := freeAddr()
 	if err != nil {
 		b.Fatal(err)
 	}
 	bin := buildOperator(b)
+	capabilities := strings.Join(operator.CapabilityNames(), ",")
 	// One operator process per runtime setting, one after the other.
 	for i, setting := range strings.Split(*memoryEnv, ",") {
 		name := setting
@@ -68,36 +149,434 @@ func BenchmarkOperatorMemory(b *testing.B) {
 		if setting != "" {
 			op.env = []string{setting}
 		}
-		op.startWith(b, "maintenance,gpustack,repair")
-		time.Sleep(30 * time.Second)
-		rss30, _ := memoryOf(op.pid())
+		run := restRun{Setting: name}
+		start := time.Now()
+		op.startWith(b, capabilities)
+		if err := waitRest(ctx, op, addr, 20*time.Minute); err != nil {
+			op.kill()
+			b.Fatal(err)
+		}
+		run.RestSeconds = time.Since(start).Seconds()
+		atRest, err := scrape(addr)
+		if err != nil {
+			op.kill()
+			b.Fatal(err)
+		}
+		run.StartupRequests = apiRequests(atRest)
+		time.Sleep(*memorySettle)
+		before, err := scrape(addr)
+		if err != nil {
+			op.kill()
+			b.Fatal(err)
+		}
+		time.Sleep(*memoryIdle)
+		after, err := scrape(addr)
+		if err != nil {
+			op.kill()
+			b.Fatal(err)
+		}
+		run.RestRequests = diffCounts(apiRequests(before), apiRequests(after))
+		leases := 0
+		for k, v := range run.RestRequests {
+			if strings.Contains(k, "leases") {
+				leases += v
+			}
+		}
+		total := 0
+		for _, v := range run.RestRequests {
+			total += v
+		}
+		minutes := memoryIdle.Minutes()
+		run.RestPerMinute = float64(total) / minutes
+		run.RestPerMinuteNoLeases = float64(total-leases) / minutes
+		// The profile's ?gc=1 collects first: the heap gauge after it is
+		// what the caches and the controllers keep.
+		profile := filepath.Join(dir, fmt.Sprintf("heap-%d.pprof", nodes))
+		if setting != "" {
+			profile = filepath.Join(dir, fmt.Sprintf("heap-%d-%s.pprof", nodes, strings.ReplaceAll(setting, "=", "")))
+		}
+		if err := saveHeapProfile(addr, profile); err != nil {
+			b.Error(err)
+		} else {
+			run.HeapProfile = profile
+			run.TopInuse = pprofTop(b, bin, profile, 10)
+			if i == 0 && *heapProfile != "" {
+				if data, err := os.ReadFile(profile); err == nil {
+					if err := os.WriteFile(*heapProfile, data, 0o644); err != nil {
+						b.Error(err)
+					}
+				}
+			}
+		}
 		fams, err := scrape(addr)
 		if err != nil {
 			op.kill()
 			b.Fatal(err)
 		}
-		heap := gauge(fams, "go_memstats_heap_inuse_bytes") / (1 << 20)
-		// The runtime forces a collection every 2 minutes and returns
-		// freed memory to the OS in the background: the steady state.
-		time.Sleep(2 * time.Minute)
 		rss, hwm := memoryOf(op.pid())
-		cpu := cpuSecondsOf(op.pid())
-		if i == 0 && *heapProfile != "" {
-			if err := saveHeapProfile(addr, *heapProfile); err != nil {
-				b.Error(err)
-			}
-			b.Logf("heap profile: %s", *heapProfile)
-		}
+		run.CPUSeconds = cpuSecondsOf(op.pid())
 		op.kill()
+		run.HeapInuseMB = gauge(fams, "go_memstats_heap_inuse_bytes") / (1 << 20)
+		run.RSSMB, run.PeakRSSMB = float64(rss)/1024, float64(hwm)/1024
+		run.BytesPerNode = run.HeapInuseMB * (1 << 20) / float64(nodes)
+		run.RSSPerNode = run.RSSMB * (1 << 20) / float64(nodes)
+		if r.Pods > 0 {
+			run.BytesPerPod = run.HeapInuseMB * (1 << 20) / float64(r.Pods)
+		}
+		r.Runs = append(r.Runs, run)
 		unit := func(u string) string {
 			if setting == "" {
 				return u
 			}
 			return u + "-" + strings.ReplaceAll(setting, "=", "")
 		}
-		b.ReportMetric(float64(rss)/1024, unit("MB-rss"))
-		b.ReportMetric(float64(hwm)/1024, unit("MB-peak-rss"))
-		b.Logf("%s: operator with %d nodes and %d pods in the cluster: RSS %d MB after 30 s (Go heap in use %.0f MB), %d MB after 2.5 min, peak %d MB; %.1f CPU seconds",
-			name, nodes, pods, rss30/1024, heap, rss/1024, hwm/1024, cpu)
+		b.ReportMetric(run.RSSMB, unit("MB-rss"))
+		b.ReportMetric(run.HeapInuseMB, unit("MB-heap"))
+		b.ReportMetric(run.RestPerMinuteNoLeases, unit("req/min-at-rest"))
+		b.Logf("%s: %d nodes, %d pods: at rest after %.1f s; RSS %.0f MB (peak %.0f), heap in use %.1f MB = %.0f B/node, %.0f B/pod; %.1f requests/min at rest (%s); %.1f CPU s",
+			name, nodes, r.Pods, run.RestSeconds, run.RSSMB, run.PeakRSSMB, run.HeapInuseMB, run.BytesPerNode, run.BytesPerPod,
+			run.RestPerMinute, formatCounts(run.RestRequests), run.CPUSeconds)
+		b.Logf("top in-use sites:\n%s", strings.Join(run.TopInuse, "\n"))
 	}
+	r.LoadAfter = loadAverage()
+	r.EtcdDBMB = etcdDBMB(env.Dir)
+	r.MemAvailMB = memAvailableMB()
+	writeRestReport(b, dir, r)
+}
+
+// createNodes creates the nodes and their ResourceSlices, 32 at a time.
+func createNodes(ctx context.Context, b *testing.B, cs kubernetes.Interface, specs []devcluster.NodeSpec) {
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	errs := make(chan error, 32)
+	for range 32 {
+		wg.Go(func() {
+			for {
+				i := int(next.Add(1)) - 1
+				if i >= len(specs) {
+					return
+				}
+				node, err := cs.CoreV1().Nodes().Create(ctx, specs[i].Node(), metav1.CreateOptions{})
+				if err != nil {
+					errs <- err
+					return
+				}
+				if s := specs[i].ResourceSlice(node.UID); s != nil {
+					if _, err := cs.ResourceV1().ResourceSlices().Create(ctx, s, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+						errs <- err
+						return
+					}
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	if err := errors.Join(slices.Collect(chanValues(errs))...); err != nil {
+		b.Fatal(err)
+	}
+}
+
+func chanValues[T any](c <-chan T) func(func(T) bool) {
+	return func(yield func(T) bool) {
+		for v := range c {
+			if !yield(v) {
+				return
+			}
+		}
+	}
+}
+
+// waitNodesReady waits until n nodes are Ready (the API server's cache).
+func waitNodesReady(ctx context.Context, b *testing.B, cs kubernetes.Interface, n int) {
+	ready := 0
+	err := wait.PollUntilContextTimeout(ctx, 5*time.Second, 20*time.Minute, true, func(ctx context.Context) (bool, error) {
+		list, err := cs.CoreV1().Nodes().List(ctx, metav1.ListOptions{ResourceVersion: "0"})
+		if err != nil {
+			return false, nil //nolint:nilerr // transient; keep polling
+		}
+		ready = 0
+		for i := range list.Items {
+			if devcluster.NodeReady(&list.Items[i]) {
+				ready++
+			}
+		}
+		return ready >= n, nil
+	})
+	if err != nil {
+		b.Fatalf("%d of %d nodes Ready: %v", ready, n, err)
+	}
+}
+
+// createPods creates perNode pods bound to each node, 64 at a time.
+func createPods(ctx context.Context, b *testing.B, cs kubernetes.Interface, specs []devcluster.NodeSpec, perNode int) {
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	errs := make(chan error, 64)
+	total := len(specs) * perNode
+	for range 64 {
+		wg.Go(func() {
+			for {
+				i := int(next.Add(1)) - 1
+				if i >= total {
+					return
+				}
+				node := specs[i/perNode].Name
+				pod := &corev1.Pod{
+					ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: fmt.Sprintf("fleet-%s-%d", node, i%perNode),
+						Labels:      map[string]string{"app": "fleet", "shard": fmt.Sprint(i % perNode)},
+						Annotations: map[string]string{"example.com/owner": "team-a"}},
+					Spec: corev1.PodSpec{NodeName: node, Containers: []corev1.Container{{
+						Name: "main", Image: "registry.example/fleet:1", Args: []string{"--serve", "--port=8080"},
+						Env: []corev1.EnvVar{{Name: "MODE", Value: "training"}, {Name: "SHARD", Value: fmt.Sprint(i % perNode)}},
+					}}},
+				}
+				if _, err := cs.CoreV1().Pods("default").Create(ctx, pod, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	if err := errors.Join(slices.Collect(chanValues(errs))...); err != nil {
+		b.Fatal(err)
+	}
+}
+
+// waitPodsRunning waits until no pod is outside Running.
+func waitPodsRunning(ctx context.Context, b *testing.B, cs kubernetes.Interface) {
+	err := wait.PollUntilContextTimeout(ctx, 5*time.Second, 20*time.Minute, true, func(ctx context.Context) (bool, error) {
+		list, err := cs.CoreV1().Pods("").List(ctx, metav1.ListOptions{FieldSelector: "status.phase!=Running", Limit: 1})
+		if err != nil {
+			return false, nil //nolint:nilerr // transient; keep polling
+		}
+		return len(list.Items) == 0, nil
+	})
+	if err != nil {
+		b.Fatalf("pods never all Running: %v", err)
+	}
+}
+
+// waitRest waits until the operator's log says every controller started
+// its workers, which controller-runtime does once its caches are synced,
+// and the allocation metrics' own pod watch has listed (they export node
+// capacities then).
+func waitRest(ctx context.Context, op *operatorProcess, addr string, timeout time.Duration) error {
+	return wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, timeout, true, func(context.Context) (bool, error) {
+		op.mu.Lock()
+		path := op.logPath
+		op.mu.Unlock()
+		data, _ := os.ReadFile(path)
+		s := string(data)
+		controllers, workers := strings.Count(s, "Starting Controller"), strings.Count(s, "Starting workers")
+		if controllers == 0 || workers < controllers {
+			return false, nil
+		}
+		fams, err := scrape(addr)
+		if err != nil {
+			return false, nil //nolint:nilerr // not serving yet
+		}
+		_, ok := fams["gpufleet_allocation_node_capacity_gpus"]
+		return ok, nil
+	})
+}
+
+// clusterObjects counts the objects of the types the operator's caches hold.
+func clusterObjects(ctx context.Context, b *testing.B, env *devcluster.Env) map[string]int {
+	out := map[string]int{}
+	count := func(name string, list func(metav1.ListOptions) (int, string, error)) {
+		opts := metav1.ListOptions{Limit: 5000}
+		for {
+			n, cont, err := list(opts)
+			if err != nil {
+				b.Logf("counting %s: %v", name, err)
+				return
+			}
+			out[name] += n
+			if cont == "" {
+				return
+			}
+			opts.Continue = cont
+		}
+	}
+	c := env.Client
+	count("nodes", func(o metav1.ListOptions) (int, string, error) {
+		l, err := c.CoreV1().Nodes().List(ctx, o)
+		if err != nil {
+			return 0, "", err
+		}
+		return len(l.Items), l.Continue, nil
+	})
+	count("pods", func(o metav1.ListOptions) (int, string, error) {
+		l, err := c.CoreV1().Pods("").List(ctx, o)
+		if err != nil {
+			return 0, "", err
+		}
+		return len(l.Items), l.Continue, nil
+	})
+	count("resourceslices", func(o metav1.ListOptions) (int, string, error) {
+		l, err := c.ResourceV1().ResourceSlices().List(ctx, o)
+		if err != nil {
+			return 0, "", err
+		}
+		return len(l.Items), l.Continue, nil
+	})
+	count("daemonsets", func(o metav1.ListOptions) (int, string, error) {
+		l, err := c.AppsV1().DaemonSets("").List(ctx, o)
+		if err != nil {
+			return 0, "", err
+		}
+		return len(l.Items), l.Continue, nil
+	})
+	count("leases", func(o metav1.ListOptions) (int, string, error) {
+		l, err := c.CoordinationV1().Leases("").List(ctx, o)
+		if err != nil {
+			return 0, "", err
+		}
+		return len(l.Items), l.Continue, nil
+	})
+	return out
+}
+
+// pprofTop is the first n rows of `go tool pprof -top
+// -sample_index=inuse_space` of the profile.
+func pprofTop(b *testing.B, bin, profile string, n int) []string {
+	out, err := runIn(filepath.Dir(profile), "go", "tool", "pprof", "-top", "-sample_index=inuse_space", bin, profile)
+	if err != nil {
+		b.Logf("go tool pprof: %v\n%s", err, out)
+		return nil
+	}
+	var rows []string
+	sc := bufio.NewScanner(strings.NewReader(string(out)))
+	header := true
+	for sc.Scan() {
+		line := strings.TrimSpace(sc.Text())
+		if header {
+			if strings.HasPrefix(line, "flat") {
+				header = false
+				rows = append(rows, line)
+			}
+			continue
+		}
+		if len(rows) > n {
+			break
+		}
+		rows = append(rows, line)
+	}
+	return rows
+}
+
+// etcdDBMB is the size of the etcd database file under the cluster's dir.
+func etcdDBMB(dir string) float64 {
+	var size int64
+	_ = filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
+		if err == nil && !d.IsDir() && d.Name() == "db" {
+			if fi, err := d.Info(); err == nil {
+				size += fi.Size()
+			}
+		}
+		return nil
+	})
+	return float64(size) / (1 << 20)
+}
+
+// memAvailableMB is MemAvailable of /proc/meminfo.
+func memAvailableMB() float64 {
+	data, _ := os.ReadFile("/proc/meminfo")
+	for _, line := range strings.Split(string(data), "\n") {
+		var kb float64
+		if _, err := fmt.Sscanf(line, "MemAvailable: %f kB", &kb); err == nil {
+			return kb / 1024
+		}
+	}
+	return 0
+}
+
+func reportDir(b *testing.B, dir string) string {
+	if dir == "" {
+		root, err := devcluster.SourceRoot()
+		if err != nil {
+			b.Fatal(err)
+		}
+		dir = filepath.Join(root, "results")
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		b.Fatal(err)
+	}
+	return dir
+}
+
+// writeRestReport writes rest-<nodes>.{json,md} and merges the size into
+// the curve scale-rest.{json,md} (one entry per node count, the latest).
+func writeRestReport(b *testing.B, dir string, r restReport) {
+	data, _ := json.MarshalIndent(r, "", "  ")
+	base := filepath.Join(dir, fmt.Sprintf("rest-%d", r.Nodes))
+	if err := os.WriteFile(base+".json", append(data, '\n'), 0o644); err != nil {
+		b.Fatal(err)
+	}
+	if err := os.WriteFile(base+".md", []byte(restMarkdown([]restReport{r})), 0o644); err != nil {
+		b.Fatal(err)
+	}
+	curve := map[int]restReport{}
+	if old, err := os.ReadFile(filepath.Join(dir, "scale-rest.json")); err == nil {
+		var sizes []restReport
+		if json.Unmarshal(old, &sizes) == nil {
+			for _, s := range sizes {
+				curve[s.Nodes] = s
+			}
+		}
+	}
+	curve[r.Nodes] = r
+	var sizes []restReport
+	for _, n := range slices.Sorted(maps.Keys(curve)) {
+		sizes = append(sizes, curve[n])
+	}
+	data, _ = json.MarshalIndent(sizes, "", "  ")
+	if err := os.WriteFile(filepath.Join(dir, "scale-rest.json"), append(data, '\n'), 0o644); err != nil {
+		b.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "scale-rest.md"), []byte(restMarkdown(sizes)), 0o644); err != nil {
+		b.Fatal(err)
+	}
+	b.Logf("report: %s.{json,md}, %s", base, filepath.Join(dir, "scale-rest.{json,md}"))
+}
+
+func restMarkdown(sizes []restReport) string {
+	var s strings.Builder
+	s.WriteString("# The operator at rest, by fleet size\n\n")
+	s.WriteString("| nodes | pods | setting | time to rest | RSS (peak) | Go heap in use | heap B/node | heap B/pod | requests/min at rest (w/o leases) | commit |\n")
+	s.WriteString("|---|---|---|---|---|---|---|---|---|---|\n")
+	for _, r := range sizes {
+		for _, run := range r.Runs {
+			fmt.Fprintf(&s, "| %d | %d | %s | %.1f s | %.0f MB (%.0f) | %.1f MB | %.0f | %.0f | %.1f (%.1f) | %s |\n",
+				r.Nodes, r.Pods, run.Setting, run.RestSeconds, run.RSSMB, run.PeakRSSMB, run.HeapInuseMB,
+				run.BytesPerNode, run.BytesPerPod, run.RestPerMinute, run.RestPerMinuteNoLeases, r.Commit)
+		}
+	}
+	for _, r := range sizes {
+		fmt.Fprintf(&s, "\n## %d nodes\n\nCluster objects: %s. Setup: %s. etcd db %.0f MB; load after %s; machine memory available %.0f MB.\n",
+			r.Nodes, formatCounts(r.Objects), formatAny(r.Setup), r.EtcdDBMB, r.LoadAfter, r.MemAvailMB)
+		for _, run := range r.Runs {
+			fmt.Fprintf(&s, "\n%s: startup requests %s; at rest %s.\n", run.Setting, formatCounts(run.StartupRequests), formatCounts(run.RestRequests))
+			if len(run.TopInuse) > 0 {
+				fmt.Fprintf(&s, "\nTop in-use allocation sites (`go tool pprof -top -sample_index=inuse_space %s`):\n\n```\n%s\n```\n",
+					filepath.Base(run.HeapProfile), strings.Join(run.TopInuse, "\n"))
+			}
+		}
+	}
+	return s.String()
+}
+
+func formatAny(m map[string]any) string {
+	parts := make([]string, 0, len(m))
+	for _, k := range slices.Sorted(maps.Keys(m)) {
+		v := m[k]
+		if f, ok := v.(float64); ok {
+			v = fmt.Sprintf("%.1f", f)
+		}
+		parts = append(parts, fmt.Sprintf("%s %v", k, v))
+	}
+	return strings.Join(parts, ", ")
 }
