@@ -22,6 +22,7 @@ import (
 	"github.com/gpufleet/gpufleet/internal/cli"
 	"github.com/gpufleet/gpufleet/internal/fleet"
 	"github.com/gpufleet/gpufleet/internal/fleet/ui"
+	"github.com/gpufleet/gpufleet/internal/operator"
 )
 
 // pluginName is the executable name kubectl runs for `kubectl gpufleet`.
@@ -66,6 +67,17 @@ func commandOf(args []string) string {
 	return ""
 }
 
+// operatorNamespace is where the fleet commands read the
+// MaintenanceOperatorConfig "default" (its spec.domains groups the nodes
+// by NVLink domain): --namespace when given, else the operator's default
+// namespace.
+func operatorNamespace(cmd *cobra.Command, flags *genericclioptions.ConfigFlags) string {
+	if cmd.Flags().Changed("namespace") && flags.Namespace != nil && *flags.Namespace != "" {
+		return *flags.Namespace
+	}
+	return operator.DefaultNamespace
+}
+
 // fleetClient is a client with the user's kubeconfig (cli-runtime flags).
 func fleetClient(flags *genericclioptions.ConfigFlags) (client.Client, *rest.Config, error) {
 	cfg, err := flags.ToRESTConfig()
@@ -106,7 +118,14 @@ maintenance (requestor and phase, or why it waits), its open repair and its
 overall state (ready, in maintenance, draining, repairing, recovery failed,
 degraded stack, not ready, cordoned), then a summary line. One List request
 per kind; a kind whose CRD is not installed or that RBAC forbids shows as -
-with a note.`,
+with a note.
+
+When the MaintenanceOperatorConfig "default" (in --namespace, default
+gpufleet-system) has spec.domains, the rows are grouped by NVLink domain
+(a DOMAIN column; nodes in no domain last; --sort-by orders them within
+each domain) and a row per domain says its nodes, pools, how many are in
+maintenance or wait for it, whether it is disrupted and which
+ComputeDomain workloads run on it.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			sel, err := labels.Parse(selector)
@@ -126,7 +145,7 @@ with a note.`,
 			}
 			ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
 			defer cancel()
-			snap, err := fleet.Load(ctx, c, fleet.LoadOptions{NodeSelector: sel, PoolLabel: poolLabel})
+			snap, err := fleet.Load(ctx, c, fleet.LoadOptions{NodeSelector: sel, PoolLabel: poolLabel, ConfigNamespace: operatorNamespace(cmd, flags)})
 			if err != nil {
 				return err
 			}
@@ -174,7 +193,7 @@ events of all of these, newest first.`,
 			}
 			ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
 			defer cancel()
-			st, err := explain(ctx, c, args[0], poolLabel, time.Now())
+			st, err := explain(ctx, c, args[0], poolLabel, operatorNamespace(cmd, flags), time.Now())
 			if err != nil {
 				return err
 			}
@@ -189,8 +208,8 @@ events of all of these, newest first.`,
 	return cmd
 }
 
-func explain(ctx context.Context, c client.Reader, node, poolLabel string, now time.Time) (*fleet.Story, error) {
-	snap, err := fleet.Load(ctx, c, fleet.LoadOptions{Node: node, PoolLabel: poolLabel})
+func explain(ctx context.Context, c client.Reader, node, poolLabel, configNamespace string, now time.Time) (*fleet.Story, error) {
+	snap, err := fleet.Load(ctx, c, fleet.LoadOptions{Node: node, PoolLabel: poolLabel, ConfigNamespace: configNamespace})
 	if err != nil {
 		return nil, err
 	}
@@ -211,12 +230,13 @@ func newUICommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "ui",
 		Short: "Serve the live fleet view in the browser (on 127.0.0.1:8090 by default)",
-		Long: `ui serves a page that shows every node as a tile, grouped by pool and
-coloured by state, with the totals, updated live from watches (server-sent
-events); a click on a node shows its story (explain). It uses your
-kubeconfig; the page talks only to this process and never sees your
-credentials. It listens on loopback unless --address says otherwise, and
-has no write actions.`,
+		Long: `ui serves a page that shows every node as a tile, grouped by pool (by
+NVLink domain when the MaintenanceOperatorConfig "default" in --namespace,
+default gpufleet-system, has spec.domains) and coloured by state, with the
+totals, updated live from watches (server-sent events); a click on a node
+shows its story (explain). It uses your kubeconfig; the page talks only to
+this process and never sees your credentials. It listens on loopback unless
+--address says otherwise, and has no write actions.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			_, cfg, err := fleetClient(flags)
@@ -229,7 +249,7 @@ has no write actions.`,
 			}
 			ctx, cancel := cli.SignalContext()
 			defer cancel()
-			srv, err := ui.New(cfg, ui.Options{PoolLabel: poolLabel})
+			srv, err := ui.New(cfg, ui.Options{PoolLabel: poolLabel, ConfigNamespace: operatorNamespace(cmd, flags)})
 			if err != nil {
 				return err
 			}

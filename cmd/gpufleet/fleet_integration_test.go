@@ -1,9 +1,12 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -12,9 +15,11 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apiextensionsclient "k8s.io/apiextensions-apiserver/pkg/client/clientset/clientset"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -27,6 +32,7 @@ import (
 	"github.com/gpufleet/gpufleet/internal/devcluster"
 	"github.com/gpufleet/gpufleet/internal/devcluster/devtest"
 	"github.com/gpufleet/gpufleet/internal/fleet"
+	"github.com/gpufleet/gpufleet/internal/fleet/ui"
 	"github.com/gpufleet/gpufleet/internal/operator"
 )
 
@@ -147,6 +153,10 @@ func TestFleetCommands(t *testing.T) {
 		testKubectlPlugin(t, admin)
 	})
 
+	t.Run("NVLink domains", func(t *testing.T) {
+		testDomains(t, admin)
+	})
+
 	t.Run("RBAC allows only nodes and pods", func(t *testing.T) {
 		role := &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: "fleet-nodes-only"},
 			Rules: []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"nodes", "pods"}, Verbs: []string{"get", "list"}}}}
@@ -169,7 +179,8 @@ func TestFleetCommands(t *testing.T) {
 			return err == nil
 		})
 		wantLines(t, out, "gpu-000 pool-a cordoned 0/8 - - -", "note: nodemaintenances: forbidden to you by RBAC; shown as -",
-			"note: gpufaults: forbidden to you by RBAC; shown as -")
+			"note: gpufaults: forbidden to you by RBAC; shown as -",
+			"note: maintenanceoperatorconfigs: forbidden to you by RBAC; nodes are not grouped by NVLink domain")
 	})
 
 	t.Run("GPUFault CRD not installed", func(t *testing.T) {
@@ -187,6 +198,177 @@ func TestFleetCommands(t *testing.T) {
 		})
 		wantLines(t, out, "gpu-002 pool-a ready 0/8 - - -", "gpu-001 pool-b repairing")
 	})
+}
+
+// testDomains: with spec.domains in the MaintenanceOperatorConfig, status
+// groups the nodes by domain (gpu-001 and gpu-002 in rack-1, across both
+// pools; gpu-000, in maintenance, in rack-2; gpu-003 in none, last) and
+// summarises each domain, with the ComputeDomain whose workload runs on
+// gpu-001 (its CRD is not installed: shown by UID); -o json and explain
+// carry the domain. The config and the labels are removed at the end.
+func testDomains(t *testing.T, kubeconfig string) {
+	ctx := t.Context()
+	kube := env.Kube
+	const uid = "0b6c1f0e-5c3a-4d1e-9a57-2f1d6f6f2a01"
+	labels := map[string]map[string]string{
+		"gpu-000": {devcluster.LabelGPUClique: "rack-2"},
+		"gpu-001": {devcluster.LabelGPUClique: "rack-1", fleet.LabelComputeDomain: uid},
+		"gpu-002": {devcluster.LabelGPUClique: "rack-1"},
+	}
+	for node, add := range labels {
+		set, unset := map[string]any{}, map[string]any{}
+		for k, v := range add {
+			set[k], unset[k] = v, nil
+		}
+		patchLabels(ctx, t, node, set)
+		t.Cleanup(func() { patchLabels(context.Background(), t, node, unset) })
+	}
+	config := &maintenancev1.MaintenanceOperatorConfig{
+		ObjectMeta: metav1.ObjectMeta{Namespace: operator.DefaultNamespace, Name: maintenancev1.DefaultConfigName},
+		Spec:       maintenancev1.MaintenanceOperatorConfigSpec{Domains: &maintenancev1.MaintenanceDomains{NodeLabel: devcluster.LabelGPUClique}},
+	}
+	if err := kube.Create(ctx, config); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := kube.Delete(context.Background(), config); client.IgnoreNotFound(err) != nil {
+			t.Error(err)
+		}
+	})
+
+	out := mustRun(t, "status", "--kubeconfig", kubeconfig)
+	wantLines(t, out,
+		"NODE POOL DOMAIN STATE GPUS STACK MAINTENANCE REPAIR",
+		"gpu-001 pool-b rack-1 repairing 0/8 - - Repairing kubelet-down for",
+		"gpu-002 pool-a rack-1 ready 0/8 1 faulty - - -",
+		"gpu-000 pool-a rack-2 in maintenance 0/8 - fleet-test.example.com Ready -",
+		"gpu-003 pool-b - ready 0/8 - - -",
+		"DOMAIN NODES POOLS READY IN MAINTENANCE PENDING DISRUPTED GPUS WORKLOAD",
+		"rack-1 2 pool-a,pool-b 1 0 0 no 0/16 ComputeDomain "+uid+" on 1 node(s)",
+		"rack-2 1 pool-a 0 1 0 yes 0/8 -",
+		"(no domain) 1 pool-b 1 0 0 - 0/8 -",
+		"4 nodes: 2 ready for work, 1 in maintenance, 1 repairing, 0 degraded; GPUs 32, 0 in use, 1 faulty",
+	)
+	var order []string
+	for _, l := range strings.Split(out, "\n") {
+		if f := strings.Fields(l); len(f) > 0 && strings.HasPrefix(f[0], "gpu-") {
+			order = append(order, f[0])
+		}
+	}
+	if got := strings.Join(order, ","); got != "gpu-001,gpu-002,gpu-000,gpu-003" {
+		t.Errorf("rows in the order %s, want gpu-001,gpu-002,gpu-000,gpu-003 (by domain, none last)\n%s", got, out)
+	}
+
+	out = mustRun(t, "status", "--kubeconfig", kubeconfig, "--pool", "pool-b", "-o", "json")
+	var f fleet.Fleet
+	if err := json.Unmarshal([]byte(out), &f); err != nil {
+		t.Fatalf("-o json: %v\n%s", err, out)
+	}
+	if f.DomainLabel != devcluster.LabelGPUClique || len(f.Rows) != 2 || f.Rows[0].Domain != "rack-1" || f.Rows[0].ComputeDomain == nil ||
+		f.Rows[0].ComputeDomain.UID != uid || f.Rows[1].Domain != "" {
+		t.Errorf("-o json --pool pool-b: domain label %q, rows %+v", f.DomainLabel, f.Rows)
+	}
+	if len(f.Domains) != 2 || f.Domains[0].Name != "rack-1" || f.Domains[0].Nodes != 2 || f.Domains[1].Name != "" {
+		t.Errorf("-o json --pool pool-b: domains %+v, want rack-1 (both its nodes) and the nodes in no domain", f.Domains)
+	}
+
+	wantLines(t, mustRun(t, "explain", "gpu-001", "--kubeconfig", kubeconfig), "Domain: rack-1", "ComputeDomain: "+uid)
+	// Another namespace has no config: no domains.
+	if out := mustRun(t, "status", "--kubeconfig", kubeconfig, "-n", "default"); strings.Contains(out, "DOMAIN") {
+		t.Errorf("status -n default groups by domain, though no config is there:\n%s", out)
+	}
+
+	// The browser view: its snapshot has the domains; without
+	// spec.domains an update says so (the page groups by pool again).
+	events := uiEvents(t, operator.DefaultNamespace)
+	var view fleet.Fleet
+	if err := json.Unmarshal([]byte(events("snapshot")), &view); err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, r := range view.Rows {
+		got = append(got, r.Node+"@"+r.Domain)
+	}
+	if view.DomainLabel != devcluster.LabelGPUClique || len(view.Domains) != 3 || !view.Domains[1].Disrupted ||
+		strings.Join(got, ",") != "gpu-001@rack-1,gpu-002@rack-1,gpu-000@rack-2,gpu-003@" {
+		t.Errorf("the view's snapshot: domain label %q, domains %+v, rows %v", view.DomainLabel, view.Domains, got)
+	}
+	if err := kube.Patch(ctx, config, client.RawPatch(types.MergePatchType, []byte(`{"spec":{"domains":null}}`))); err != nil {
+		t.Fatal(err)
+	}
+	// Other updates (the operator at work) may come first.
+	for {
+		var u struct {
+			DomainLabel *string        `json:"domainLabel"`
+			Domains     []fleet.Domain `json:"domains"`
+			Changed     []fleet.Row    `json:"changed"`
+		}
+		if err := json.Unmarshal([]byte(events("update")), &u); err != nil {
+			t.Fatal(err)
+		}
+		if u.DomainLabel != nil {
+			continue
+		}
+		changed := map[string]bool{}
+		for _, r := range u.Changed {
+			changed[r.Node] = r.Domain == "" && r.ComputeDomain == nil
+		}
+		if u.Domains != nil || !changed["gpu-000"] || !changed["gpu-001"] || !changed["gpu-002"] {
+			t.Errorf("the update after spec.domains was removed: domains %+v, rows %+v (want none, and gpu-000…002 without a domain)", u.Domains, u.Changed)
+		}
+		return
+	}
+}
+
+// uiEvents serves the browser view of the local cluster (the config read
+// in namespace) and returns a function that waits for the next event of
+// a kind and returns its data.
+func uiEvents(t *testing.T, namespace string) func(kind string) string {
+	t.Helper()
+	srv, err := ui.New(env.Config, ui.Options{ConfigNamespace: namespace})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	t.Cleanup(cancel)
+	if err := srv.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	hs := httptest.NewServer(srv.Handler(true))
+	t.Cleanup(hs.Close)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, hs.URL+"/api/events", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = resp.Body.Close() })
+	lines := bufio.NewScanner(resp.Body)
+	lines.Buffer(nil, 16<<20)
+	return func(kind string) string {
+		t.Helper()
+		for lines.Scan() {
+			if lines.Text() == "event: "+kind && lines.Scan() {
+				return strings.TrimPrefix(lines.Text(), "data: ")
+			}
+		}
+		t.Fatalf("the view's events ended before a %s event: %v", kind, lines.Err())
+		return ""
+	}
+}
+
+func patchLabels(ctx context.Context, t *testing.T, node string, labels map[string]any) {
+	t.Helper()
+	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"labels": labels}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}}
+	if err := env.Kube.Patch(ctx, n, client.RawPatch(types.MergePatchType, patch)); err != nil {
+		t.Errorf("labelling %s: %v", node, err)
+	}
 }
 
 // testKubectlPlugin builds the binary, links it as kubectl-gpufleet and

@@ -153,19 +153,36 @@ func claimGPUs(c *resourcev1.ResourceClaim) (string, int64) {
 }
 
 // Build turns a snapshot into the fleet view at now: a row per node,
-// sorted by name, and the summary.
+// sorted by name, and the summary. With spec.domains in s.Config, the rows
+// are grouped by domain (nodes in no domain last) and each domain is
+// summarised.
 func Build(s *Snapshot, now time.Time) *Fleet {
 	poolLabel := s.PoolLabel
 	if poolLabel == "" {
 		poolLabel = DefaultPoolLabel
 	}
 	ix := newIndex(s)
-	f := &Fleet{Rows: make([]Row, 0, len(s.Nodes)), Summary: Summary{Pools: map[string]int{}}}
+	f := &Fleet{Rows: make([]Row, 0, len(s.Nodes)), Summary: Summary{Pools: map[string]int{}}, DomainLabel: DomainLabel(s.Config)}
 	f.SetGroupVersionKind(FleetGVK)
+	var cdNames map[string]string
+	if f.DomainLabel != "" {
+		cdNames = computeDomainNames(s.ComputeDomains)
+	}
 	for _, n := range s.Nodes {
-		f.Rows = append(f.Rows, buildRow(s, ix, n, poolLabel, now))
+		r := buildRow(s, ix, n, poolLabel, now)
+		if f.DomainLabel != "" {
+			r.Domain = n.Labels[f.DomainLabel]
+			if uid := n.Labels[LabelComputeDomain]; uid != "" {
+				r.ComputeDomain = &ComputeDomainRef{UID: uid, Name: cdNames[uid]}
+			}
+		}
+		f.Rows = append(f.Rows, r)
 	}
 	sort.Slice(f.Rows, func(i, j int) bool { return f.Rows[i].Node < f.Rows[j].Node })
+	if f.DomainLabel != "" {
+		groupByDomain(f.Rows)
+		f.Domains = Domains(f.Rows)
+	}
 	f.Summary = Summarize(f.Rows)
 	f.Notes = Notes(s.Unavailable)
 	return f

@@ -289,6 +289,12 @@ func WriteStory(out io.Writer, st *Story, now time.Time) error {
 	w := &errWriter{w: tw}
 	w.printf("Node:\t%s\n", r.Node)
 	w.printf("Pool:\t%s\n", dash(r.Pool))
+	if r.Domain != "" {
+		w.printf("Domain:\t%s\n", oneLine(r.Domain))
+	}
+	if r.ComputeDomain != nil {
+		w.printf("ComputeDomain:\t%s (its workload runs on the node: label %s)\n", oneLine(r.ComputeDomain.String()), LabelComputeDomain)
+	}
 	w.printf("State:\t%s\n", r.State)
 	if len(r.Problems) > 0 {
 		w.printf("Problems:\t%s\n", oneLine(strings.Join(r.Problems, "; ")))

@@ -49,6 +49,12 @@ const (
 	KindNodeRepair      Kind = "noderepairs"
 	KindGPUFault        Kind = "gpufaults"
 	KindEvent           Kind = "events"
+	// KindMaintenanceConfig is the MaintenanceOperatorConfig named
+	// "default": its spec.domains groups the nodes by NVLink domain.
+	KindMaintenanceConfig Kind = "maintenanceoperatorconfigs"
+	// KindComputeDomain is NVIDIA's ComputeDomain, read only to name the
+	// ComputeDomains of LabelComputeDomain; never noted.
+	KindComputeDomain Kind = "computedomains"
 )
 
 // DefaultPoolLabel is the node label that names a node's pool: the one
@@ -76,19 +82,32 @@ type Snapshot struct {
 	Repairs      []*repairv1.NodeRepair
 	Faults       []*repairv1.GPUFault
 	Events       []*corev1.Event
-	PoolLabel    string
+	// Config is the MaintenanceOperatorConfig named "default" (nil: none,
+	// or not read): with spec.domains, the nodes are grouped by domain.
+	Config *maintenancev1.MaintenanceOperatorConfig
+	// ComputeDomains are the ComputeDomains' metadata, to name the UIDs of
+	// LabelComputeDomain (nil: not read; the UIDs are shown).
+	ComputeDomains []*metav1.PartialObjectMetadata
+	PoolLabel      string
 	// Unavailable says why a kind could not be read (not installed,
 	// forbidden); what comes from it shows as unknown.
 	Unavailable map[Kind]string
 }
 
-// Fleet is the built view: rows sorted by node name, the summary, and a
-// note per kind that could not be read.
+// Fleet is the built view: rows sorted by node name (grouped by domain
+// when the config has spec.domains), the summary, the domains, and a note
+// per kind that could not be read.
 type Fleet struct {
 	metav1.TypeMeta `json:",inline"`
-	Summary         Summary  `json:"summary"`
-	Rows            []Row    `json:"nodes"`
-	Notes           []string `json:"notes,omitempty"`
+	Summary         Summary `json:"summary"`
+	// DomainLabel is the config's spec.domains.nodeLabel ("": the nodes
+	// are not grouped by domain).
+	DomainLabel string `json:"domainLabel,omitempty"`
+	// Domains summarises each domain of the rows, in full, sorted by
+	// name; the nodes in no domain come last, under the name "".
+	Domains []Domain `json:"domains,omitempty"`
+	Rows    []Row    `json:"nodes"`
+	Notes   []string `json:"notes,omitempty"`
 }
 
 // Row is one node.
@@ -103,6 +122,12 @@ type Row struct {
 	DriverUpgrade string       `json:"driverUpgrade,omitempty"`
 	Maintenance   *Maintenance `json:"maintenance,omitempty"`
 	Repair        *Repair      `json:"repair,omitempty"`
+	// Domain is the node's NVLink domain, the value of the config's
+	// spec.domains.nodeLabel ("": none, or no spec.domains).
+	Domain string `json:"domain,omitempty"`
+	// ComputeDomain is the ComputeDomain whose workload runs on the node
+	// (LabelComputeDomain); set only with spec.domains.
+	ComputeDomain *ComputeDomainRef `json:"computeDomain,omitempty"`
 	// Problems says, in words, why the node is not ready for work.
 	Problems []string    `json:"problems,omitempty"`
 	Created  metav1.Time `json:"created"`
@@ -182,4 +207,42 @@ type Summary struct {
 	GPUsFaulty    int64 `json:"gpusFaulty"`
 	// Pools counts nodes per pool ("" = no pool label).
 	Pools map[string]int `json:"pools,omitempty"`
+}
+
+// Domain summarises one NVLink domain: its nodes (all of them, also those
+// a filter hides), whether it is disrupted, and what runs there.
+type Domain struct {
+	// Name is the value of the domain label ("": the nodes in no domain).
+	Name  string `json:"name"`
+	Nodes int    `json:"nodes"`
+	// Pools are the pools of its nodes, sorted ("" for nodes in no pool,
+	// last); a domain split across pools has several.
+	Pools        []string `json:"pools,omitempty"`
+	ReadyForWork int      `json:"readyForWork"`
+	// InMaintenance counts its nodes with a NodeMaintenance past Pending:
+	// those that disrupt the domain, as the maintenance scheduler counts.
+	InMaintenance int `json:"inMaintenance"`
+	// PendingMaintenance counts its nodes whose NodeMaintenance waits.
+	PendingMaintenance int `json:"pendingMaintenance"`
+	// Disrupted: a node of the domain is in maintenance (never for "").
+	Disrupted bool  `json:"disrupted"`
+	GPUs      int64 `json:"gpus"`
+	GPUsInUse int64 `json:"gpusInUse"`
+	// ComputeDomains are the ComputeDomain workloads on its nodes, the
+	// one on the most nodes first.
+	ComputeDomains []ComputeDomainUse `json:"computeDomains,omitempty"`
+}
+
+// ComputeDomainRef is a ComputeDomain (resource.nvidia.com) by UID, and
+// by name when its metadata could be read.
+type ComputeDomainRef struct {
+	UID string `json:"uid"`
+	// Name is "namespace/name" ("" when unknown).
+	Name string `json:"name,omitempty"`
+}
+
+// ComputeDomainUse is a ComputeDomain workload on some nodes of a domain.
+type ComputeDomainUse struct {
+	ComputeDomainRef `json:",inline"`
+	Nodes            int `json:"nodes"`
 }

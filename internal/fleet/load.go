@@ -10,6 +10,7 @@ import (
 	resourcev1 "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -39,12 +40,19 @@ type LoadOptions struct {
 	Node string
 	// PoolLabel names the node label of the pool (default DefaultPoolLabel).
 	PoolLabel string
+	// ConfigNamespace is the operator's namespace, where Load reads the
+	// MaintenanceOperatorConfig named "default" for its spec.domains (""
+	// reads none: no domains).
+	ConfigNamespace string
 }
 
-// Load lists every kind the view needs, one List per kind, in parallel.
-// Nodes must be readable; any other kind that is not installed (its CRD is
+// Load lists every kind the view needs, one List per kind, in parallel,
+// and gets the MaintenanceOperatorConfig (opts.ConfigNamespace). Nodes
+// must be readable; any other kind that is not installed (its CRD is
 // missing) or that RBAC forbids is noted in Snapshot.Unavailable and left
-// empty.
+// empty (an absent config or one without spec.domains: no domains). With
+// domains, when a node carries LabelComputeDomain, it also lists the
+// ComputeDomains' metadata to name them.
 func Load(ctx context.Context, c client.Reader, opts LoadOptions) (*Snapshot, error) {
 	s := &Snapshot{PoolLabel: opts.PoolLabel, Unavailable: map[Kind]string{}}
 	var (
@@ -76,11 +84,30 @@ func Load(ctx context.Context, c client.Reader, opts LoadOptions) (*Snapshot, er
 		{KindGPUFault, &faults, nil},
 	}
 	errs := make([]error, len(lists))
-	var wg sync.WaitGroup
+	var (
+		wg        sync.WaitGroup
+		config    maintenancev1.MaintenanceOperatorConfig
+		configErr error
+	)
 	for i, l := range lists {
 		wg.Go(func() { errs[i] = c.List(ctx, l.list, l.opts...) })
 	}
+	if opts.ConfigNamespace != "" {
+		wg.Go(func() {
+			configErr = c.Get(ctx, client.ObjectKey{Namespace: opts.ConfigNamespace, Name: maintenancev1.DefaultConfigName}, &config)
+		})
+	}
 	wg.Wait()
+	if opts.ConfigNamespace != "" {
+		switch why, err := ConfigUnreadable(configErr); {
+		case err != nil:
+			return nil, fmt.Errorf("reading MaintenanceOperatorConfig %s/%s: %w", opts.ConfigNamespace, maintenancev1.DefaultConfigName, err)
+		case why != "":
+			s.Unavailable[KindMaintenanceConfig] = why
+		case configErr == nil:
+			s.Config = &config
+		}
+	}
 	if errs[0] == nil && needSlices(nodes.Items) {
 		// Only GPUs published through DRA alone need their ResourceSlices
 		// counted (the largest objects of all: skipped when the device
@@ -107,7 +134,46 @@ func Load(ctx context.Context, c client.Reader, opts LoadOptions) (*Snapshot, er
 	s.Maintenances = ptrs(maintenances.Items)
 	s.Repairs = ptrs(repairs.Items)
 	s.Faults = ptrs(faults.Items)
+	if DomainLabel(s.Config) != "" && anyLabelled(nodes.Items, LabelComputeDomain) {
+		s.ComputeDomains = listComputeDomains(ctx, c)
+	}
 	return s, nil
+}
+
+// ConfigUnreadable sorts an error of reading the MaintenanceOperatorConfig:
+// none, an absent config or API (nothing to note: no domains), RBAC
+// forbids it (why says so, for Snapshot.Unavailable), or another error.
+func ConfigUnreadable(err error) (why string, _ error) {
+	var noMatch *meta.NoKindMatchError
+	switch {
+	case err == nil, apierrors.IsNotFound(err), meta.IsNoMatchError(err), errors.As(err, &noMatch):
+		return "", nil
+	case apierrors.IsForbidden(err):
+		return "forbidden to you by RBAC; nodes are not grouped by NVLink domain", nil
+	}
+	return "", err
+}
+
+// anyLabelled reports whether a node has the label.
+func anyLabelled(nodes []corev1.Node, label string) bool {
+	for i := range nodes {
+		if _, ok := nodes[i].Labels[label]; ok {
+			return true
+		}
+	}
+	return false
+}
+
+// listComputeDomains reads the metadata of NVIDIA's ComputeDomains, to
+// name the UIDs of LabelComputeDomain; nil when they cannot be read (the
+// API is not installed, RBAC forbids it): the UIDs are shown instead.
+func listComputeDomains(ctx context.Context, c client.Reader) []*metav1.PartialObjectMetadata {
+	var list metav1.PartialObjectMetadataList
+	list.SetGroupVersionKind(ComputeDomainListGVK)
+	if err := c.List(ctx, &list); err != nil {
+		return nil
+	}
+	return ptrs(list.Items)
 }
 
 // needSlices reports whether a GPU node lacks the nvidia.com/gpu capacity

@@ -56,7 +56,8 @@ type Filter struct {
 }
 
 // Apply filters and sorts f's rows in place and recomputes the summary
-// over what is left.
+// over what is left. With domains, the rows stay grouped by domain (SortBy
+// orders them within each), and the domains of the rows left are kept.
 func (flt Filter) Apply(f *Fleet) error {
 	if flt.SortBy != "" && !slices.Contains(SortOrders, flt.SortBy) {
 		return fmt.Errorf("--sort-by %q: must be one of %s", flt.SortBy, strings.Join(SortOrders, ", "))
@@ -81,6 +82,12 @@ func (flt Filter) Apply(f *Fleet) error {
 		sort.SliceStable(f.Rows, func(i, j int) bool { return f.Rows[i].Pool < f.Rows[j].Pool })
 	case SortByState:
 		sort.SliceStable(f.Rows, func(i, j int) bool { return urgency[f.Rows[i].State] < urgency[f.Rows[j].State] })
+	}
+	if f.DomainLabel != "" {
+		// Grouped by domain, in the order asked within each; the domains
+		// of the rows left stay summarised in full.
+		groupByDomain(f.Rows)
+		f.Domains = keepDomains(f.Domains, f.Rows)
 	}
 	f.Summary = Summarize(f.Rows)
 	return nil
@@ -153,11 +160,16 @@ func Write(out, notes io.Writer, f *Fleet, output string, now time.Time) error {
 	return nil
 }
 
-// WriteTable prints the rows and the summary line.
+// WriteTable prints the rows and the summary line; with domains, a DOMAIN
+// column and, before the summary line, a row per domain.
 func WriteTable(out io.Writer, f *Fleet, wide bool, now time.Time) error {
 	tw := printers.GetNewTabWriter(out)
 	w := &errWriter{w: tw}
+	domains := f.DomainLabel != ""
 	header := []string{"NODE", "POOL", "STATE", "GPUS", "STACK", "MAINTENANCE", "REPAIR"}
+	if domains {
+		header = slices.Insert(header, 2, "DOMAIN")
+	}
 	if wide {
 		header = append(header, "CAP", "ALLOC", "IN USE", "FAULTY", "AGE", "PROBLEMS")
 	}
@@ -166,6 +178,9 @@ func WriteTable(out io.Writer, f *Fleet, wide bool, now time.Time) error {
 		r := &f.Rows[i]
 		cols := []string{r.Node, dash(r.Pool), string(r.State), gpuCell(r.GPUs), StackCell(r.Stack, wide),
 			oneLine(MaintenanceCell(r.Maintenance)), oneLine(RepairCell(r.Repair, now))}
+		if domains {
+			cols = slices.Insert(cols, 2, dash(oneLine(r.Domain)))
+		}
 		if wide {
 			cols = append(cols, strconv.FormatInt(r.GPUs.Capacity, 10), strconv.FormatInt(r.GPUs.Allocatable, 10),
 				count(r.GPUs.InUse), count(r.GPUs.Faulty), age(r.Created, now), dash(oneLine(strings.Join(r.Problems, "; "))))
@@ -177,6 +192,14 @@ func WriteTable(out io.Writer, f *Fleet, wide bool, now time.Time) error {
 	}
 	if err := tw.Flush(); err != nil {
 		return err
+	}
+	if domains {
+		if _, err := fmt.Fprintln(out); err != nil {
+			return err
+		}
+		if err := WriteDomainTable(out, f.Domains); err != nil {
+			return err
+		}
 	}
 	_, err := fmt.Fprintln(out, SummaryLine(f.Summary))
 	return err

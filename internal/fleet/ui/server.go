@@ -24,6 +24,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	resourcev1 "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/client-go/rest"
 	toolscache "k8s.io/client-go/tools/cache"
@@ -51,6 +52,10 @@ var indexTemplate = template.Must(template.ParseFS(static, "static/index.html"))
 type Options struct {
 	// PoolLabel names the node label of the pool (default fleet.DefaultPoolLabel).
 	PoolLabel string
+	// ConfigNamespace is the operator's namespace: the view watches the
+	// MaintenanceOperatorConfig "default" there and groups the nodes by
+	// NVLink domain while it has spec.domains ("": never).
+	ConfigNamespace string
 	// Clock (default: the real one).
 	Clock clock.PassiveClock
 }
@@ -69,6 +74,7 @@ type Server struct {
 	mu      sync.Mutex
 	current *fleet.Fleet
 	rows    map[string][]byte // node -> JSON of its row, as last sent
+	domains []byte            // JSON of the domain label and domains, as last sent
 	subs    map[chan []byte]struct{}
 	ready   chan struct{}
 }
@@ -77,6 +83,10 @@ type kindInfo struct {
 	kind fleet.Kind
 	obj  client.Object
 	list client.ObjectList
+	// namespace: watched in this namespace only ("": all).
+	namespace string
+	// optional: not watched, and not noted, when it cannot be read.
+	optional bool
 }
 
 // New prepares the view of the cluster cfg points to. Start it with
@@ -90,11 +100,33 @@ func New(cfg *rest.Config, opts Options) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("connecting to the cluster: %w", err)
 	}
+	byObject := map[client.Object]cache.ByObject{
+		&resourcev1.ResourceSlice{}: {Field: fields.OneTermEqualSelector("spec.driver", fleet.DRADriver)},
+	}
+	kinds := []kindInfo{
+		{kind: fleet.KindNode, obj: &corev1.Node{}, list: &corev1.NodeList{}},
+		{kind: fleet.KindPod, obj: &corev1.Pod{}, list: &corev1.PodList{}},
+		{kind: fleet.KindResourceClaim, obj: &resourcev1.ResourceClaim{}, list: &resourcev1.ResourceClaimList{}},
+		{kind: fleet.KindResourceSlice, obj: &resourcev1.ResourceSlice{}, list: &resourcev1.ResourceSliceList{}},
+		{kind: fleet.KindNodeMaintenance, obj: &maintenancev1.NodeMaintenance{}, list: &maintenancev1.NodeMaintenanceList{}},
+		{kind: fleet.KindNodeRepair, obj: &repairv1.NodeRepair{}, list: &repairv1.NodeRepairList{}},
+		{kind: fleet.KindGPUFault, obj: &repairv1.GPUFault{}, list: &repairv1.GPUFaultList{}},
+	}
+	if ns := opts.ConfigNamespace; ns != "" {
+		config := &maintenancev1.MaintenanceOperatorConfig{}
+		byObject[config] = cache.ByObject{Namespaces: map[string]cache.Config{ns: {}}}
+		// The ComputeDomains' metadata names their UIDs; without them
+		// (not installed, forbidden) the page shows the UIDs.
+		cd := &metav1.PartialObjectMetadata{}
+		cd.SetGroupVersionKind(fleet.ComputeDomainGVK)
+		cds := &metav1.PartialObjectMetadataList{}
+		cds.SetGroupVersionKind(fleet.ComputeDomainListGVK)
+		kinds = append(kinds,
+			kindInfo{kind: fleet.KindMaintenanceConfig, obj: config, list: &maintenancev1.MaintenanceOperatorConfigList{}, namespace: ns},
+			kindInfo{kind: fleet.KindComputeDomain, obj: cd, list: cds, optional: true})
+	}
 	c, err := cache.New(cfg, cache.Options{
-		Scheme: scheme, DefaultTransform: trim,
-		ByObject: map[client.Object]cache.ByObject{
-			&resourcev1.ResourceSlice{}: {Field: fields.OneTermEqualSelector("spec.driver", fleet.DRADriver)},
-		},
+		Scheme: scheme, DefaultTransform: trim, ByObject: byObject,
 		// The view lists from the cache without copying; Build only reads.
 		DefaultUnsafeDisableDeepCopy: ptrTo(true),
 	})
@@ -104,15 +136,7 @@ func New(cfg *rest.Config, opts Options) (*Server, error) {
 	return &Server{
 		opts: opts, direct: direct, cache: c, unavailable: map[fleet.Kind]string{},
 		dirty: make(chan struct{}, 1), rows: map[string][]byte{}, subs: map[chan []byte]struct{}{}, ready: make(chan struct{}),
-		kinds: []kindInfo{
-			{fleet.KindNode, &corev1.Node{}, &corev1.NodeList{}},
-			{fleet.KindPod, &corev1.Pod{}, &corev1.PodList{}},
-			{fleet.KindResourceClaim, &resourcev1.ResourceClaim{}, &resourcev1.ResourceClaimList{}},
-			{fleet.KindResourceSlice, &resourcev1.ResourceSlice{}, &resourcev1.ResourceSliceList{}},
-			{fleet.KindNodeMaintenance, &maintenancev1.NodeMaintenance{}, &maintenancev1.NodeMaintenanceList{}},
-			{fleet.KindNodeRepair, &repairv1.NodeRepair{}, &repairv1.NodeRepairList{}},
-			{fleet.KindGPUFault, &repairv1.GPUFault{}, &repairv1.GPUFaultList{}},
-		},
+		kinds: kinds,
 	}, nil
 }
 
@@ -125,14 +149,28 @@ func ptrTo[T any](v T) *T { return &v }
 func (s *Server) Start(ctx context.Context) error {
 	var readable []kindInfo
 	for _, k := range s.kinds {
-		err := s.direct.List(ctx, k.list, client.Limit(1))
+		err := s.direct.List(ctx, k.list, client.Limit(1), client.InNamespace(k.namespace))
 		if err == nil {
 			readable = append(readable, k)
 			continue
 		}
+		if k.optional {
+			continue
+		}
 		why := fleet.Unreadable(err)
-		if why == "" || k.kind == fleet.KindNode {
+		switch {
+		case why == "" || k.kind == fleet.KindNode:
 			return fmt.Errorf("listing %s: %w", k.kind, err)
+		case k.kind == fleet.KindMaintenanceConfig:
+			// Not installed: nothing to note (no domains). Forbidden:
+			// say that the nodes are not grouped.
+			if why, err = fleet.ConfigUnreadable(err); err != nil {
+				return fmt.Errorf("listing %s: %w", k.kind, err)
+			}
+			if why != "" {
+				s.unavailable[k.kind] = why
+			}
+			continue
 		}
 		s.unavailable[k.kind] = why
 	}
@@ -223,6 +261,12 @@ func (s *Server) snapshot(ctx context.Context) (*fleet.Snapshot, error) {
 				snap.Repairs = append(snap.Repairs, v)
 			case *repairv1.GPUFault:
 				snap.Faults = append(snap.Faults, v)
+			case *maintenancev1.MaintenanceOperatorConfig:
+				if v.Namespace == s.opts.ConfigNamespace && v.Name == maintenancev1.DefaultConfigName {
+					snap.Config = v
+				}
+			case *metav1.PartialObjectMetadata:
+				snap.ComputeDomains = append(snap.ComputeDomains, v)
 			}
 		}
 	}
@@ -231,10 +275,14 @@ func (s *Server) snapshot(ctx context.Context) (*fleet.Snapshot, error) {
 
 // update is what the page receives after a change.
 type update struct {
-	Summary fleet.Summary     `json:"summary"`
-	Notes   []string          `json:"notes"`
-	Changed []json.RawMessage `json:"changed"`
-	Removed []string          `json:"removed"`
+	Summary fleet.Summary `json:"summary"`
+	// DomainLabel and Domains as in fleet.Fleet: the page groups the
+	// nodes by domain while DomainLabel is set.
+	DomainLabel string            `json:"domainLabel,omitempty"`
+	Domains     []fleet.Domain    `json:"domains,omitempty"`
+	Notes       []string          `json:"notes"`
+	Changed     []json.RawMessage `json:"changed"`
+	Removed     []string          `json:"removed"`
 }
 
 func (s *Server) rebuild(ctx context.Context) error {
@@ -245,7 +293,7 @@ func (s *Server) rebuild(ctx context.Context) error {
 	f := fleet.Build(snap, s.opts.Clock.Now())
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	u := update{Summary: f.Summary, Notes: f.Notes, Changed: []json.RawMessage{}, Removed: []string{}}
+	u := update{Summary: f.Summary, DomainLabel: f.DomainLabel, Domains: f.Domains, Notes: f.Notes, Changed: []json.RawMessage{}, Removed: []string{}}
 	seen := make(map[string]bool, len(f.Rows))
 	for i := range f.Rows {
 		r := &f.Rows[i]
@@ -265,8 +313,14 @@ func (s *Server) rebuild(ctx context.Context) error {
 			u.Removed = append(u.Removed, name)
 		}
 	}
+	domains, err := json.Marshal([]any{f.DomainLabel, f.Domains})
+	if err != nil {
+		return err
+	}
+	domainsChanged := !bytes.Equal(s.domains, domains)
+	s.domains = domains
 	s.current = f
-	if len(u.Changed) > 0 || len(u.Removed) > 0 {
+	if len(u.Changed) > 0 || len(u.Removed) > 0 || domainsChanged {
 		s.broadcastLocked(event("update", u))
 	}
 	return nil

@@ -4,8 +4,12 @@
 
 const rows = new Map();      // node -> row
 const tiles = new Map();     // node -> button
-const pools = new Map();     // pool -> {section, tiles, counts}
+const pools = new Map();     // group (pool, or domain) -> {section, tiles, counts}
 let selected = "";
+// domainLabel is set while the MaintenanceOperatorConfig has spec.domains:
+// the tiles are then grouped by NVLink domain instead of by pool.
+let domainLabel = "";
+let domains = new Map();     // domain ("" for none) -> its summary
 
 const stateClass = (s) => "state-" + String(s).replace(/[^a-z]+/g, "-");
 
@@ -16,20 +20,29 @@ function el(tag, cls, text) {
   return e;
 }
 
-function poolOf(name) {
-  const key = name || "(no pool)";
+// groupKey is the group of a row's tile: its domain while domains are
+// configured, else its pool ("" for none).
+const groupKey = (r) => (domainLabel ? r.domain : r.pool) || "";
+const groupName = (key) => key || (domainLabel ? "(no domain)" : "(no pool)");
+// groupOrder sorts the sections: pools by name ("(no pool)" first, as
+// ever), domains by name with the nodes in no domain last.
+const groupOrder = (key) => (domainLabel ? (key ? "0" + key : "1") : groupName(key));
+
+function poolOf(key) {
   let p = pools.get(key);
   if (p) return p;
   const section = el("div", "pool");
-  section.dataset.pool = key;
-  const h = el("h2", "", key);
+  section.dataset.pool = groupName(key);
+  section.dataset.order = groupOrder(key);
+  if (domainLabel) section.dataset.domain = key;
+  const h = el("h2", "", groupName(key));
   const counts = el("span", "counts");
   h.appendChild(counts);
   const t = el("div", "tiles");
   section.append(h, t);
-  // keep pools sorted by name
+  // keep the groups sorted
   const container = document.getElementById("pools");
-  const after = [...container.children].find((c) => c.dataset.pool > key);
+  const after = [...container.children].find((c) => c.dataset.order > section.dataset.order);
   container.insertBefore(section, after || null);
   p = { section, tiles: t, counts };
   pools.set(key, p);
@@ -39,6 +52,8 @@ function poolOf(name) {
 function describe(r) {
   const parts = [r.node, r.state];
   if (r.pool) parts.push("pool " + r.pool);
+  if (r.domain) parts.push("domain " + r.domain);
+  if (r.computeDomain) parts.push("ComputeDomain " + (r.computeDomain.name || r.computeDomain.uid));
   if (r.problems) parts.push(...r.problems);
   return parts.join(" — ");
 }
@@ -64,16 +79,17 @@ function upsert(r) {
   const old = rows.get(r.node);
   rows.set(r.node, r);
   const t = tiles.get(r.node) || newTile(r);
-  if (!old || old.pool !== r.pool || !t.parentNode) {
-    const pool = poolOf(r.pool);
+  if (!old || groupKey(old) !== groupKey(r) || !t.parentNode) {
+    const pool = poolOf(groupKey(r));
     const after = [...pool.tiles.children].find((c) => c.dataset.node > r.node);
     pool.tiles.insertBefore(t, after || null);
   }
   paint(t, r);
 }
 
-// load shows a whole snapshot at once: rows arrive sorted by node name, so
-// each pool's tiles are appended in order in one DOM operation.
+// load shows a whole snapshot at once: rows arrive sorted by node name
+// (grouped by domain), so each group's tiles are appended in order in one
+// DOM operation.
 function load(list) {
   for (const p of pools.values()) p.section.remove();
   pools.clear();
@@ -83,12 +99,38 @@ function load(list) {
     rows.set(r.node, r);
     const t = tiles.get(r.node) || newTile(r);
     paint(t, r);
-    const key = r.pool || "(no pool)";
+    const key = groupKey(r);
     if (!frags.has(key)) frags.set(key, document.createDocumentFragment());
     frags.get(key).appendChild(t);
   }
   for (const name of [...tiles.keys()]) if (!rows.has(name)) tiles.delete(name);
-  for (const [key, frag] of frags) poolOf(key === "(no pool)" ? "" : key).tiles.appendChild(frag);
+  for (const [key, frag] of frags) poolOf(key).tiles.appendChild(frag);
+}
+
+// setDomains takes the domain label and summaries of a snapshot or an
+// update; when grouping changes (spec.domains set or removed, or another
+// label), every tile moves to its new group.
+function setDomains(label, list) {
+  domains = new Map((list || []).map((d) => [d.name, d]));
+  if ((label || "") === domainLabel) return false;
+  domainLabel = label || "";
+  return true;
+}
+
+// domainText says, for a domain's heading, whether it is disrupted and
+// what runs there.
+function domainText(key, c) {
+  const d = domains.get(key);
+  let text = `${c.n} nodes, ${c.ready} ready`;
+  if (!d) return text;
+  text += `, ${d.inMaintenance} in maintenance`;
+  if (d.pendingMaintenance) text += `, ${d.pendingMaintenance} pending`;
+  if (key) text += d.disrupted ? " — disrupted" : " — not disrupted";
+  const pools = (d.pools || []).map((p) => p || "(no pool)");
+  if (pools.length) text += " — pool" + (pools.length > 1 ? "s " : " ") + pools.join(", ");
+  const cds = d.computeDomains || [];
+  if (cds.length) text += " — ComputeDomain " + cds.map((u) => `${u.name || u.uid} on ${u.nodes} node(s)`).join(", ");
+  return text;
 }
 
 function remove(name) {
@@ -107,7 +149,7 @@ function render(summary, notes) {
   const byPool = new Map();
   for (const r of rows.values()) {
     byState.set(r.state, (byState.get(r.state) || 0) + 1);
-    const k = r.pool || "(no pool)";
+    const k = groupKey(r);
     const c = byPool.get(k) || { n: 0, ready: 0 };
     c.n++; if (r.state === "ready") c.ready++;
     byPool.set(k, c);
@@ -116,7 +158,8 @@ function render(summary, notes) {
   for (const [k, p] of pools) {
     const c = byPool.get(k);
     if (!c) { p.section.remove(); pools.delete(k); continue; }
-    p.counts.textContent = `${c.n} nodes, ${c.ready} ready`;
+    p.counts.textContent = domainLabel ? domainText(k, c) : `${c.n} nodes, ${c.ready} ready`;
+    p.section.classList.toggle("disrupted", Boolean(domainLabel && k && domains.get(k) && domains.get(k).disrupted));
   }
   const n = document.getElementById("notes");
   n.replaceChildren(...(notes || []).map((x) => el("p", "", "note: " + x)));
@@ -130,14 +173,22 @@ function connect() {
   es.addEventListener("error", () => { conn.textContent = "reconnecting"; conn.className = "connection down"; });
   es.addEventListener("snapshot", (ev) => {
     const f = JSON.parse(ev.data);
+    setDomains(f.domainLabel, f.domains);
     load(f.nodes || []);
     render(f.summary, f.notes);
     document.body.dataset.loaded = "true";
   });
   es.addEventListener("update", (ev) => {
     const u = JSON.parse(ev.data);
-    for (const r of u.changed) upsert(r);
-    for (const name of u.removed) remove(name);
+    if (setDomains(u.domainLabel, u.domains)) {
+      // Grouped anew: every tile to its new group, in order.
+      for (const r of u.changed) rows.set(r.node, r);
+      for (const name of u.removed) remove(name);
+      load([...rows.values()].sort((a, b) => (a.node < b.node ? -1 : a.node > b.node ? 1 : 0)));
+    } else {
+      for (const r of u.changed) upsert(r);
+      for (const name of u.removed) remove(name);
+    }
     render(u.summary, u.notes);
     if (selected && u.changed.some((r) => r.node === selected)) explain(selected);
   });
@@ -177,6 +228,8 @@ async function explain(node) {
   dl.replaceChildren();
   dd(dl, "state", r.state);
   dd(dl, "pool", r.pool || "-");
+  if (r.domain) dd(dl, "domain", r.domain);
+  if (r.computeDomain) dd(dl, "ComputeDomain", r.computeDomain.name || r.computeDomain.uid);
   if (r.problems) dd(dl, "problems", r.problems.join("; "));
   const g = r.gpus;
   dd(dl, "GPUs", `${g.capacity} capacity, ${g.allocatable} allocatable, ${g.inUse ?? "-"} in use, ${g.faulty ?? "-"} faulty`);
