@@ -129,6 +129,19 @@ func runDev(ctx context.Context, p devParams) error {
 			return err
 		}
 		go func() { errc <- mgr.Start(opCtx) }()
+		if p.domains > 0 {
+			// A multi-node NVLink job on the first domain's nodes.
+			var nodes []string
+			for _, s := range specs {
+				if s.Labels[devcluster.LabelGPUClique] == "rack-0" {
+					nodes = append(nodes, s.Name)
+				}
+			}
+			if _, err := cluster.StartComputeDomain(ctx, "ml", "train", nodes); err != nil {
+				return err
+			}
+			say("ComputeDomain ml/train (a multi-node NVLink job) runs on the %d node(s) of domain rack-0", len(nodes))
+		}
 		say("operator running (capabilities: %v), metrics on http://127.0.0.1:8080/metrics", operator.CapabilityNames())
 	}
 
@@ -140,7 +153,9 @@ The local cluster is up. In another terminal:
   kubectl get nodes -L gpufleet.dev/pool
   kubectl apply -f examples/maintenance.yaml   # a MaintenanceOperatorConfig and two NodeMaintenance objects
   kubectl get nodemaintenances -w
-  # with --domains 3 (NVLink domains rack-0…2): kubectl apply -f examples/maintenance-domains.yaml
+  # with --domains 3 (NVLink domains rack-0…2; ComputeDomain ml/train runs on rack-0):
+  kubectl apply -f examples/maintenance-domains.yaml; kubectl get nodemaintenances   # rack-0 goes last, its wait reasons name ml/train
+  %[2]s/gpufleet sim computedomain train --end   # the job ends: rack-0 is no longer busy
   kubectl apply -f examples/clusterpolicy.yaml # the GPU stack, deployed node by node
   kubectl get clusterpolicy cluster-policy -o yaml; kubectl get pods -n gpufleet-system -o wide
 

@@ -125,7 +125,57 @@ GPUs' health as dcgm-exporter would report it. It talks to the cluster of
 	}
 	condition.Flags().StringVar(&fixedBy, "fixed-by", "", "the repair actions that clear the node's simulated conditions (comma separated, e.g. RestartFabricManager)")
 	condition.Flags().BoolVar(&clearCond, "clear", false, "remove the condition instead")
-	cmd.AddCommand(xid, gpu, clearCmd, condition)
+	var cdNamespace, cdDomain string
+	var cdNodes []string
+	var cdEnd bool
+	computeDomain := &cobra.Command{
+		Use:   "computedomain NAME",
+		Short: "Start (or --end) a multi-node NVLink job: a ComputeDomain with a worker pod on each node of a domain",
+		Long: `computedomain starts a simulated ComputeDomain workload (NVIDIA's DRA driver's
+multi-node NVLink job): the ComputeDomain object, one worker pod on each node
+of --domain (nodes labelled nvidia.com/gpu.clique, see gpufleet dev --domains)
+or of --nodes, and, as the driver does, the node label
+resource.nvidia.com/computeDomain while a worker runs there. With
+spec.domains, gpufleet schedules that domain last and names the workload in
+wait reasons; with waitForComputeDomains, maintenance that waits for pods
+waits for it to end. --end ends the job.`,
+		Example: `  gpufleet sim computedomain train --domain rack-1
+  gpufleet sim computedomain train --end`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := connect()
+			if err != nil {
+				return err
+			}
+			if cdEnd {
+				return c.EndComputeDomain(cmd.Context(), cdNamespace, args[0])
+			}
+			nodes := cdNodes
+			if cdDomain != "" {
+				list, err := c.Client.CoreV1().Nodes().List(cmd.Context(), metav1.ListOptions{LabelSelector: devcluster.LabelGPUClique + "=" + cdDomain})
+				if err != nil {
+					return err
+				}
+				for _, n := range list.Items {
+					nodes = append(nodes, n.Name)
+				}
+			}
+			if len(nodes) == 0 {
+				return fmt.Errorf("no nodes: give --domain (a value of %s) or --nodes", devcluster.LabelGPUClique)
+			}
+			uid, err := c.StartComputeDomain(cmd.Context(), cdNamespace, args[0], nodes)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "ComputeDomain %s/%s (uid %s): a worker on %v\n", cdNamespace, args[0], uid, nodes)
+			return nil
+		},
+	}
+	computeDomain.Flags().StringVarP(&cdNamespace, "namespace", "n", "ml", "namespace of the ComputeDomain and its workers")
+	computeDomain.Flags().StringVar(&cdDomain, "domain", "", "run on every node of this NVLink domain ("+devcluster.LabelGPUClique+")")
+	computeDomain.Flags().StringSliceVar(&cdNodes, "nodes", nil, "run on these nodes")
+	computeDomain.Flags().BoolVar(&cdEnd, "end", false, "end the job: delete its workers and the ComputeDomain")
+	cmd.AddCommand(xid, gpu, clearCmd, condition, computeDomain)
 	return cmd
 }
 

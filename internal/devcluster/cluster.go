@@ -155,6 +155,9 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
 	if err := c.startSimInit(simCtx); err != nil {
 		return nil, fmt.Errorf("starting the simulated init containers: %w", err)
 	}
+	if err := c.startSimComputeDomains(simCtx); err != nil {
+		return nil, fmt.Errorf("starting the simulated ComputeDomain driver: %w", err)
+	}
 	c.logf("local cluster ready in %s (%s)", time.Since(began).Round(100*time.Millisecond), dir)
 	return c, nil
 }

@@ -9,7 +9,6 @@ import (
 	"strings"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/cli-runtime/pkg/printers"
 
 	maintenancev1 "github.com/gpufleet/gpufleet/api/maintenance/v1alpha1"
@@ -21,15 +20,14 @@ import (
 
 // LabelComputeDomain is the node label NVIDIA's DRA driver sets while a
 // workload pod of a ComputeDomain is prepared on the node; its value is
-// the ComputeDomain's UID. (The maintenance scheduler reads the same
-// label; the view keeps its own constant so it links no controller.)
-const LabelComputeDomain = "resource.nvidia.com/computeDomain"
+// the ComputeDomain's UID.
+const LabelComputeDomain = maintenancev1.LabelComputeDomain
 
-// ComputeDomainGVK is NVIDIA's ComputeDomain, read as metadata only to
-// name the UIDs of LabelComputeDomain; ComputeDomainListGVK is its list.
+// ComputeDomainListGVK: NVIDIA's ComputeDomains, read as metadata only to
+// name the UIDs of LabelComputeDomain.
 var (
-	ComputeDomainGVK     = schema.GroupVersionKind{Group: "resource.nvidia.com", Version: "v1beta1", Kind: "ComputeDomain"}
-	ComputeDomainListGVK = ComputeDomainGVK.GroupVersion().WithKind("ComputeDomainList")
+	ComputeDomainListGVK = maintenancev1.ComputeDomainListGVK
+	ComputeDomainGVK     = ComputeDomainListGVK.GroupVersion().WithKind("ComputeDomain")
 )
 
 // DomainLabel is the config's spec.domains.nodeLabel ("" without a config

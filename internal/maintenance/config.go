@@ -19,6 +19,8 @@ type Config struct {
 	pools  []poolSelector
 	// domainLabel names a node's domain (spec.domains.nodeLabel; "": none).
 	domainLabel string
+	// WaitForComputeDomains: spec.domains.waitForComputeDomains.
+	WaitForComputeDomains bool
 	// Generation of the object it was read from (0: no object, defaults).
 	Generation int64
 }
@@ -80,6 +82,7 @@ func CompileConfig(spec *maintenancev1.MaintenanceOperatorConfigSpec) (Config, e
 			}
 		}
 		c.domainLabel = d.NodeLabel
+		c.WaitForComputeDomains = d.WaitForComputeDomains
 		c.Limits.Domains = &DomainLimits{MaxDisrupted: d.MaxDisruptedDomains, CoSchedule: d.CoSchedule == nil || *d.CoSchedule}
 	}
 	if err := errors.Join(errs...); err != nil {
@@ -96,6 +99,9 @@ func (c Config) DomainOf(nodeLabels map[string]string) string {
 	}
 	return nodeLabels[c.domainLabel]
 }
+
+// DomainLabel is spec.domains.nodeLabel ("" without spec.domains).
+func (c Config) DomainLabel() string { return c.domainLabel }
 
 // PoolsOf names the pools whose selectors match a node's labels.
 func (c Config) PoolsOf(nodeLabels map[string]string) []string {

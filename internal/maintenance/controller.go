@@ -48,6 +48,9 @@ type Reconciler struct {
 	PodName  string
 	Clock    clock.PassiveClock
 	Recorder events.EventRecorder
+	// ComputeDomains names what waitForComputeDomains waits for (nil:
+	// UIDs are shown).
+	ComputeDomains *ComputeDomainNames
 
 	// own: our status writes and finalizer removals the cache may not
 	// show yet.
@@ -453,7 +456,16 @@ func (r *Reconciler) waitForPods(ctx context.Context, nm *maintenancev1.NodeMain
 	}
 	sort.Strings(waiting)
 	nm.Status.WaitForCompletion = waiting
-	if len(waiting) == 0 {
+	domainWait, err := r.computeDomainWait(ctx, node)
+	if err != nil {
+		return reconcile.Result{}, err
+	}
+	if domainWait != "" {
+		setPhase(nm, maintenancev1.PhaseWaitForPodCompletion, domainWait, now)
+	} else if len(waiting) > 0 {
+		setPhase(nm, maintenancev1.PhaseWaitForPodCompletion, "waiting for pods to complete", now)
+	}
+	if len(waiting) == 0 && domainWait == "" {
 		r.enterDraining(ctx, nm, node, ev)
 		return reconcile.Result{}, nil
 	}
@@ -464,13 +476,44 @@ func (r *Reconciler) waitForPods(ctx context.Context, nm *maintenancev1.NodeMain
 	}
 	elapsed := now.Sub(start)
 	if elapsed >= timeout {
-		ev.Eventf(nm, node, corev1.EventTypeWarning, ReasonPodCompletionTimeout, actionWait,
-			"Gave up waiting after %s for %d pod(s) on node %s: %s", timeout, len(waiting), node.Name, summarize(waiting, 5))
+		if len(waiting) > 0 {
+			ev.Eventf(nm, node, corev1.EventTypeWarning, ReasonPodCompletionTimeout, actionWait,
+				"Gave up waiting after %s for %d pod(s) on node %s: %s", timeout, len(waiting), node.Name, summarize(waiting, 5))
+		} else {
+			ev.Eventf(nm, node, corev1.EventTypeWarning, ReasonPodCompletionTimeout, actionWait,
+				"Gave up waiting after %s: %s", timeout, domainWait)
+		}
 		nm.Status.WaitForCompletion = nil
 		r.enterDraining(ctx, nm, node, ev)
 		return reconcile.Result{}, nil
 	}
 	return reconcile.Result{RequeueAfter: timeout - elapsed}, nil
+}
+
+// computeDomainWait says what a node's maintenance still waits for in
+// its NVLink domain when the config asks (spec.domains with
+// waitForComputeDomains): the ComputeDomain workloads that run on nodes of
+// the domain ("" for none, or without that setting).
+func (r *Reconciler) computeDomainWait(ctx context.Context, node *corev1.Node) (string, error) {
+	var obj maintenancev1.MaintenanceOperatorConfig
+	err := r.Client.Get(ctx, types.NamespacedName{Namespace: r.Namespace, Name: maintenancev1.DefaultConfigName}, &obj)
+	if apierrors.IsNotFound(err) {
+		return "", nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("reading MaintenanceOperatorConfig: %w", err)
+	}
+	d := obj.Spec.Domains
+	if d == nil || !d.WaitForComputeDomains || node.Labels[d.NodeLabel] == "" {
+		return "", nil
+	}
+	domain := node.Labels[d.NodeLabel]
+	var nodes corev1.NodeList
+	if err := r.Client.List(ctx, &nodes, client.HasLabels{LabelComputeDomain}); err != nil {
+		return "", fmt.Errorf("listing the nodes that run a ComputeDomain: %w", err)
+	}
+	return computeDomainWait(domain, computeDomainNodes(nodes.Items, d.NodeLabel, domain),
+		func(uid string) string { return r.ComputeDomains.Name(ctx, uid) }), nil
 }
 
 // collectGarbage deletes an object that has been Ready for longer than

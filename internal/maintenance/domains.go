@@ -37,6 +37,9 @@ type domainUse struct {
 	// members: the nodes of each disrupted domain in maintenance (before
 	// the plan or started by it).
 	members map[string][]string
+	// busy: the ComputeDomains whose workload runs in each busy domain
+	// (sorted, each once).
+	busy map[string][]string
 }
 
 // newDomainUse resolves the domain limits; nil when domains are not
@@ -68,7 +71,33 @@ func newDomainUse(l *DomainLimits, nodes map[string]PlanNode, busy map[string]st
 	}
 	u.disrupted = len(u.members)
 	p.DisruptedDomains = u.disrupted
+	for _, n := range nodes {
+		if n.Domain != "" && n.ComputeDomain != "" && !slices.Contains(u.busy[n.Domain], n.ComputeDomain) {
+			if u.busy == nil {
+				u.busy = map[string][]string{}
+			}
+			u.busy[n.Domain] = append(u.busy[n.Domain], n.ComputeDomain)
+		}
+	}
+	for _, cds := range u.busy {
+		slices.Sort(cds)
+	}
 	return u, nil
+}
+
+// isBusy: a ComputeDomain's workload runs on a node of domain.
+func (u *domainUse) isBusy(domain string) bool {
+	return u != nil && domain != "" && len(u.busy[domain]) > 0
+}
+
+// busyNote is appended to the wait reason of a request whose domain is
+// busy: what starting it would interrupt ("" when not busy).
+func (u *domainUse) busyNote(domain string) string {
+	if !u.isBusy(domain) {
+		return ""
+	}
+	cds := u.busy[domain]
+	return "; domain " + domain + " runs ComputeDomain " + summarize(cds, domainMembersShown)
 }
 
 // domainOf is the domain of node n that the plan considers ("" for none,
@@ -136,9 +165,10 @@ func (u *domainUse) coScheduleReason(domain, why string) string {
 // order they are considered: without co-scheduling, the ranking itself.
 // With it: urgent candidates first (in rank order); then the candidates of
 // domains already disrupted (before the plan or by an urgent candidate);
-// then the rest in rank order, where a candidate that disrupts its domain
-// is followed at once by that domain's other candidates. visit may disrupt
-// the candidate's domain.
+// then the rest in rank order, those of busy domains (a ComputeDomain's
+// workload runs there) after all others, where a candidate that disrupts
+// its domain is followed at once by that domain's other candidates. visit
+// may disrupt the candidate's domain.
 func (u *domainUse) visitOrder(n int, urgent func(i int) bool, domain func(i int) string, visit func(i int)) {
 	if u == nil || !u.coSchedule {
 		for i := range n {
@@ -169,15 +199,17 @@ func (u *domainUse) visitOrder(n int, urgent func(i int) bool, domain func(i int
 			do(i)
 		}
 	}
-	for i := range n {
-		if visited[i] {
-			continue
-		}
-		d := domain(i)
-		do(i)
-		if u.isDisrupted(d) {
-			for _, j := range byDomain[d] {
-				do(j)
+	for _, busyPass := range []bool{false, true} {
+		for i := range n {
+			d := domain(i)
+			if visited[i] || u.isBusy(d) != busyPass {
+				continue
+			}
+			do(i)
+			if u.isDisrupted(d) {
+				for _, j := range byDomain[d] {
+					do(j)
+				}
 			}
 		}
 	}

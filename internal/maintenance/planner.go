@@ -25,6 +25,10 @@ type PlanNode struct {
 	// Domain names the node's NVLink domain ("": none); used only when
 	// Limits.Domains is set.
 	Domain string
+	// ComputeDomain names the ComputeDomain whose workload runs on the
+	// node ("": none): its domain is busy (preferred last, named in wait
+	// reasons). Used only when Limits.Domains is set.
+	ComputeDomain string
 }
 
 // available reports whether the node counts as available for maxUnavailable.
@@ -340,6 +344,12 @@ func MakePlan(s Snapshot, l Limits, now time.Time) (Plan, error) {
 		c := candidates[i]
 		if d := domains.domainOf(nodes[c.NodeName]); domains.isDisrupted(d) {
 			p.Waiting[c.key] = domains.coScheduleReason(d, p.Waiting[c.key])
+		}
+	}
+	for i := range candidates {
+		c := &candidates[i]
+		if why, ok := p.Waiting[c.key]; ok {
+			p.Waiting[c.key] = why + domains.busyNote(domains.domainOf(nodes[c.NodeName]))
 		}
 	}
 	return p, nil

@@ -167,8 +167,13 @@ func FuzzMakePlanDomains(f *testing.F) {
 		}
 		var nodes []PlanNode
 		for d := range int(nDomains%6) + 1 {
+			busy := next(3) == 0 // a ComputeDomain's workload runs on some of its nodes
 			for i := range int(perDomain%10) + 1 {
-				nodes = append(nodes, PlanNode{Name: fmt.Sprintf("d%d-n%02d", d, i), Ready: next(10) != 0, Domain: fmt.Sprintf("d%d", d)})
+				n := PlanNode{Name: fmt.Sprintf("d%d-n%02d", d, i), Ready: next(10) != 0, Domain: fmt.Sprintf("d%d", d)}
+				if busy && i%2 == 0 {
+					n.ComputeDomain = fmt.Sprintf("ml/job-%d", d)
+				}
+				nodes = append(nodes, n)
 			}
 		}
 		for i := range next(4) {
@@ -297,6 +302,23 @@ func checkDomainPlan(t *testing.T, step int, s Snapshot, l Limits, p Plan) {
 				fail("%s of disrupted domain %s waits (%s) while an undisrupted domain's request started", o.Key(), n.Domain, why)
 			}
 		}
+		// Busy domains (a ComputeDomain's workload runs there) start
+		// last: none started while a request of an idle domain, or of no
+		// domain, waited for a cluster slot.
+		startedBusy := ""
+		for _, o := range p.Schedule {
+			if n := nodes[o.NodeName]; !o.Urgent && !disrupted[n.Domain] && busyDomain(s, n.Domain) {
+				startedBusy = o.Key()
+			}
+		}
+		for _, o := range s.Objects {
+			n, ok := nodes[o.NodeName]
+			why := p.Waiting[o.Key()]
+			if startedBusy != "" && ok && !o.InProgress && !o.Urgent && !busyDomain(s, n.Domain) && !disrupted[n.Domain] &&
+				strings.HasPrefix(why, "maxParallelOperations reached") {
+				fail("%s of busy domain started while %s of an idle domain waits (%s)", startedBusy, o.Key(), why)
+			}
+		}
 		// A disrupted domain's request that waits for a limit says so.
 		for _, o := range s.Objects {
 			n, ok := nodes[o.NodeName]
@@ -312,6 +334,14 @@ func checkDomainPlan(t *testing.T, step int, s Snapshot, l Limits, p Plan) {
 			}
 		}
 	}
+	// Every waiting request of a busy domain names what runs there.
+	for _, o := range s.Objects {
+		n, ok := nodes[o.NodeName]
+		if why, waits := p.Waiting[o.Key()]; ok && waits && busyDomain(s, n.Domain) &&
+			!strings.HasPrefix(why, "node ") && !strings.Contains(why, "; domain "+n.Domain+" runs ComputeDomain ml/job-") {
+			fail("%s of busy domain %s waits without naming its ComputeDomain: %q", o.Key(), n.Domain, why)
+		}
+	}
 	// Not a function of input order.
 	shuffled := Snapshot{Nodes: slices.Clone(s.Nodes), Objects: slices.Clone(s.Objects)}
 	slices.Reverse(shuffled.Objects)
@@ -323,6 +353,19 @@ func checkDomainPlan(t *testing.T, step int, s Snapshot, l Limits, p Plan) {
 	if diff := cmp.Diff(p, p2, cmp.AllowUnexported(Window{})); diff != "" {
 		fail("plan depends on input order:\n%s", diff)
 	}
+}
+
+// busyDomain: a node of domain runs a ComputeDomain's workload.
+func busyDomain(s Snapshot, domain string) bool {
+	if domain == "" {
+		return false
+	}
+	for _, n := range s.Nodes {
+		if n.Domain == domain && n.ComputeDomain != "" {
+			return true
+		}
+	}
+	return false
 }
 
 // rackRollout is the scenario of BenchmarkDomainRollout: domains × perDomain

@@ -20,6 +20,13 @@ func rack(domain string, names ...string) []PlanNode {
 	return out
 }
 
+// busyRack is rack with a ComputeDomain's workload on its first node.
+func busyRack(domain, computeDomain string, names ...string) []PlanNode {
+	out := rack(domain, names...)
+	out[0].ComputeDomain = computeDomain
+	return out
+}
+
 func joinNodes(groups ...[]PlanNode) []PlanNode {
 	var out []PlanNode
 	for _, g := range groups {
@@ -226,6 +233,35 @@ func TestMakePlanDomains(t *testing.T) {
 				"a2": "maxParallelOperations reached: 4/4 nodes in maintenance",
 			},
 			wantDomains: [3]int{3, 2, 0},
+		},
+		"a busy domain (a ComputeDomain's workload runs there) starts after the idle ones and says what runs there": {
+			nodes:         joinNodes(busyRack("rack-a", "ml/train", "a0", "a1", "a2"), rack("rack-b", "b0", "b1", "b2")),
+			objects:       interleaved,
+			limits:        withDomains(Limits{MaxParallelOperations: num(3)}, coSchedule()),
+			wantScheduled: []string{"b0", "b1", "b2"},
+			wantWaiting: map[string]string{
+				"a0": "maxParallelOperations reached: 3/3 nodes in maintenance; domain rack-a runs ComputeDomain ml/train",
+			},
+			wantDomains: [3]int{2, -1, 0},
+		},
+		"a busy domain that is disrupted already still co-schedules first": {
+			nodes: joinNodes(busyRack("rack-a", "ml/train", "a0", "a1", "a2"), rack("rack-b", "b0", "b1", "b2")),
+			objects: []PlanObject{inProgress("a0", "a0", "r"), pending("b0", "b0", "r", 60),
+				pending("a1", "a1", "r", 10), pending("a2", "a2", "r", 5)},
+			limits:        withDomains(Limits{MaxParallelOperations: num(2)}, coSchedule()),
+			wantScheduled: []string{"a1"},
+			wantWaiting: map[string]string{
+				"a2": "domain rack-a: waiting to co-schedule with a0, a1 (maxParallelOperations reached: 2/2 nodes in maintenance); domain rack-a runs ComputeDomain ml/train",
+				"b0": "maxParallelOperations reached: 2/2 nodes in maintenance",
+			},
+			wantDomains: [3]int{2, -1, 1},
+		},
+		"a busy domain is the only one with requests: it starts (busy is a preference, not a hold)": {
+			nodes:         busyRack("rack-a", "ml/train", "a0", "a1"),
+			objects:       []PlanObject{pending("a0", "a0", "r", 60), pending("a1", "a1", "r", 50)},
+			limits:        withDomains(Limits{MaxParallelOperations: num(2)}, coSchedule()),
+			wantScheduled: []string{"a0", "a1"},
+			wantDomains:   [3]int{1, -1, 0},
 		},
 		"a request of one node never drags in a node without a request": {
 			nodes:         racksAB,

@@ -39,6 +39,9 @@ type Scheduler struct {
 	// Alarm wakes the scheduler when the maintenance calendar may change
 	// (a window opens or closes, an exclusion starts or ends); nil: none.
 	Alarm *Alarm
+	// ComputeDomains names the ComputeDomains of busy domains in wait
+	// reasons (nil: their UIDs are shown).
+	ComputeDomains *ComputeDomainNames
 
 	// lastValid is the last config that could be read: it keeps applying
 	// while the current one cannot (nil after a restart until one can).
@@ -98,10 +101,10 @@ func (s *Scheduler) Reconcile(ctx context.Context, _ reconcile.Request) (reconci
 	var plan Plan
 	var snap Snapshot
 	if s.lastValid != nil {
-		snap = snapshot(&nodes, &list, s.lastValid)
+		snap = snapshot(&nodes, &list, s.lastValid, func(uid string) string { return s.ComputeDomains.Name(ctx, uid) })
 		plan, err = MakePlan(snap, s.lastValid.Limits, began)
 	} else {
-		snap = snapshot(&nodes, &list, &Config{})
+		snap = snapshot(&nodes, &list, &Config{}, nil)
 		err = cfgErr
 	}
 	planDuration.Observe(s.Clock.Since(began).Seconds())
@@ -251,12 +254,18 @@ func (s *Scheduler) schedule(ctx context.Context, nm *maintenancev1.NodeMaintena
 // out until it has: each is seen Pending before it is Scheduled. (Cleanup
 // is guaranteed: the finalizer is added before anything is done to the
 // node.)
-func snapshot(nodes *corev1.NodeList, list *maintenancev1.NodeMaintenanceList, cfg *Config) Snapshot {
+// With domains, a node that runs a ComputeDomain's workload has it named
+// by computeDomain (from the UID the driver's label holds).
+func snapshot(nodes *corev1.NodeList, list *maintenancev1.NodeMaintenanceList, cfg *Config, computeDomain func(uid string) string) Snapshot {
 	s := Snapshot{Nodes: make([]PlanNode, 0, len(nodes.Items)), Objects: make([]PlanObject, 0, len(list.Items))}
 	for i := range nodes.Items {
 		n := &nodes.Items[i]
-		s.Nodes = append(s.Nodes, PlanNode{Name: n.Name, Unschedulable: n.Spec.Unschedulable, Ready: nodeReady(n),
-			Pools: cfg.PoolsOf(n.Labels), Domain: cfg.DomainOf(n.Labels)})
+		pn := PlanNode{Name: n.Name, Unschedulable: n.Spec.Unschedulable, Ready: nodeReady(n),
+			Pools: cfg.PoolsOf(n.Labels), Domain: cfg.DomainOf(n.Labels)}
+		if uid := n.Labels[LabelComputeDomain]; uid != "" && pn.Domain != "" && computeDomain != nil {
+			pn.ComputeDomain = computeDomain(uid)
+		}
+		s.Nodes = append(s.Nodes, pn)
 	}
 	for i := range list.Items {
 		nm := &list.Items[i]

@@ -62,6 +62,7 @@ func Setup(mgr manager.Manager, opts Options) error {
 	}); err != nil {
 		return fmt.Errorf("indexing NodeMaintenance by node: %w", err)
 	}
+	computeDomains := &ComputeDomainNames{Reader: mgr.GetAPIReader(), Clock: opts.Clock}
 	kube, err := kubernetes.NewForConfig(mgr.GetConfig())
 	if err != nil {
 		return fmt.Errorf("creating clientset: %w", err)
@@ -79,6 +80,7 @@ func Setup(mgr manager.Manager, opts Options) error {
 	sched := &Scheduler{
 		Client: mgr.GetClient(), Namespace: opts.Namespace, Clock: opts.Clock,
 		Recorder: mgr.GetEventRecorder("gpufleet-maintenance-scheduler"), Reasons: reasons, Alarm: alarm,
+		ComputeDomains: computeDomains,
 	}
 	isDefaultConfig := predicate.NewPredicateFuncs(func(o client.Object) bool {
 		return o.GetNamespace() == opts.Namespace && o.GetName() == maintenancev1.DefaultConfigName
@@ -109,7 +111,7 @@ func Setup(mgr manager.Manager, opts Options) error {
 	}
 	rec := &Reconciler{
 		Client: mgr.GetClient(), Kube: kube, Pods: pods, Namespace: opts.Namespace, PodName: opts.PodName, Clock: opts.Clock,
-		Recorder: mgr.GetEventRecorder("gpufleet-maintenance"),
+		Recorder: mgr.GetEventRecorder("gpufleet-maintenance"), ComputeDomains: computeDomains,
 	}
 	if err := mgr.Add(rec.evictions()); err != nil {
 		return fmt.Errorf("adding the evictor: %w", err)
@@ -134,11 +136,17 @@ func Setup(mgr manager.Manager, opts Options) error {
 		Watches(&corev1.Node{}, handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
 			return byNode(o.GetName())
 		}), builder.WithPredicates(availabilityChanged)).
+		// A ComputeDomain's workload started or ended on a node: the
+		// objects waiting for pods look again (waitForComputeDomains).
+		Watches(&corev1.Node{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, _ client.Object) []reconcile.Request {
+			return objectsIn(ctx, mgr, maintenancev1.PhaseWaitForPodCompletion)
+		}), builder.WithPredicates(computeDomainChanged)).
 		WatchesRawSource(source.Channel(pods.Changes(), handler.TypedEnqueueRequestsFromMapFunc(
 			func(_ context.Context, node string) []reconcile.Request { return byNode(node) }))).
 		Watches(&maintenancev1.MaintenanceOperatorConfig{}, handler.EnqueueRequestsFromMapFunc(
 			func(ctx context.Context, _ client.Object) []reconcile.Request {
-				return objectsIn(ctx, mgr, maintenancev1.PhaseReady)
+				// The GC age limit, and waitForComputeDomains, may have changed.
+				return append(objectsIn(ctx, mgr, maintenancev1.PhaseReady), objectsIn(ctx, mgr, maintenancev1.PhaseWaitForPodCompletion)...)
 			}),
 			builder.WithPredicates(isDefaultConfig, specChanged)).
 		// NVIDIA's Maintenance Operator released its lease (or another
@@ -228,6 +236,16 @@ var availabilityChanged = predicate.Funcs{
 		o, n := e.ObjectOld.(*corev1.Node), e.ObjectNew.(*corev1.Node)
 		return o.Spec.Unschedulable != n.Spec.Unschedulable || nodeReady(o) != nodeReady(n) ||
 			(o.DeletionTimestamp == nil) != (n.DeletionTimestamp == nil)
+	},
+}
+
+// computeDomainChanged passes node changes of LabelComputeDomain.
+var computeDomainChanged = predicate.Funcs{
+	CreateFunc:  func(e event.CreateEvent) bool { return e.Object.GetLabels()[LabelComputeDomain] != "" },
+	DeleteFunc:  func(e event.DeleteEvent) bool { return e.Object.GetLabels()[LabelComputeDomain] != "" },
+	GenericFunc: func(event.GenericEvent) bool { return false },
+	UpdateFunc: func(e event.UpdateEvent) bool {
+		return e.ObjectOld.GetLabels()[LabelComputeDomain] != e.ObjectNew.GetLabels()[LabelComputeDomain]
 	},
 }
 

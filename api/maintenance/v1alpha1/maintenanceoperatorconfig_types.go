@@ -2,6 +2,7 @@ package v1alpha1
 
 import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/intstr"
 )
 
@@ -96,6 +97,18 @@ type MaintenanceOperatorConfigSpec struct {
 	Domains *MaintenanceDomains `json:"domains,omitempty"`
 }
 
+// LabelComputeDomain is the node label of NVIDIA's DRA driver: while a
+// workload pod of a ComputeDomain (resource.nvidia.com, a multi-node
+// NVLink job) is prepared on a node, the driver's kubelet plugin labels
+// the node with it, its value the ComputeDomain's UID, and removes it when
+// the last such pod is gone. gpufleet reads it: a domain with such a node
+// is busy (see MaintenanceDomains).
+const LabelComputeDomain = "resource.nvidia.com/computeDomain"
+
+// ComputeDomainListGVK is the list of NVIDIA's ComputeDomains, read as
+// metadata only to name the UIDs of LabelComputeDomain.
+var ComputeDomainListGVK = schema.GroupVersionKind{Group: "resource.nvidia.com", Version: "v1beta1", Kind: "ComputeDomainList"}
+
 // MaintenanceDomains groups nodes into failure domains (NVLink domains)
 // by a node label.
 type MaintenanceDomains struct {
@@ -130,6 +143,25 @@ type MaintenanceDomains struct {
 	// +optional
 	// +kubebuilder:default=true
 	CoSchedule *bool `json:"coSchedule,omitempty"`
+
+	// WaitForComputeDomains: a NodeMaintenance with waitForPodCompletion
+	// also waits, within the same timeoutSeconds, until no node of its
+	// domain runs a ComputeDomain's workload (NVIDIA's DRA driver labels
+	// such a node resource.nvidia.com/computeDomain while a workload pod
+	// of the ComputeDomain is prepared on it), so no node of a domain is
+	// drained under a multi-node job that spans it. Default false.
+	// +optional
+	WaitForComputeDomains bool `json:"waitForComputeDomains,omitempty"`
+
+	// UpgradeByDomain: gpufleet's driver upgrades request maintenance for
+	// every node of a domain that needs the new driver at once, so the
+	// domain changes its driver in one interruption. A domain starts when
+	// fewer nodes than maxParallelUpgrades are upgrading; it may then
+	// exceed that limit (a domain is never split by it). The maintenance
+	// limits still apply. Nodes in no domain are upgraded one by one.
+	// Default false.
+	// +optional
+	UpgradeByDomain bool `json:"upgradeByDomain,omitempty"`
 }
 
 // UrgentMaintenanceScope says which urgent requests pass a closed window.
