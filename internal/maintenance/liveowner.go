@@ -33,7 +33,7 @@ const liveOwnerRecheck = 100 * time.Millisecond
 // objects (it would cordon, drain and write phases beside it).
 func otherOwner(ctx context.Context, c client.Reader, now time.Time) (liveowner.Holding, bool, error) {
 	var leases coordinationv1.LeaseList
-	if err := c.List(ctx, &leases); err != nil {
+	if err := c.List(ctx, &leases, client.UnsafeDisableDeepCopy); err != nil { // read only
 		return liveowner.Holding{}, false, fmt.Errorf("listing the leader leases of other operators: %w", err)
 	}
 	h, held := liveowner.Held(leases.Items, liveowner.MaintenanceOperator, now)

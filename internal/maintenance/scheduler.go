@@ -68,8 +68,11 @@ func (s *Scheduler) Reconcile(ctx context.Context, _ reconcile.Request) (reconci
 		}
 		return reconcile.Result{RequeueAfter: holding.Until.Sub(s.Clock.Now()) + liveOwnerRecheck}, nil
 	}
+	// The cache's objects, not copies (a pass over 10,000 nodes would
+	// otherwise copy them all): the pass only reads them; schedule()
+	// writes from a copy, and the wait-reason writer reads.
 	var list maintenancev1.NodeMaintenanceList
-	if err := s.Client.List(ctx, &list); err != nil {
+	if err := s.Client.List(ctx, &list, client.UnsafeDisableDeepCopy); err != nil {
 		return reconcile.Result{}, fmt.Errorf("listing NodeMaintenance: %w", err)
 	}
 	if s.cacheBehind(&list) {
@@ -79,7 +82,7 @@ func (s *Scheduler) Reconcile(ctx context.Context, _ reconcile.Request) (reconci
 		return reconcile.Result{RequeueAfter: time.Second}, nil
 	}
 	var nodes corev1.NodeList
-	if err := s.Client.List(ctx, &nodes); err != nil {
+	if err := s.Client.List(ctx, &nodes, client.UnsafeDisableDeepCopy); err != nil {
 		return reconcile.Result{}, fmt.Errorf("listing nodes: %w", err)
 	}
 	cfgObj, err := s.config(ctx)

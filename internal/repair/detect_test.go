@@ -286,7 +286,14 @@ func FuzzDetect(f *testing.F) {
 				repairs = append(repairs, record(name, t0.Add(-time.Duration(i)*time.Minute), func(r *repairv1.NodeRepair) { r.Spec.DryRun = i%2 == 0 }))
 			}
 		}
-		d := Detect(DetectInput{Policy: policy, Nodes: ns, Repairs: repairs, Now: t0})
+		in := DetectInput{Policy: policy, Nodes: ns, Repairs: repairs, Now: t0}
+		before := deepCopyInput(in)
+		d := Detect(in)
+		// The detector reads its input from the cache without copies
+		// (client.UnsafeDisableDeepCopy): Detect must change none of it.
+		if diff := cmp.Diff(before, in); diff != "" {
+			t.Fatalf("Detect changed its input (-before +after):\n%s", diff)
+		}
 		perPool, names := map[string]int{}, map[string]bool{}
 		for _, r := range d.Create {
 			if names[r.Name] {
@@ -306,4 +313,19 @@ func FuzzDetect(f *testing.F) {
 			t.Errorf("%d pools repairing, maxParallelPools 2", len(perPool))
 		}
 	})
+}
+
+// deepCopyInput copies every object of in.
+func deepCopyInput(in DetectInput) DetectInput {
+	out := in
+	out.Policy = in.Policy.DeepCopy()
+	out.Nodes = nil
+	for i := range in.Nodes {
+		out.Nodes = append(out.Nodes, *in.Nodes[i].DeepCopy())
+	}
+	out.Repairs = nil
+	for i := range in.Repairs {
+		out.Repairs = append(out.Repairs, *in.Repairs[i].DeepCopy())
+	}
+	return out
 }

@@ -85,20 +85,23 @@ func (d *Detector) read(ctx context.Context, policy *repairv1.NodeRepairPolicy) 
 		}
 		sel = s
 	}
+	// The cache's objects, not copies: Detect reads them (FuzzDetect
+	// checks it changes none) and every write starts from a copy. A pass
+	// over a large fleet otherwise copies every node, repair and record.
 	var nodes corev1.NodeList
-	if err := d.Client.List(ctx, &nodes, client.MatchingLabelsSelector{Selector: sel}); err != nil {
+	if err := d.Client.List(ctx, &nodes, client.MatchingLabelsSelector{Selector: sel}, client.UnsafeDisableDeepCopy); err != nil {
 		return in, fmt.Errorf("listing nodes: %w", err)
 	}
 	var repairs repairv1.NodeRepairList
-	if err := d.Client.List(ctx, &repairs); err != nil {
+	if err := d.Client.List(ctx, &repairs, client.UnsafeDisableDeepCopy); err != nil {
 		return in, fmt.Errorf("listing NodeRepairs: %w", err)
 	}
 	var nms maintenancev1.NodeMaintenanceList
-	if err := d.Client.List(ctx, &nms); err != nil {
+	if err := d.Client.List(ctx, &nms, client.UnsafeDisableDeepCopy); err != nil {
 		return in, fmt.Errorf("listing NodeMaintenance: %w", err)
 	}
 	var gpus repairv1.GPUFaultList
-	if err := d.Client.List(ctx, &gpus); err != nil {
+	if err := d.Client.List(ctx, &gpus, client.UnsafeDisableDeepCopy); err != nil {
 		return in, fmt.Errorf("listing GPUFaults: %w", err)
 	}
 	in.Nodes, in.Repairs, in.Maintenances, in.GPUFaults = nodes.Items, repairs.Items, nms.Items, gpus.Items
