@@ -50,6 +50,7 @@ import (
 // +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch;patch
 // +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch
 // +kubebuilder:rbac:groups=maintenance.nvidia.com,resources=nodemaintenances,verbs=get;list;watch;delete;patch
+// +kubebuilder:rbac:groups=maintenance.nvidia.com,resources=maintenanceoperatorconfigs,verbs=get;list;watch
 // +kubebuilder:rbac:groups=repair.gpufleet.dev,resources=noderepairs,verbs=get;list;watch;create
 // +kubebuilder:rbac:groups=monitoring.coreos.com,resources=servicemonitors,verbs=get;list;watch;create;update;patch;delete,namespace=gpufleet-system
 // +kubebuilder:rbac:groups=apiextensions.k8s.io,resources=customresourcedefinitions,verbs=get;list;watch,resourceNames=servicemonitors.monitoring.coreos.com;clusterpolicies.nvidia.com;nvidiadrivers.nvidia.com
@@ -129,6 +130,8 @@ func Setup(mgr manager.Manager, opts Options) error {
 		Watches(&maintenancev1.NodeMaintenance{}, allPolicies,
 			builder.WithPredicates(requestor.OfRequestor(UpgradeRequestor), requestor.Transitions)).
 		Watches(&nvidiav1alpha1.NVIDIADriver{}, allPolicies, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
+		// The maintenance config's domains: how driver upgrades start.
+		Watches(&maintenancev1.MaintenanceOperatorConfig{}, allPolicies, builder.WithPredicates(defaultConfig(opts.Namespace), domainsChanged)).
 		// The ServiceMonitor CRD only (CacheObjects): installed, established
 		// or deleted, it brings the policy back.
 		Watches(&apiextensionsv1.CustomResourceDefinition{}, allPolicies).
@@ -243,6 +246,24 @@ func enqueueAll(mgr manager.Manager, newList func() client.ObjectList, kind stri
 		})
 		return reqs
 	})
+}
+
+// defaultConfig passes the maintenance config that driver upgrades read:
+// "default" in the operator's namespace.
+func defaultConfig(namespace string) predicate.Predicate {
+	return predicate.NewPredicateFuncs(func(o client.Object) bool {
+		return o.GetNamespace() == namespace && o.GetName() == maintenancev1.DefaultConfigName
+	})
+}
+
+// domainsChanged passes a maintenance config's creation and deletion, and
+// the updates that change what driver upgrades read of it.
+var domainsChanged = predicate.Funcs{
+	UpdateFunc: func(e event.UpdateEvent) bool {
+		oldLabel, oldBy := upgradeDomainsOf(e.ObjectOld.(*maintenancev1.MaintenanceOperatorConfig))
+		newLabel, newBy := upgradeDomainsOf(e.ObjectNew.(*maintenancev1.MaintenanceOperatorConfig))
+		return oldLabel != newLabel || oldBy != newBy
+	},
 }
 
 // nodeRelevant passes node changes that affect labels or facts: labels,

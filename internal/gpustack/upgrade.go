@@ -12,6 +12,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/kubectl/pkg/util/podutils"
 	"k8s.io/utils/ptr"
@@ -73,6 +74,9 @@ type UpgradeNode struct {
 	ModuleInUse string
 	// Reboot is the reboot this upgrade asked for (nil = none).
 	Reboot *UpgradeReboot
+	// Domain is the node's NVLink domain: the value of the maintenance
+	// config's spec.domains.nodeLabel ("" = in no domain).
+	Domain string
 }
 
 // UpgradeReboot is the state of the NodeRepair a driver upgrade asked for.
@@ -112,15 +116,13 @@ const (
 // use gets one reboot, inside the upgrade's NodeMaintenance; the timeout
 // then counts from the end of the reboot, whose own wait is bounded by the
 // repair engine.
-func PlanUpgrades(nodes []UpgradeNode, limit int, timeout time.Duration, now time.Time) []UpgradeAction {
+//
+// byDomain (the maintenance config's spec.domains.upgradeByDomain) starts
+// the upgrade of every node of a domain at once: see upgradeRequests.
+func PlanUpgrades(nodes []UpgradeNode, limit int, byDomain bool, timeout time.Duration, now time.Time) []UpgradeAction {
 	sort.Slice(nodes, func(i, j int) bool { return nodes[i].Name < nodes[j].Name })
 	var acts []UpgradeAction
-	inFlight := 0
-	for _, n := range nodes {
-		if n.MaintenanceIsOurs {
-			inFlight++
-		}
-	}
+	requested := upgradeRequests(nodes, limit, byDomain)
 	for _, n := range nodes {
 		nm := n.Maintenance
 		switch {
@@ -162,12 +164,76 @@ func PlanUpgrades(nodes []UpgradeNode, limit int, timeout time.Duration, now tim
 			}
 		case n.Failed && n.Current && n.Ready:
 			acts = append(acts, UpgradeAction{ActClearFailed, n.Name})
-		case !n.Current && n.DriverPod != "" && !n.Failed && n.Maintenance == nil && inFlight < limit:
+		case requested[n.Name]:
 			acts = append(acts, UpgradeAction{ActRequest, n.Name})
-			inFlight++
 		}
 	}
 	return acts
+}
+
+// needsRequest: the node runs an old driver and nothing holds it, so its
+// upgrade may start.
+func (n *UpgradeNode) needsRequest() bool {
+	return !n.Current && n.DriverPod != "" && !n.Failed && n.Maintenance == nil
+}
+
+// upgradeRequests picks the nodes (sorted by name) whose upgrade starts
+// now. Nodes in an upgrade count against limit. Without byDomain, and for
+// nodes in no domain, nodes start one by one in name order while fewer
+// than limit are in an upgrade. With byDomain, a domain starts, at its
+// first node in name order, while fewer than limit are in an upgrade, and
+// then every node of it that needs the upgrade starts together, even
+// beyond limit: a domain is never split by the limit. So a domain with a
+// node already in an upgrade takes its other nodes that need one at once
+// too: those whose request a pass stopped before writing, or that need
+// the upgrade since (a driver pod that came back, another requestor's
+// maintenance that ended).
+func upgradeRequests(nodes []UpgradeNode, limit int, byDomain bool) map[string]bool {
+	inFlight := 0
+	for _, n := range nodes {
+		if n.MaintenanceIsOurs {
+			inFlight++
+		}
+	}
+	// started: the domains in an upgrade, with every node that needs one
+	// counted in flight from the moment the domain starts.
+	started := map[string]bool{}
+	waiting := map[string]int{}
+	if byDomain {
+		for _, n := range nodes {
+			switch {
+			case n.Domain == "":
+			case n.MaintenanceIsOurs:
+				started[n.Domain] = true
+			case n.needsRequest():
+				waiting[n.Domain]++
+			}
+		}
+		for d := range started {
+			inFlight += waiting[d]
+		}
+	}
+	requested := map[string]bool{}
+	for _, n := range nodes {
+		if !n.needsRequest() {
+			continue
+		}
+		if !byDomain || n.Domain == "" {
+			if inFlight < limit {
+				requested[n.Name] = true
+				inFlight++
+			}
+			continue
+		}
+		if !started[n.Domain] && inFlight < limit {
+			started[n.Domain] = true
+			inFlight += waiting[n.Domain]
+		}
+		if started[n.Domain] {
+			requested[n.Name] = true
+		}
+	}
+	return requested
 }
 
 // upgradeLimit resolves maxParallelUpgrades and maxUnavailable (of the GPU nodes).
@@ -194,10 +260,11 @@ func autoUpgrade(p *nvidiav1.DriverUpgradePolicySpec) bool {
 // upgradeNodes gathers what the upgrade planner knows about each GPU node
 // (pure): its driver pod, whether that runs the desired image and is Ready,
 // whether the validator is Ready on it (or not needed: a disabled validator
-// is never waited for), and our NodeMaintenance of it. It also returns the
+// is never waited for), our NodeMaintenance of it, and its domain (the
+// value of its label domainLabel; "" = no domains). It also returns the
 // number of GPU nodes.
 func upgradeNodes(spec *nvidiav1.ClusterPolicySpec, nodes *corev1.NodeList, desiredImages map[string]string,
-	stackPods []corev1.Pod, ours map[string]*maintenancev1.NodeMaintenance) (map[string]*UpgradeNode, int) {
+	stackPods []corev1.Pod, ours map[string]*maintenancev1.NodeMaintenance, domainLabel string) (map[string]*UpgradeNode, int) {
 	byNode := map[string]*UpgradeNode{}
 	gpuNodes := 0
 	validatorRuns := ValidatorEnabled(spec)
@@ -209,6 +276,9 @@ func upgradeNodes(spec *nvidiav1.ClusterPolicySpec, nodes *corev1.NodeList, desi
 		gpuNodes++
 		byNode[n.Name] = &UpgradeNode{Name: n.Name, Failed: n.Labels[LabelUpgradeState] == upgradeStateFailed,
 			ValidatorReady: !validatorRuns}
+		if domainLabel != "" {
+			byNode[n.Name].Domain = n.Labels[domainLabel]
+		}
 	}
 	for i := range stackPods {
 		p := &stackPods[i]
@@ -264,7 +334,11 @@ func (r *Reconciler) upgradeDrivers(ctx context.Context, policy *nvidiav1.Cluste
 	if err != nil {
 		return 0, err
 	}
-	byNode, _ := upgradeNodes(&policy.Spec, nodes, desiredImages, stackPods, ours)
+	domainLabel, byDomain, err := r.upgradeDomains(ctx)
+	if err != nil {
+		return 0, err
+	}
+	byNode, _ := upgradeNodes(&policy.Spec, nodes, desiredImages, stackPods, ours, domainLabel)
 	if err := r.readReboots(ctx, byNode); err != nil {
 		return 0, err
 	}
@@ -289,7 +363,7 @@ func (r *Reconciler) upgradeDrivers(ctx context.Context, policy *nvidiav1.Cluste
 		if !autoUpgrade(up) {
 			continue
 		}
-		for _, a := range PlanUpgrades(list, upgradeLimit(up, len(list)), timeout, now) {
+		for _, a := range PlanUpgrades(list, upgradeLimit(up, len(list)), byDomain, timeout, now) {
 			if err := r.act(ctx, policy, up, a, byNode[a.Node], now); err != nil {
 				return 0, err
 			}
@@ -301,6 +375,33 @@ func (r *Reconciler) upgradeDrivers(ctx context.Context, policy *nvidiav1.Cluste
 		}
 	}
 	return requeue, nil
+}
+
+// upgradeDomains reads the domains of the maintenance config "default" in
+// the namespace of the upgrades' NodeMaintenance objects (from the cache):
+// the node label naming a node's domain ("" = no domains), and whether
+// upgrades go by domain. Without that config, or without its API (NVIDIA's
+// Maintenance Operator's older CRD, say), there are no domains.
+func (r *Reconciler) upgradeDomains(ctx context.Context) (label string, byDomain bool, err error) {
+	cfg := &maintenancev1.MaintenanceOperatorConfig{}
+	err = r.Client.Get(ctx, types.NamespacedName{Namespace: r.Namespace, Name: maintenancev1.DefaultConfigName}, cfg)
+	switch {
+	case apierrors.IsNotFound(err), meta.IsNoMatchError(err):
+		return "", false, nil
+	case err != nil:
+		return "", false, fmt.Errorf("reading MaintenanceOperatorConfig %s/%s for the upgrades' domains: %w", r.Namespace, maintenancev1.DefaultConfigName, err)
+	}
+	label, byDomain = upgradeDomainsOf(cfg)
+	return label, byDomain, nil
+}
+
+// upgradeDomainsOf is what driver upgrades read of a maintenance config:
+// its domain label ("" = no domains) and upgradeByDomain.
+func upgradeDomainsOf(cfg *maintenancev1.MaintenanceOperatorConfig) (label string, byDomain bool) {
+	if d := cfg.Spec.Domains; d != nil {
+		return d.NodeLabel, d.UpgradeByDomain
+	}
+	return "", false
 }
 
 // readReboots adds the reboots that the nodes' upgrades asked for. It reads

@@ -1,6 +1,9 @@
 package gpustack
 
 import (
+	"fmt"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -8,6 +11,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/event"
 
 	maintenancev1 "github.com/gpufleet/gpufleet/api/maintenance/v1alpha1"
 	nvidiav1 "github.com/gpufleet/gpufleet/api/nvidia/v1"
@@ -183,9 +187,267 @@ func TestPlanUpgrades(t *testing.T) {
 			if timeout == 0 {
 				timeout = time.Hour
 			}
-			got := PlanUpgrades(tc.nodes, tc.limit, timeout, t0)
+			got := PlanUpgrades(tc.nodes, tc.limit, false, timeout, t0)
 			if diff := cmp.Diff(tc.want, got); diff != "" {
 				t.Errorf("actions (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+// TestPlanUpgradesByDomain: with upgradeByDomain a domain starts while
+// fewer than limit nodes are upgrading, and then every node of it that
+// needs the new driver starts at once, beyond the limit if need be.
+func TestPlanUpgradesByDomain(t *testing.T) {
+	old := func(name, domain string) UpgradeNode {
+		return UpgradeNode{Name: name, Domain: domain, DriverPod: name + "-drv", Ready: true, ValidatorReady: true}
+	}
+	upgrading := func(name, domain string) UpgradeNode { // waiting for its maintenance
+		n := old(name, domain)
+		n.Maintenance, n.MaintenanceIsOurs = nm(false, ""), true
+		return n
+	}
+	req := func(names ...string) []UpgradeAction {
+		var out []UpgradeAction
+		for _, n := range names {
+			out = append(out, UpgradeAction{ActRequest, n})
+		}
+		return out
+	}
+	tests := map[string]struct {
+		nodes    []UpgradeNode
+		limit    int
+		byDomain bool
+		want     []UpgradeAction
+	}{
+		"a domain larger than the limit starts whole": {
+			nodes: []UpgradeNode{old("c", "rack-0"), old("a", "rack-0"), old("b", "rack-0")}, limit: 1, byDomain: true,
+			want: req("a", "b", "c"),
+		},
+		"without upgradeByDomain the domains change nothing": {
+			nodes: []UpgradeNode{old("c", "rack-0"), old("a", "rack-0"), old("b", "rack-0")}, limit: 1,
+			want: req("a"),
+		},
+		"two domains: the second waits while the first holds the limit": {
+			nodes: []UpgradeNode{old("a", "rack-0"), old("b", "rack-0"), old("c", "rack-1"), old("d", "rack-1")}, limit: 2, byDomain: true,
+			want: req("a", "b"),
+		},
+		"two domains: the second starts while the limit is not reached": {
+			nodes: []UpgradeNode{old("a", "rack-0"), old("b", "rack-0"), old("c", "rack-1"), old("d", "rack-1")}, limit: 3, byDomain: true,
+			want: req("a", "b", "c", "d"),
+		},
+		"the domains interleaved by name: each starts at its first node and takes all of its nodes": {
+			nodes: []UpgradeNode{old("a", "rack-1"), old("b", "rack-0"), old("c", "rack-1"), old("d", "rack-0")}, limit: 1, byDomain: true,
+			want: req("a", "c"),
+		},
+		"nodes in no domain go one by one, within the limit": {
+			nodes: []UpgradeNode{old("a", "rack-0"), old("b", "rack-0"), old("c", ""), old("d", "")}, limit: 3, byDomain: true,
+			want: req("a", "b", "c"),
+		},
+		"a node in no domain takes the last slot: the domain waits": {
+			nodes: []UpgradeNode{old("a", ""), old("b", "rack-0"), old("c", "rack-0")}, limit: 1, byDomain: true,
+			want: req("a"),
+		},
+		"a domain counts whole from its start: a node in no domain after its first node waits": {
+			nodes: []UpgradeNode{old("a", "rack-0"), old("b", ""), old("c", "rack-0")}, limit: 2, byDomain: true,
+			want: req("a", "c"),
+		},
+		"nodes of a domain in flight count; its other nodes join it beyond the limit": {
+			nodes: []UpgradeNode{upgrading("a", "rack-0"), old("b", "rack-0"), old("c", "")}, limit: 1, byDomain: true,
+			want: req("b"),
+		},
+		"nodes of a domain in flight hold another domain back": {
+			nodes: []UpgradeNode{upgrading("a", "rack-0"), upgrading("b", "rack-0"), old("c", "rack-1")}, limit: 2, byDomain: true,
+			want: nil,
+		},
+		"a failed node in a domain is not retried; the others start": {
+			nodes: []UpgradeNode{func() UpgradeNode { n := old("a", "rack-0"); n.Failed = true; return n }(), old("b", "rack-0"), old("c", "rack-0")},
+			limit: 1, byDomain: true,
+			want: req("b", "c"),
+		},
+		"a node of the domain under another requestor's maintenance, or current, stays out": {
+			nodes: []UpgradeNode{func() UpgradeNode { n := old("a", "rack-0"); n.Maintenance = nm(true, ""); return n }(),
+				func() UpgradeNode { n := old("b", "rack-0"); n.Current = true; return n }(), old("c", "rack-0"), old("d", "rack-0")},
+			limit: 1, byDomain: true,
+			want: req("c", "d"),
+		},
+		"limit reached: no domain starts": {
+			nodes: []UpgradeNode{upgrading("a", ""), old("b", "rack-0"), old("c", "rack-0"), old("d", "")}, limit: 1, byDomain: true,
+			want: nil,
+		},
+		"limit 0 pauses domains too": {
+			nodes: []UpgradeNode{old("a", "rack-0"), old("b", "rack-0")}, limit: 0, byDomain: true,
+			want: nil,
+		},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			got := PlanUpgrades(tc.nodes, tc.limit, tc.byDomain, time.Hour, t0)
+			if diff := cmp.Diff(tc.want, got); diff != "" {
+				t.Errorf("actions (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+// FuzzPlanUpgrades checks the request rule over any mix of nodes: each
+// byte is a node (its domain, and whether it is upgrading, current,
+// failed, has a driver pod, is held by another requestor).
+//   - Without upgradeByDomain (or with no node in a domain) the requests
+//     are the first nodes in name order that need one, up to the limit
+//     (the planner's behaviour without domains): the limit is never
+//     exceeded.
+//   - With it, a domain is never split (all of its nodes that need the
+//     upgrade start together, or none), and a new domain or a node in no
+//     domain never starts while limit nodes are upgrading, counting every
+//     node of a domain from its start.
+//   - The other actions do not depend on domains.
+func FuzzPlanUpgrades(f *testing.F) {
+	f.Add([]byte{0x01, 0x01, 0x01, 0x02, 0x02, 0x00}, uint8(1), true)
+	f.Add([]byte{0x05, 0x01, 0x02, 0x03, 0x00, 0x00, 0x21}, uint8(2), true)
+	f.Add([]byte{0x01, 0x41, 0x81, 0x11, 0x02}, uint8(1), true)
+	f.Add([]byte{0x01, 0x01, 0x01}, uint8(0), false)
+	f.Fuzz(func(t *testing.T, spec []byte, limit8 uint8, byDomain bool) {
+		if len(spec) > 64 {
+			spec = spec[:64]
+		}
+		limit := int(limit8 % 8)
+		var nodes []UpgradeNode
+		for i, b := range spec {
+			n := UpgradeNode{Name: fmt.Sprintf("n-%02d", i), DriverPod: "drv", Ready: true, ValidatorReady: true}
+			if d := b & 0x03; d != 0 {
+				n.Domain = fmt.Sprintf("rack-%d", d)
+			}
+			if b&0x04 != 0 {
+				n.Maintenance, n.MaintenanceIsOurs = nm(b&0x80 != 0, ""), true
+			}
+			n.Current = b&0x08 != 0
+			n.Failed = b&0x10 != 0
+			if b&0x20 != 0 {
+				n.DriverPod = ""
+			}
+			if b&0x40 != 0 && n.Maintenance == nil {
+				n.Maintenance = nm(true, "") // another requestor's
+			}
+			nodes = append(nodes, n)
+		}
+		plan := func(byDomain bool) (requested []string, others []UpgradeAction) {
+			for _, a := range PlanUpgrades(slices.Clone(nodes), limit, byDomain, time.Hour, t0) {
+				if a.Kind == ActRequest {
+					requested = append(requested, a.Node)
+				} else {
+					others = append(others, a)
+				}
+			}
+			return requested, others
+		}
+		slices.SortFunc(nodes, func(a, b UpgradeNode) int { return strings.Compare(a.Name, b.Name) })
+		inFlight := 0
+		var need []string
+		inFlightDomains := map[string]bool{}
+		for _, n := range nodes {
+			if n.MaintenanceIsOurs {
+				inFlight++
+				if n.Domain != "" {
+					inFlightDomains[n.Domain] = true
+				}
+			}
+			if n.needsRequest() {
+				need = append(need, n.Name)
+			}
+		}
+		free := max(limit-inFlight, 0)
+		plain, plainOthers := plan(false) // the planner without domains
+		if want := need[:min(free, len(need))]; !slices.Equal(plain, want) {
+			t.Fatalf("without domains: requests %v, want %v (limit %d, %d upgrading)", plain, want, limit, inFlight)
+		}
+		got, others := plan(byDomain)
+		if diff := cmp.Diff(plainOthers, others); diff != "" {
+			t.Fatalf("the other actions depend on domains (-without +with):\n%s", diff)
+		}
+		if !byDomain {
+			return
+		}
+		isRequested := map[string]bool{}
+		for _, n := range got {
+			if isRequested[n] {
+				t.Fatalf("%s requested twice: %v", n, got)
+			}
+			isRequested[n] = true
+		}
+		// Walk the requests in name order, counting every node of a domain
+		// from the domain's start: nothing new starts at the limit.
+		needIn := map[string]int{}
+		for _, n := range nodes {
+			if n.needsRequest() && n.Domain != "" {
+				needIn[n.Domain]++
+			}
+		}
+		upgrading := inFlight
+		for d := range inFlightDomains {
+			upgrading += needIn[d]
+		}
+		startedDomains := map[string]bool{}
+		for _, n := range nodes {
+			switch {
+			case !isRequested[n.Name]:
+				continue
+			case !n.needsRequest():
+				t.Fatalf("%s requested without needing it: %+v", n.Name, n)
+			case n.Domain != "" && (inFlightDomains[n.Domain] || startedDomains[n.Domain]):
+				continue // joins its domain, counted already
+			}
+			if upgrading >= limit {
+				t.Fatalf("%s (domain %q) starts with %d upgrading, limit %d (%d upgrading before the pass): %v", n.Name, n.Domain, upgrading, limit, inFlight, got)
+			}
+			if n.Domain == "" {
+				upgrading++
+			} else {
+				startedDomains[n.Domain] = true
+				upgrading += needIn[n.Domain]
+			}
+		}
+		for _, n := range nodes {
+			if n.needsRequest() && n.Domain != "" && (inFlightDomains[n.Domain] || startedDomains[n.Domain]) && !isRequested[n.Name] {
+				t.Fatalf("domain %s split: %s not requested with it (%v)", n.Domain, n.Name, got)
+			}
+		}
+		anyDomain := slices.ContainsFunc(nodes, func(n UpgradeNode) bool { return n.Domain != "" })
+		if !anyDomain && !slices.Equal(got, plain) {
+			t.Fatalf("no node in a domain: requests %v, without upgradeByDomain %v", got, plain)
+		}
+	})
+}
+
+func TestUpgradeNodesReadTheDomainLabel(t *testing.T) {
+	const label = "nvidia.com/gpu.clique"
+	nodes := &corev1.NodeList{Items: []corev1.Node{*gpuNode(map[string]string{label: "rack-7"}, "containerd://1.7")}}
+	for domainLabel, want := range map[string]string{label: "rack-7", "": "", "example.com/other": ""} {
+		byNode, _ := upgradeNodes(&nvidiav1.ClusterPolicySpec{}, nodes, nil, nil, nil, domainLabel)
+		if got := byNode["n"].Domain; got != want {
+			t.Errorf("domain label %q: domain %q, want %q", domainLabel, got, want)
+		}
+	}
+}
+
+func TestDomainsChangedPassesWhatUpgradesRead(t *testing.T) {
+	cfg := func(d *maintenancev1.MaintenanceDomains) *maintenancev1.MaintenanceOperatorConfig {
+		return &maintenancev1.MaintenanceOperatorConfig{Spec: maintenancev1.MaintenanceOperatorConfigSpec{Domains: d}}
+	}
+	tests := map[string]struct {
+		old, new *maintenancev1.MaintenanceOperatorConfig
+		want     bool
+	}{
+		"upgradeByDomain turned on": {cfg(&maintenancev1.MaintenanceDomains{NodeLabel: "l"}), cfg(&maintenancev1.MaintenanceDomains{NodeLabel: "l", UpgradeByDomain: true}), true},
+		"domains set":               {cfg(nil), cfg(&maintenancev1.MaintenanceDomains{NodeLabel: "l"}), true},
+		"another label":             {cfg(&maintenancev1.MaintenanceDomains{NodeLabel: "l"}), cfg(&maintenancev1.MaintenanceDomains{NodeLabel: "m"}), true},
+		"another field":             {cfg(&maintenancev1.MaintenanceDomains{NodeLabel: "l"}), cfg(&maintenancev1.MaintenanceDomains{NodeLabel: "l", CoSchedule: ptr.To(false)}), false},
+		"no domains either way":     {cfg(nil), &maintenancev1.MaintenanceOperatorConfig{Spec: maintenancev1.MaintenanceOperatorConfigSpec{LogLevel: "debug"}}, false},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			if got := domainsChanged.Update(event.UpdateEvent{ObjectOld: tc.old, ObjectNew: tc.new}); got != tc.want {
+				t.Errorf("passed %t, want %t", got, tc.want)
 			}
 		})
 	}
@@ -220,11 +482,11 @@ func TestUpgradeOfA1xPolicyWithoutValidatorDoesNotWaitForIt(t *testing.T) {
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
-			byNode, gpuNodes := upgradeNodes(&tc.spec, nodes, desired, []corev1.Pod{driverPod}, ours)
+			byNode, gpuNodes := upgradeNodes(&tc.spec, nodes, desired, []corev1.Pod{driverPod}, ours, "")
 			if gpuNodes != 1 || byNode["n"] == nil {
 				t.Fatalf("GPU nodes %d, %v", gpuNodes, byNode)
 			}
-			acts := PlanUpgrades([]UpgradeNode{*byNode["n"]}, 1, time.Hour, t0)
+			acts := PlanUpgrades([]UpgradeNode{*byNode["n"]}, 1, false, time.Hour, t0)
 			finish := len(acts) == 1 && acts[0] == UpgradeAction{ActFinish, "n"}
 			if finish != tc.wantFinish {
 				t.Errorf("actions %v; want the upgrade finished: %v", acts, tc.wantFinish)
