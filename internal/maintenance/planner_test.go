@@ -530,24 +530,44 @@ func randomSnapshot(nNodes, nObjects, nInProgress int, seed uint64) Snapshot {
 
 func BenchmarkMakePlan(b *testing.B) {
 	for _, n := range []int{1000, 10000, 50000} {
-		b.Run(fmt.Sprintf("nodes=%d", n), func(b *testing.B) {
-			s := Snapshot{}
-			for i := range n {
-				s.Nodes = append(s.Nodes, PlanNode{Name: fmt.Sprintf("node-%05d", i), Ready: i%50 != 0, Unschedulable: i%70 == 0})
-				s.Objects = append(s.Objects, PlanObject{
-					Namespace: "default", Name: fmt.Sprintf("nm-%05d", i), NodeName: fmt.Sprintf("node-%05d", i),
-					RequestorID: fmt.Sprintf("requestor-%d", i%3), Created: t0.Add(time.Duration(i%1000) * time.Second),
-					InProgress: i%100 == 0,
-				})
+		b.Run(fmt.Sprintf("nodes=%d", n), func(b *testing.B) { benchmarkMakePlan(b, n, false) })
+	}
+	// The issue-30 shape: 10,000 nodes in 16 pools with their own
+	// limits, NVLink domains of 18 nodes (a third of them running a
+	// ComputeDomain), a pending request for every node.
+	b.Run("nodes=10000/pools=16/domains=556", func(b *testing.B) { benchmarkMakePlan(b, 10000, true) })
+}
+
+func benchmarkMakePlan(b *testing.B, n int, pooled bool) {
+	s := Snapshot{}
+	for i := range n {
+		node := PlanNode{Name: fmt.Sprintf("node-%05d", i), Ready: i%50 != 0, Unschedulable: i%70 == 0}
+		if pooled {
+			node.Pools = []string{fmt.Sprintf("pool-%02d", i%16)}
+			node.Domain = fmt.Sprintf("rack-%03d", i/18)
+			if (i/18)%3 == 0 {
+				node.ComputeDomain = fmt.Sprintf("ml/job-%03d", i/18)
 			}
-			l := Limits{MaxParallelOperations: pct("5%"), MaxUnavailable: pct("10%")}
-			b.ReportAllocs()
-			b.ResetTimer()
-			for range b.N {
-				if _, err := MakePlan(s, l, t0); err != nil {
-					b.Fatal(err)
-				}
-			}
+		}
+		s.Nodes = append(s.Nodes, node)
+		s.Objects = append(s.Objects, PlanObject{
+			Namespace: "default", Name: fmt.Sprintf("nm-%05d", i), NodeName: fmt.Sprintf("node-%05d", i),
+			RequestorID: fmt.Sprintf("requestor-%d", i%3), Created: t0.Add(time.Duration(i%1000) * time.Second),
+			InProgress: i%100 == 0,
 		})
+	}
+	l := Limits{MaxParallelOperations: pct("5%"), MaxUnavailable: pct("10%")}
+	if pooled {
+		for p := range 16 {
+			l.Pools = append(l.Pools, PoolLimits{Name: fmt.Sprintf("pool-%02d", p), MaxParallelOperations: pct("10%")})
+		}
+		l.Domains = &DomainLimits{CoSchedule: true, MaxDisrupted: pct("10%")}
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for range b.N {
+		if _, err := MakePlan(s, l, t0); err != nil {
+			b.Fatal(err)
+		}
 	}
 }
