@@ -367,7 +367,7 @@ type helpPage struct {
 }
 
 var (
-	commandLineRE = regexp.MustCompile(`^\s{2}([a-z][a-z0-9-]*)\s{2,}`)
+	commandLineRE = regexp.MustCompile(`^\s{2}([a-z][a-z0-9-]*)\s+\S`) // cobra pads names to the longest: one space after it
 	flagLineRE    = regexp.MustCompile(`^\s+(?:(-[A-Za-z0-9]),\s+)?(--[A-Za-z0-9-]+)`)
 )
 
