@@ -1,9 +1,43 @@
 package main
 
 import (
+	"go/parser"
+	"go/token"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 )
+
+// TestFleetCommandsDoNotImportTheGPUStackController: the fleet commands'
+// files (status, explain, ui) import the GPU stack's API, never
+// internal/gpustack (issue 32). internal/fleet's
+// TestFleetViewDoesNotLinkTheGPUStackController holds the view itself;
+// .golangci.yml's depguard rule fleet-view-off-the-gpu-stack-controller
+// holds both. The binary links the controller through the operator
+// command: this is about these files alone.
+func TestFleetCommandsDoNotImportTheGPUStackController(t *testing.T) {
+	files, err := filepath.Glob("fleet*.go")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no fleet*.go in cmd/gpufleet (%v)", err)
+	}
+	const forbidden = "github.com/gpufleet/gpufleet/internal/gpustack"
+	for _, name := range files {
+		f, err := parser.ParseFile(token.NewFileSet(), name, nil, parser.ImportsOnly)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, imp := range f.Imports {
+			path, err := strconv.Unquote(imp.Path.Value)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if path == forbidden || strings.HasPrefix(path, forbidden+"/") {
+				t.Errorf("%s imports %s: use the GPU stack's API, api/nvidia/v1 (stack.go)", name, path)
+			}
+		}
+	}
+}
 
 func TestIsPlugin(t *testing.T) {
 	tests := map[string]bool{

@@ -14,8 +14,8 @@ import (
 	resourcehelper "k8s.io/component-helpers/resource"
 
 	maintenancev1 "github.com/gpufleet/gpufleet/api/maintenance/v1alpha1"
+	nvidiav1 "github.com/gpufleet/gpufleet/api/nvidia/v1"
 	repairv1 "github.com/gpufleet/gpufleet/api/repair/v1alpha1"
-	"github.com/gpufleet/gpufleet/internal/gpustack"
 )
 
 // The apiVersion and kind of the view and of a node's story in -o json|yaml.
@@ -26,15 +26,15 @@ var (
 
 // stackNames are the short names of the GPU-stack components.
 var stackNames = map[string]string{
-	gpustack.Driver:             "driver",
-	gpustack.ContainerToolkit:   "toolkit",
-	gpustack.DevicePlugin:       "plugin",
-	gpustack.Validator:          "validator",
-	gpustack.DCGM:               "dcgm",
-	gpustack.DCGMExporter:       "exporter",
-	gpustack.GFD:                "gfd",
-	gpustack.MIGManager:         "mig",
-	gpustack.NodeStatusExporter: "status-exporter",
+	nvidiav1.Driver:             "driver",
+	nvidiav1.ContainerToolkit:   "toolkit",
+	nvidiav1.DevicePlugin:       "plugin",
+	nvidiav1.Validator:          "validator",
+	nvidiav1.DCGM:               "dcgm",
+	nvidiav1.DCGMExporter:       "exporter",
+	nvidiav1.GFD:                "gfd",
+	nvidiav1.MIGManager:         "mig",
+	nvidiav1.NodeStatusExporter: "status-exporter",
 }
 
 // stackPod is what the view needs of a GPU-stack pod.
@@ -63,7 +63,7 @@ func newIndex(s *Snapshot) *index {
 		if p.Spec.NodeName == "" || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
 			continue
 		}
-		if comp := gpustack.PodComponent(p.Labels); comp != "" && p.DeletionTimestamp == nil {
+		if comp := nvidiav1.PodComponent(p.Labels); comp != "" && p.DeletionTimestamp == nil {
 			if ix.stack[p.Spec.NodeName] == nil {
 				ix.stack[p.Spec.NodeName] = map[string]stackPod{}
 			}
@@ -241,7 +241,7 @@ func Summarize(rows []Row) Summary {
 func buildRow(s *Snapshot, ix *index, n *corev1.Node, poolLabel string, now time.Time) Row {
 	r := Row{
 		Node: n.Name, Pool: n.Labels[poolLabel], Ready: nodeReady(n), Unschedulable: n.Spec.Unschedulable,
-		Created: n.CreationTimestamp, DriverUpgrade: n.Labels[gpustack.LabelUpgradeState],
+		Created: n.CreationTimestamp, DriverUpgrade: n.Labels[nvidiav1.LabelUpgradeState],
 	}
 	r.GPUs.Capacity = quantity(n.Status.Capacity, ResourceGPU)
 	r.GPUs.Allocatable = quantity(n.Status.Allocatable, ResourceGPU)
@@ -296,10 +296,10 @@ func stackOf(n *corev1.Node, pods map[string]stackPod, now time.Time) []Componen
 	var out []Component
 	deployed := false
 	deployLabel := map[string]string{}
-	for _, c := range gpustack.Components {
+	for _, c := range nvidiav1.Components {
 		deployLabel[c.Key] = c.DeployLabel
 	}
-	waiting := func(c gpustack.Component) bool {
+	waiting := func(c nvidiav1.Component) bool {
 		for _, dep := range c.After {
 			if n.Labels[deployLabel[dep]] != "true" {
 				continue // not deployed here (off, or provided by the host)
@@ -310,7 +310,7 @@ func stackOf(n *corev1.Node, pods map[string]stackPod, now time.Time) []Componen
 		}
 		return false
 	}
-	for _, c := range gpustack.Components {
+	for _, c := range nvidiav1.Components {
 		v, has := n.Labels[c.DeployLabel]
 		st := ComponentAbsent
 		switch {
@@ -328,7 +328,7 @@ func stackOf(n *corev1.Node, pods map[string]stackPod, now time.Time) []Componen
 				st = ComponentPending
 			}
 		}
-		if c.Key == gpustack.Driver && n.Labels[gpustack.LabelUpgradeState] == "failed" {
+		if c.Key == nvidiav1.Driver && n.Labels[nvidiav1.LabelUpgradeState] == "failed" {
 			st = ComponentFailed
 		}
 		if st == ComponentAbsent && c.OffByDefault {

@@ -17,8 +17,8 @@ import (
 	"k8s.io/utils/ptr"
 
 	maintenancev1 "github.com/gpufleet/gpufleet/api/maintenance/v1alpha1"
+	nvidiav1 "github.com/gpufleet/gpufleet/api/nvidia/v1"
 	repairv1 "github.com/gpufleet/gpufleet/api/repair/v1alpha1"
-	"github.com/gpufleet/gpufleet/internal/gpustack"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files")
@@ -57,7 +57,7 @@ func cordoned(n *corev1.Node) { n.Spec.Unschedulable = true }
 // stack deploys the first k components of the GPU stack on the node.
 func stack(k int) nodeOpt {
 	return func(n *corev1.Node) {
-		for _, c := range gpustack.Components[:k] {
+		for _, c := range nvidiav1.Components[:k] {
 			n.Labels[c.DeployLabel] = "true"
 		}
 	}
@@ -67,7 +67,7 @@ func label(k, v string) nodeOpt { return func(n *corev1.Node) { n.Labels[k] = v 
 
 func stackPodOn(node, component string, ready bool, since time.Duration) *corev1.Pod {
 	p := gpuPod("gpufleet-system", node+"-"+component, node, 0)
-	p.Labels = map[string]string{gpustack.LabelManagedBy: "gpufleet", gpustack.LabelComponent: component}
+	p.Labels = map[string]string{nvidiav1.LabelManagedBy: "gpufleet", nvidiav1.LabelComponent: component}
 	status := corev1.ConditionFalse
 	if ready {
 		status = corev1.ConditionTrue
@@ -156,18 +156,18 @@ func fleetSnapshot() *Snapshot {
 			node("gpu-003", "pool-b", stack(4), notReady),
 			node("gpu-004", "pool-b", stack(4), notReady),
 			node("gpu-005", "pool-b", stack(2)),
-			node("gpu-006", "pool-b", stack(4), label(gpustack.LabelUpgradeState, "failed")),
+			node("gpu-006", "pool-b", stack(4), label(nvidiav1.LabelUpgradeState, "failed")),
 			node("gpu-007", "pool-c", notReady),
 			node("gpu-008", "pool-c", stack(4), cordoned),
 			node("cpu-000", "", func(n *corev1.Node) { n.Status.Capacity, n.Status.Allocatable = nil, nil }),
 		},
 		Pods: []*corev1.Pod{
 			gpuPod("ml", "train-0", "gpu-000", 4), gpuPod("ml", "train-1", "gpu-000", 2), finished(gpuPod("ml", "done", "gpu-000", 8)),
-			stackPodOn("gpu-000", gpustack.Driver, true, time.Hour), stackPodOn("gpu-000", gpustack.ContainerToolkit, true, time.Hour),
-			stackPodOn("gpu-000", gpustack.DevicePlugin, true, time.Hour), stackPodOn("gpu-000", gpustack.Validator, true, time.Hour),
-			stackPodOn("gpu-005", gpustack.Driver, true, time.Hour), stackPodOn("gpu-005", gpustack.ContainerToolkit, false, 30*time.Minute),
-			stackPodOn("gpu-002", gpustack.Driver, true, time.Hour), stackPodOn("gpu-002", gpustack.ContainerToolkit, true, time.Hour),
-			stackPodOn("gpu-002", gpustack.DevicePlugin, false, time.Minute),
+			stackPodOn("gpu-000", nvidiav1.Driver, true, time.Hour), stackPodOn("gpu-000", nvidiav1.ContainerToolkit, true, time.Hour),
+			stackPodOn("gpu-000", nvidiav1.DevicePlugin, true, time.Hour), stackPodOn("gpu-000", nvidiav1.Validator, true, time.Hour),
+			stackPodOn("gpu-005", nvidiav1.Driver, true, time.Hour), stackPodOn("gpu-005", nvidiav1.ContainerToolkit, false, 30*time.Minute),
+			stackPodOn("gpu-002", nvidiav1.Driver, true, time.Hour), stackPodOn("gpu-002", nvidiav1.ContainerToolkit, true, time.Hour),
+			stackPodOn("gpu-002", nvidiav1.DevicePlugin, false, time.Minute),
 		},
 		Claims: []*resourcev1.ResourceClaim{claim("gpu-001", 2)},
 		Maintenances: []*maintenancev1.NodeMaintenance{
@@ -399,7 +399,7 @@ func BenchmarkBuild1000(b *testing.B) {
 	for i := range 1000 {
 		name := fmt.Sprintf("gpu-%03d", i)
 		s.Nodes = append(s.Nodes, node(name, fmt.Sprintf("pool-%d", i%8), stack(4)))
-		for _, c := range gpustack.Components[:4] {
+		for _, c := range nvidiav1.Components[:4] {
 			s.Pods = append(s.Pods, stackPodOn(name, c.Key, true, time.Hour))
 		}
 		for j := range 4 {
@@ -433,7 +433,7 @@ func TestStackOfWaitingIsNotStuck(t *testing.T) {
 	now := time.Date(2026, 12, 4, 12, 0, 0, 0, time.UTC)
 	old := now.Add(-2 * StackStuckAfter)
 	labels := map[string]string{}
-	for _, c := range gpustack.Components[:3] { // driver, toolkit, device plugin
+	for _, c := range nvidiav1.Components[:3] { // driver, toolkit, device plugin
 		labels[c.DeployLabel] = "true"
 	}
 	statusOf := func(out []Component, key string) ComponentStatus {
@@ -450,17 +450,17 @@ func TestStackOfWaitingIsNotStuck(t *testing.T) {
 		want       map[string]ComponentStatus
 	}{
 		"driver stuck, the rest wait behind it": {
-			pods: map[string]stackPod{gpustack.Driver: {since: old}, gpustack.ContainerToolkit: {since: old}, gpustack.DevicePlugin: {since: old}},
-			want: map[string]ComponentStatus{gpustack.Driver: ComponentStuck, gpustack.ContainerToolkit: ComponentPending, gpustack.DevicePlugin: ComponentPending},
+			pods: map[string]stackPod{nvidiav1.Driver: {since: old}, nvidiav1.ContainerToolkit: {since: old}, nvidiav1.DevicePlugin: {since: old}},
+			want: map[string]ComponentStatus{nvidiav1.Driver: ComponentStuck, nvidiav1.ContainerToolkit: ComponentPending, nvidiav1.DevicePlugin: ComponentPending},
 		},
 		"driver ready, toolkit stuck": {
-			pods: map[string]stackPod{gpustack.Driver: {ready: true}, gpustack.ContainerToolkit: {since: old}, gpustack.DevicePlugin: {since: old}},
-			want: map[string]ComponentStatus{gpustack.Driver: ComponentReady, gpustack.ContainerToolkit: ComponentStuck, gpustack.DevicePlugin: ComponentPending},
+			pods: map[string]stackPod{nvidiav1.Driver: {ready: true}, nvidiav1.ContainerToolkit: {since: old}, nvidiav1.DevicePlugin: {since: old}},
+			want: map[string]ComponentStatus{nvidiav1.Driver: ComponentReady, nvidiav1.ContainerToolkit: ComponentStuck, nvidiav1.DevicePlugin: ComponentPending},
 		},
 		"host driver: the toolkit waits for nothing": {
 			hostDriver: true,
-			pods:       map[string]stackPod{gpustack.ContainerToolkit: {since: old}},
-			want:       map[string]ComponentStatus{gpustack.Driver: ComponentOff, gpustack.ContainerToolkit: ComponentStuck},
+			pods:       map[string]stackPod{nvidiav1.ContainerToolkit: {since: old}},
+			want:       map[string]ComponentStatus{nvidiav1.Driver: ComponentOff, nvidiav1.ContainerToolkit: ComponentStuck},
 		},
 	}
 	for name, tt := range tests {
@@ -470,7 +470,7 @@ func TestStackOfWaitingIsNotStuck(t *testing.T) {
 				l[k] = v
 			}
 			if tt.hostDriver {
-				l[gpustack.Components[0].DeployLabel] = "false"
+				l[nvidiav1.Components[0].DeployLabel] = "false"
 			}
 			n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n", Labels: l}}
 			out := stackOf(n, tt.pods, now)

@@ -12,8 +12,8 @@ import (
 	"k8s.io/cli-runtime/pkg/printers"
 
 	maintenancev1 "github.com/gpufleet/gpufleet/api/maintenance/v1alpha1"
+	nvidiav1 "github.com/gpufleet/gpufleet/api/nvidia/v1"
 	repairv1 "github.com/gpufleet/gpufleet/api/repair/v1alpha1"
-	"github.com/gpufleet/gpufleet/internal/gpustack"
 )
 
 // Story is one node's story: its row now and what happened to it, newest
@@ -92,13 +92,13 @@ func Explain(s *Snapshot, node string, now time.Time) (*Story, error) {
 		}
 	}
 	for _, p := range s.Pods {
-		if p.Spec.NodeName != node || gpustack.PodComponent(p.Labels) == "" {
+		if p.Spec.NodeName != node || nvidiav1.PodComponent(p.Labels) == "" {
 			continue
 		}
 		for _, c := range p.Status.Conditions {
 			if c.Type == corev1.PodReady {
 				add(c.LastTransitionTime, "Pod "+p.Namespace+"/"+p.Name,
-					fmt.Sprintf("GPU stack %s pod Ready=%s", gpustack.PodComponent(p.Labels), c.Status), c.Status != corev1.ConditionTrue)
+					fmt.Sprintf("GPU stack %s pod Ready=%s", nvidiav1.PodComponent(p.Labels), c.Status), c.Status != corev1.ConditionTrue)
 			}
 		}
 	}
@@ -302,7 +302,7 @@ func WriteStory(out io.Writer, st *Story, now time.Time) error {
 	w.printf("GPUs:\t%d capacity, %d allocatable, %s in use, %s faulty\n", r.GPUs.Capacity, r.GPUs.Allocatable, count(r.GPUs.InUse), count(r.GPUs.Faulty))
 	w.printf("GPU stack:\t%s\n", StackCell(r.Stack, true))
 	if r.DriverUpgrade != "" {
-		w.printf("Driver upgrade:\t%s (node label %s)\n", r.DriverUpgrade, gpustack.LabelUpgradeState)
+		w.printf("Driver upgrade:\t%s (node label %s)\n", r.DriverUpgrade, nvidiav1.LabelUpgradeState)
 	}
 	w.printf("Maintenance:\t%s\n", oneLine(MaintenanceCell(r.Maintenance)))
 	w.printf("Repair:\t%s\n", oneLine(RepairCell(r.Repair, now)))

@@ -19,8 +19,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	maintenancev1 "github.com/gpufleet/gpufleet/api/maintenance/v1alpha1"
+	nvidiav1 "github.com/gpufleet/gpufleet/api/nvidia/v1"
 	repairv1 "github.com/gpufleet/gpufleet/api/repair/v1alpha1"
-	"github.com/gpufleet/gpufleet/internal/gpustack"
 )
 
 // Scheme knows every kind the view reads.
@@ -181,7 +181,7 @@ func listComputeDomains(ctx context.Context, c client.Reader) []*metav1.PartialO
 func needSlices(nodes []corev1.Node) bool {
 	for i := range nodes {
 		n := &nodes[i]
-		if _, ok := n.Status.Capacity[ResourceGPU]; !ok && (n.Labels[gpustack.LabelGPUPresent] == "true" || gpustack.HasNvidiaGPU(n.Labels)) {
+		if _, ok := n.Status.Capacity[ResourceGPU]; !ok && (n.Labels[nvidiav1.LabelGPUPresent] == "true" || nvidiav1.HasNvidiaGPU(n.Labels)) {
 			return true
 		}
 	}

@@ -3,8 +3,8 @@ package gpucluster
 import (
 	corev1 "k8s.io/api/core/v1"
 
+	nvidiav1 "github.com/gpufleet/gpufleet/api/nvidia/v1"
 	nvidiav1alpha1 "github.com/gpufleet/gpufleet/api/nvidia/v1alpha1"
-	"github.com/gpufleet/gpufleet/internal/gpustack"
 )
 
 // NodeLabels returns the label changes one node needs for the GPUCluster
@@ -28,11 +28,11 @@ func NodeLabels(node *corev1.Node, gc *nvidiav1alpha1.GPUCluster) map[string]*st
 		}
 	}
 	deploy := map[string]bool{DeployDRADriver: true, DeployDCGMExporter: ExporterEnabled(gc), DeployDCGM: DCGMEnabled(gc)}
-	gpu := gpustack.HasNvidiaGPU(labels) && node.DeletionTimestamp == nil
+	gpu := nvidiav1.HasNvidiaGPU(labels) && node.DeletionTimestamp == nil
 	if gpu {
-		set(gpustack.LabelGPUPresent)
+		set(nvidiav1.LabelGPUPresent)
 	} else {
-		remove(gpustack.LabelGPUPresent)
+		remove(nvidiav1.LabelGPUPresent)
 	}
 	for k, on := range deploy {
 		if gpu && on {

@@ -11,6 +11,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	nvidiav1 "github.com/gpufleet/gpufleet/api/nvidia/v1"
 )
 
 // Taking over a GPU stack another operator left (NVIDIA's GPU Operator):
@@ -41,58 +43,15 @@ const (
 // previousOperator is how an adopted DaemonSet's former owner is named.
 const previousOperator = "gpu-operator"
 
-// previousNames maps the GPU Operator's operand DaemonSets (ClusterPolicy
-// mode; their pods' "app" label has the same value) to components.
-var previousNames = map[string]string{
-	"nvidia-driver-daemonset":            Driver,
-	"nvidia-container-toolkit-daemonset": ContainerToolkit,
-	"nvidia-device-plugin-daemonset":     DevicePlugin,
-	"nvidia-operator-validator":          Validator,
-	"nvidia-dcgm":                        DCGM,
-	"nvidia-dcgm-exporter":               DCGMExporter,
-	"gpu-feature-discovery":              GFD,
-	"nvidia-mig-manager":                 MIGManager,
-	"nvidia-node-status-exporter":        NodeStatusExporter,
-}
-
-// previousDriverComponent is the GPU Operator's component label of driver
-// DaemonSets and pods (NVIDIADriver mode names them by hash).
-const previousDriverComponent = "nvidia-driver"
-
 // isOurs reports whether an object carries gpufleet's managed-by label.
 func isOurs(labels map[string]string) bool { return labels[LabelManagedBy] == managedBy }
-
-// PodComponent is the GPU stack component a pod in the stack's namespace
-// belongs to ("" when none): gpufleet's label, or for a pod of an adopted
-// DaemonSet whose template was kept, the GPU Operator's labels.
-func PodComponent(labels map[string]string) string {
-	if isOurs(labels) {
-		return labels[LabelComponent]
-	}
-	return previousComponent("", labels)
-}
-
-// previousComponent is the component of another operator's DaemonSet (by
-// its name) or pod (by its labels), "" when it is none of the stack's.
-func previousComponent(name string, labels map[string]string) string {
-	if c, ok := previousNames[name]; ok {
-		return c
-	}
-	if c, ok := previousNames[labels["app"]]; ok {
-		return c
-	}
-	if strings.HasPrefix(name, "nvidia-driver-daemonset-") || labels[LabelComponent] == previousDriverComponent {
-		return Driver // precompiled (per kernel) and NVIDIADriver-mode drivers
-	}
-	return ""
-}
 
 // liveComponent is the component of a live DaemonSet ("" none of the stack's).
 func liveComponent(ds *appsv1.DaemonSet) string {
 	if isOurs(ds.Labels) {
 		return ds.Labels[LabelComponent]
 	}
-	return previousComponent(ds.Name, ds.Labels)
+	return nvidiav1.OperatorComponent(ds.Name, ds.Labels)
 }
 
 // Adoption is one rendered DaemonSet that takes over a live one of

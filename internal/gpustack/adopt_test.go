@@ -330,34 +330,6 @@ func TestAdoptEdgeCases(t *testing.T) {
 	}
 }
 
-func TestPodComponent(t *testing.T) {
-	cases := map[string]struct {
-		labels map[string]string
-		want   string
-	}{
-		"gpufleet's":                 {map[string]string{LabelManagedBy: "gpufleet", LabelComponent: DevicePlugin, "app": "x"}, DevicePlugin},
-		"GPU Operator device plugin": {map[string]string{"app": "nvidia-device-plugin-daemonset", LabelManagedBy: "gpu-operator"}, DevicePlugin},
-		"GPU Operator driver":        {map[string]string{"app": "nvidia-driver-daemonset", LabelComponent: "nvidia-driver"}, Driver},
-		"NVIDIADriver-mode driver":   {map[string]string{"app": "nvidia-gpu-driver-ubuntu22.04-7c6d7bd86b", LabelComponent: "nvidia-driver"}, Driver},
-		"validator":                  {map[string]string{"app": "nvidia-operator-validator", LabelPartOf: "gpu-operator"}, Validator},
-		"gpufleet's agent":           {map[string]string{"app.kubernetes.io/name": "gpufleet-agent"}, ""},
-		"none":                       {nil, ""},
-	}
-	for name, tc := range cases {
-		if got := PodComponent(tc.labels); got != tc.want {
-			t.Errorf("%s: PodComponent = %q, want %q", name, got, tc.want)
-		}
-	}
-}
-
-// TestAdoptNVIDIADriverMode: the GPU Operator's NVIDIADriver mode runs one
-// driver DaemonSet per NVIDIADriver and OS (named by a hash, component
-// label nvidia-driver, owned by the NVIDIADriver, node selector on the OS
-// labels). Each is taken over by the DaemonSet gpufleet renders for the
-// same NVIDIADriver and OS, so no node gets a second driver; the DaemonSet
-// of an NVIDIADriver gpufleet deploys nothing for (vGPU) is left alone and
-// holds nothing back; one that matches no rendered DaemonSet, or a per-kernel
-// (precompiled) one, blocks the driver.
 func TestAdoptNVIDIADriverMode(t *testing.T) {
 	policy := &nvidiav1.ClusterPolicy{ObjectMeta: metav1.ObjectMeta{Name: "p", UID: "u"}}
 	policy.Spec.Driver.UseNvidiaDriverCRD = ptr.To(true)

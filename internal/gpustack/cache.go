@@ -11,6 +11,8 @@ import (
 	toolscache "k8s.io/client-go/tools/cache"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	nvidiav1 "github.com/gpufleet/gpufleet/api/nvidia/v1"
 )
 
 // CacheObjects restricts the manager's cache of the kinds the stack is made
@@ -26,7 +28,7 @@ func CacheObjects(namespace string) map[client.Object]cache.ByObject {
 	inNamespace := map[string]cache.Config{namespace: {}}
 	out := map[client.Object]cache.ByObject{
 		// Every pod of the namespace: the pods of DaemonSets adopted from
-		// another operator keep that operator's labels (PodComponent);
+		// another operator keep that operator's labels (nvidiav1.PodComponent);
 		// the namespace's other pods are cut to their name and labels.
 		&corev1.Pod{}: {Namespaces: inNamespace, Transform: stripPod},
 	}
@@ -78,7 +80,7 @@ var stripPod toolscache.TransformFunc = func(obj any) (any, error) {
 		Name: p.Name, Namespace: p.Namespace, UID: p.UID, ResourceVersion: p.ResourceVersion,
 		CreationTimestamp: p.CreationTimestamp, DeletionTimestamp: p.DeletionTimestamp, Labels: p.Labels,
 	}
-	if PodComponent(p.Labels) == "" {
+	if nvidiav1.PodComponent(p.Labels) == "" {
 		// Not a pod of the stack (the operator's, the agents'): nothing
 		// of it is read.
 		p.Spec, p.Status = corev1.PodSpec{}, corev1.PodStatus{}
@@ -105,7 +107,7 @@ var stripPod toolscache.TransformFunc = func(obj any) (any, error) {
 		}
 	}
 	var statuses []corev1.ContainerStatus
-	if PodComponent(p.Labels) == Driver {
+	if nvidiav1.PodComponent(p.Labels) == Driver {
 		// A driver that cannot load while the old module is in use (the
 		// upgrade reboots the node): only the line that says so.
 		if name, line := moduleInUseStatus(p); line != "" {

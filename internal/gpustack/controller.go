@@ -350,7 +350,7 @@ func FactsOf(nodes *corev1.NodeList, ns, defaultRuntime string) Facts {
 	seenOS, seenRT := map[OSFlavour]bool{}, map[string]bool{}
 	for i := range nodes.Items {
 		n := &nodes.Items[i]
-		if !HasNvidiaGPU(n.Labels) {
+		if !nvidiav1.HasNvidiaGPU(n.Labels) {
 			continue
 		}
 		if os, ok := NodeOS(n.Labels); ok && !seenOS[os] {
@@ -638,7 +638,7 @@ func (r *Reconciler) componentPods(ctx context.Context) (map[string]map[string]p
 	}
 	stack := pods.Items[:0]
 	for _, p := range pods.Items {
-		if PodComponent(p.Labels) != "" {
+		if nvidiav1.PodComponent(p.Labels) != "" {
 			stack = append(stack, p)
 		}
 	}
@@ -646,7 +646,7 @@ func (r *Reconciler) componentPods(ctx context.Context) (map[string]map[string]p
 	out := map[string]map[string]podState{}
 	for i := range pods.Items {
 		p := &pods.Items[i]
-		comp := PodComponent(p.Labels)
+		comp := nvidiav1.PodComponent(p.Labels)
 		node := p.Spec.NodeName
 		st := podState{ready: podutils.IsPodReady(p), since: p.CreationTimestamp.Time}
 		for _, c := range p.Status.Conditions {
@@ -729,7 +729,7 @@ func (r *Reconciler) computeStatus(policy *nvidiav1.ClusterPolicy, status *nvidi
 	allReady := true
 	var degraded []string
 	degradedNodes := map[string]bool{}
-	for _, c := range Components {
+	for _, c := range nvidiav1.Components {
 		cs := nvidiav1.ComponentStatus{Name: c.Key, Enabled: c.Enabled(&policy.Spec)}
 		if !cs.Enabled {
 			status.Components = append(status.Components, cs)
@@ -804,7 +804,7 @@ func (r *Reconciler) computeStatus(policy *nvidiav1.ClusterPolicy, status *nvidi
 // deployedOn reports whether the stack runs component c on a GPU node with
 // these labels (enabled, belongs there, not opted out by an administrator).
 func deployedOn(c Component, spec *nvidiav1.ClusterPolicySpec, labels map[string]string) bool {
-	if !HasNvidiaGPU(labels) || !c.Enabled(spec) || !c.RunsOn(labels) {
+	if !nvidiav1.HasNvidiaGPU(labels) || !c.Enabled(spec) || !c.RunsOn(labels) {
 		return false
 	}
 	v, ok := labels[c.DeployLabel]
@@ -831,7 +831,7 @@ func (r *Reconciler) dependencies(c Component, spec *nvidiav1.ClusterPolicySpec,
 }
 
 func componentByKey(key string) (Component, bool) {
-	for _, c := range Components {
+	for _, c := range nvidiav1.Components {
 		if c.Key == key {
 			return c, true
 		}

@@ -202,7 +202,7 @@ func TestSeedPolicyDeploysTheStack(t *testing.T) {
 		}
 		// In order: a component is Ready only after what it needs (its
 		// validation init containers wait for it).
-		for _, c := range gpustack.Components {
+		for _, c := range nvidiav1.Components {
 			if created[c.Key].IsZero() {
 				continue // not enabled by the seed policy
 			}
@@ -468,7 +468,7 @@ func TestSeedPolicyDeploysTheStack(t *testing.T) {
 				return false, nil //nolint:nilerr // not there yet (or a transient error): keep polling
 			}
 			bad, err := cluster.Client.CoreV1().Nodes().Get(ctx, "unhealthy-gpu-007", metav1.GetOptions{})
-			return err == nil && bad.Labels[gpustack.LabelUpgradeState] == "failed", nil
+			return err == nil && bad.Labels[nvidiav1.LabelUpgradeState] == "failed", nil
 		})
 		close(stop)
 		for v := range violations {
@@ -523,7 +523,7 @@ func TestSeedPolicyDeploysTheStack(t *testing.T) {
 
 	t.Run("mig-manager runs only on MIG-capable nodes", func(t *testing.T) {
 		setLabel := func(v any) {
-			patch := fmt.Sprintf(`{"metadata":{"labels":{%q:%s}}}`, gpustack.LabelMIGCapable, v)
+			patch := fmt.Sprintf(`{"metadata":{"labels":{%q:%s}}}`, nvidiav1.LabelMIGCapable, v)
 			if _, err := cluster.Client.CoreV1().Nodes().Patch(context.Background(), "gpu-001", types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
 				t.Fatal(err)
 			}

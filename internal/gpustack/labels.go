@@ -9,8 +9,9 @@ import (
 )
 
 // Node labels gpufleet reads and writes.
+// nvidiav1.LabelGPUPresent and the component deploy labels are the GPU
+// stack's API (api/nvidia/v1/stack.go).
 const (
-	LabelGPUPresent = "nvidia.com/gpu.present"
 	// LabelRuntime is the container runtime detected on the node (containerd,
 	// docker, crio); the toolkit DaemonSet for that runtime selects it.
 	LabelRuntime = "gpufleet.dev/container-runtime"
@@ -19,23 +20,6 @@ const (
 	labelOSVersion = "feature.node.kubernetes.io/system-os_release.VERSION_ID"
 	valueTrue      = "true"
 )
-
-// NFD labels that reveal an NVIDIA PCI device (vendor 10de).
-var nvidiaPCILabels = []string{
-	"feature.node.kubernetes.io/pci-10de.present",
-	"feature.node.kubernetes.io/pci-0300_10de.present",
-	"feature.node.kubernetes.io/pci-0302_10de.present",
-}
-
-// HasNvidiaGPU reports whether Node Feature Discovery found an NVIDIA GPU.
-func HasNvidiaGPU(labels map[string]string) bool {
-	for _, l := range nvidiaPCILabels {
-		if labels[l] == valueTrue {
-			return true
-		}
-	}
-	return false
-}
 
 // OSFlavour is an OS as NFD reports it (os-release ID and VERSION_ID).
 type OSFlavour struct{ ID, Version string }
@@ -90,9 +74,9 @@ func NodeLabels(node *corev1.Node, spec *nvidiav1.ClusterPolicySpec) map[string]
 			changes[k] = nil
 		}
 	}
-	if !HasNvidiaGPU(labels) || node.DeletionTimestamp != nil {
-		remove(LabelGPUPresent)
-		for _, c := range Components {
+	if !nvidiav1.HasNvidiaGPU(labels) || node.DeletionTimestamp != nil {
+		remove(nvidiav1.LabelGPUPresent)
+		for _, c := range nvidiav1.Components {
 			remove(c.DeployLabel)
 		}
 		if _, ok := labels[LabelRuntime]; ok {
@@ -100,11 +84,11 @@ func NodeLabels(node *corev1.Node, spec *nvidiav1.ClusterPolicySpec) map[string]
 		}
 		return changes
 	}
-	set(LabelGPUPresent)
+	set(nvidiav1.LabelGPUPresent)
 	if rt := Runtime(node, spec.Operator.DefaultRuntime); labels[LabelRuntime] != rt {
 		changes[LabelRuntime] = &rt
 	}
-	for _, c := range Components {
+	for _, c := range nvidiav1.Components {
 		if c.Enabled(spec) && c.RunsOn(labels) {
 			set(c.DeployLabel) // an administrator's other value is kept
 		} else {

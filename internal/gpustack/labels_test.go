@@ -38,7 +38,7 @@ func applied(n *corev1.Node, changes map[string]*string) map[string]string {
 
 func deployLabels(labels map[string]string) map[string]string {
 	out := map[string]string{}
-	for _, c := range Components {
+	for _, c := range nvidiav1.Components {
 		if v, ok := labels[c.DeployLabel]; ok {
 			out[c.Key] = v
 		}
@@ -92,11 +92,11 @@ func TestNodeLabels(t *testing.T) {
 			wantDeploy: stack(map[string]string{ContainerToolkit: ""}), wantRuntime: "containerd", wantPresent: true,
 		},
 		"mig-manager enabled: only on a MIG-capable node": {
-			node: gpuNode(map[string]string{LabelMIGCapable: "true"}, "containerd://1.7"), spec: migSpec,
+			node: gpuNode(map[string]string{nvidiav1.LabelMIGCapable: "true"}, "containerd://1.7"), spec: migSpec,
 			wantDeploy: stack(map[string]string{MIGManager: "true"}), wantRuntime: "containerd", wantPresent: true,
 		},
 		"mig-manager enabled: not on a node without MIG (and a stale label is removed)": {
-			node: gpuNode(map[string]string{LabelMIGCapable: "false", "nvidia.com/gpu.deploy.mig-manager": "true"}, "containerd://1.7"), spec: migSpec,
+			node: gpuNode(map[string]string{nvidiav1.LabelMIGCapable: "false", "nvidia.com/gpu.deploy.mig-manager": "true"}, "containerd://1.7"), spec: migSpec,
 			wantDeploy: stack(nil), wantRuntime: "containerd", wantPresent: true,
 		},
 		"unknown runtime falls back to the policy default": {
@@ -113,8 +113,8 @@ func TestNodeLabels(t *testing.T) {
 			if got[LabelRuntime] != tc.wantRuntime {
 				t.Errorf("runtime label = %q, want %q", got[LabelRuntime], tc.wantRuntime)
 			}
-			if (got[LabelGPUPresent] == "true") != tc.wantPresent {
-				t.Errorf("gpu.present = %q", got[LabelGPUPresent])
+			if (got[nvidiav1.LabelGPUPresent] == "true") != tc.wantPresent {
+				t.Errorf("gpu.present = %q", got[nvidiav1.LabelGPUPresent])
 			}
 		})
 	}
@@ -122,7 +122,7 @@ func TestNodeLabels(t *testing.T) {
 
 func TestNodeLosingItsGPULosesOurLabels(t *testing.T) {
 	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n", Labels: map[string]string{
-		LabelGPUPresent: "true", "nvidia.com/gpu.deploy.driver": "true", "nvidia.com/gpu.deploy.dcgm": "false", LabelRuntime: "containerd",
+		nvidiav1.LabelGPUPresent: "true", "nvidia.com/gpu.deploy.driver": "true", "nvidia.com/gpu.deploy.dcgm": "false", LabelRuntime: "containerd",
 	}}}
 	got := applied(n, NodeLabels(n, &nvidiav1.ClusterPolicySpec{}))
 	want := map[string]string{"nvidia.com/gpu.deploy.dcgm": "false"}
@@ -147,8 +147,8 @@ func TestNodeLabelsConverge(t *testing.T) {
 // migManager.config.default "all-disabled" labels MIG-capable nodes that
 // have no MIG configuration, as NVIDIA's GPU Operator does; nothing else.
 func TestMIGConfigDefaultLabel(t *testing.T) {
-	capable := map[string]string{LabelMIGCapable: "true"}
-	withConfig := map[string]string{LabelMIGCapable: "true", LabelMIGConfig: "all-1g.10gb"}
+	capable := map[string]string{nvidiav1.LabelMIGCapable: "true"}
+	withConfig := map[string]string{nvidiav1.LabelMIGCapable: "true", LabelMIGConfig: "all-1g.10gb"}
 	spec := func(enabled bool, def string) *nvidiav1.ClusterPolicySpec {
 		s := &nvidiav1.ClusterPolicySpec{}
 		s.MIGManager.Enabled = ptr.To(enabled)
@@ -168,7 +168,7 @@ func TestMIGConfigDefaultLabel(t *testing.T) {
 		"mig-manager disabled":                      {spec: spec(false, "all-disabled"), labels: capable},
 		"another default is the administrator's":    {spec: spec(true, "all-1g.10gb"), labels: capable},
 		"no default":                                {spec: spec(true, ""), labels: capable},
-		"an empty label counts as no configuration": {spec: spec(true, "all-disabled"), labels: map[string]string{LabelMIGCapable: "true", LabelMIGConfig: ""}, want: "all-disabled"},
+		"an empty label counts as no configuration": {spec: spec(true, "all-disabled"), labels: map[string]string{nvidiav1.LabelMIGCapable: "true", LabelMIGConfig: ""}, want: "all-disabled"},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {

@@ -66,7 +66,7 @@ func TestDriverModuleInUseFinishesTheUpgradeThroughAReboot(t *testing.T) {
 	t.Cleanup(func() {
 		patch := fmt.Appendf(nil, `{"metadata":{"annotations":{%q:null}}}`, devcluster.AnnotationModuleInUse)
 		_, _ = cluster.Client.CoreV1().Nodes().Patch(context.Background(), target, types.MergePatchType, patch, metav1.PatchOptions{})
-		patch = fmt.Appendf(nil, `{"metadata":{"labels":{%q:null}}}`, gpustack.LabelUpgradeState)
+		patch = fmt.Appendf(nil, `{"metadata":{"labels":{%q:null}}}`, nvidiav1.LabelUpgradeState)
 		_, _ = cluster.Client.CoreV1().Nodes().Patch(context.Background(), "unhealthy-gpu-007", types.MergePatchType, patch, metav1.PatchOptions{})
 	})
 
@@ -133,8 +133,8 @@ func TestDriverModuleInUseFinishesTheUpgradeThroughAReboot(t *testing.T) {
 		if rebooted != (n == target) {
 			t.Errorf("node %s rebooted: %t", n, rebooted)
 		}
-		if node.Spec.Unschedulable || node.Labels[gpustack.LabelUpgradeState] != "" {
-			t.Errorf("node %s after its upgrade: unschedulable %t, %s=%q", n, node.Spec.Unschedulable, gpustack.LabelUpgradeState, node.Labels[gpustack.LabelUpgradeState])
+		if node.Spec.Unschedulable || node.Labels[nvidiav1.LabelUpgradeState] != "" {
+			t.Errorf("node %s after its upgrade: unschedulable %t, %s=%q", n, node.Spec.Unschedulable, nvidiav1.LabelUpgradeState, node.Labels[nvidiav1.LabelUpgradeState])
 		}
 	}
 	want := map[string]string{

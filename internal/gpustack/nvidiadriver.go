@@ -66,7 +66,7 @@ func AssignDrivers(drivers []nvidiav1alpha1.NVIDIADriver, nodes []corev1.Node) D
 	slices.SortFunc(selectors, func(x, y sel) int { return strings.Compare(x.name, y.name) })
 	for i := range nodes {
 		n := &nodes[i]
-		if !HasNvidiaGPU(n.Labels) || n.DeletionTimestamp != nil {
+		if !nvidiav1.HasNvidiaGPU(n.Labels) || n.DeletionTimestamp != nil {
 			continue
 		}
 		var match []string

@@ -353,8 +353,8 @@ func createPolicy(t *testing.T, name string, change func(*nvidiav1.ClusterPolicy
 
 // stackLabelKeys are the node labels the Reconciler writes.
 func stackLabelKeys() []string {
-	keys := []string{gpustack.LabelGPUPresent, gpustack.LabelRuntime, gpustack.LabelUpgradeState, gpustack.LabelNVIDIADriver}
-	for _, c := range gpustack.Components {
+	keys := []string{nvidiav1.LabelGPUPresent, gpustack.LabelRuntime, nvidiav1.LabelUpgradeState, gpustack.LabelNVIDIADriver}
+	for _, c := range nvidiav1.Components {
 		keys = append(keys, c.DeployLabel)
 	}
 	return keys
@@ -503,7 +503,7 @@ func listNodes(t *testing.T) nodeSet {
 	for _, n := range nodes.Items {
 		s.items[n.Name] = n
 		switch {
-		case !gpustack.HasNvidiaGPU(n.Labels):
+		case !nvidiav1.HasNvidiaGPU(n.Labels):
 			s.cpu = append(s.cpu, n.Name)
 		case strings.HasPrefix(n.Name, devcluster.UnhealthyNodePrefix):
 			s.gpu = append(s.gpu, n.Name)
@@ -661,10 +661,10 @@ func TestReconcileSeedPolicyCreatesTheStackAndConvergedCostsNothing(t *testing.T
 	}
 	for _, name := range nodes.gpu {
 		labels := getNode(t, name).Labels
-		if labels[gpustack.LabelGPUPresent] != "true" {
-			t.Errorf("GPU node %s: %s=%q, want true", name, gpustack.LabelGPUPresent, labels[gpustack.LabelGPUPresent])
+		if labels[nvidiav1.LabelGPUPresent] != "true" {
+			t.Errorf("GPU node %s: %s=%q, want true", name, nvidiav1.LabelGPUPresent, labels[nvidiav1.LabelGPUPresent])
 		}
-		for _, c := range gpustack.Components {
+		for _, c := range nvidiav1.Components {
 			// Every enabled component at once (its init containers keep
 			// the order on the node); mig-manager only on MIG-capable nodes.
 			wantSet := c.Enabled(&p.Spec) && c.RunsOn(labels)
@@ -1054,8 +1054,8 @@ func TestReconcileDriverUpgradeRequestsNodeMaintenance(t *testing.T) {
 		}) {
 			t.Errorf("NodeMaintenance %s: want a cordon and a drain of the GPU pods only: cordon %v, drain %+v", nm.Name, nm.Spec.Cordon, nm.Spec.DrainSpec)
 		}
-		if l := getNode(t, node).Labels[gpustack.LabelUpgradeState]; l != "upgrading" {
-			t.Errorf("node %s under upgrade labelled %s=%q", node, gpustack.LabelUpgradeState, l)
+		if l := getNode(t, node).Labels[nvidiav1.LabelUpgradeState]; l != "upgrading" {
+			t.Errorf("node %s under upgrade labelled %s=%q", node, nvidiav1.LabelUpgradeState, l)
 		}
 	}
 	sort.Strings(held)

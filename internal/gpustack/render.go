@@ -42,12 +42,14 @@ func mustSub(f fs.FS, dir string) fs.FS {
 	return sub
 }
 
-// Labels gpufleet puts on every object it renders.
+// Labels gpufleet puts on every object it renders (the first two and
+// gpufleet's value of managed-by are the GPU stack's API,
+// api/nvidia/v1/stack.go).
 const (
-	LabelManagedBy = "app.kubernetes.io/managed-by"
-	LabelComponent = "app.kubernetes.io/component"
+	LabelManagedBy = nvidiav1.LabelManagedBy
+	LabelComponent = nvidiav1.LabelComponent
 	LabelPartOf    = "app.kubernetes.io/part-of"
-	managedBy      = "gpufleet"
+	managedBy      = nvidiav1.ManagedBy
 	partOf         = "gpufleet-gpu-stack"
 	// LabelFlavour names the OS flavour or runtime of a per-node-kind DaemonSet.
 	LabelFlavour = "gpufleet.dev/flavour"
@@ -95,12 +97,12 @@ var runtimePaths = map[string]struct{ configDir, socketDir, configEnv, config, s
 // clock. A malformed asset is an error, never a panic.
 func Render(policy *nvidiav1.ClusterPolicy, facts Facts, assets fs.FS) ([]client.Object, error) {
 	var out []client.Object
-	vspec := validatorSpec(&policy.Spec)
+	vspec := validatorComponent().Spec(&policy.Spec)
 	validator, err := imageRef(Validator, vspec)
 	if err != nil {
 		return nil, fmt.Errorf("component %s: %w", Validator, err)
 	}
-	for _, c := range Components {
+	for _, c := range nvidiav1.Components {
 		if !c.Enabled(&policy.Spec) {
 			continue
 		}
@@ -451,7 +453,7 @@ func customise(ds *appsv1.DaemonSet, policy *nvidiav1.ClusterPolicy, c Component
 	ps := &tpl.Spec
 	ps.NodeSelector = map[string]string{c.DeployLabel: valueTrue}
 	for k, v := range spec.NodeSelector {
-		if k != LabelGPUPresent { // implied by the deploy label
+		if k != nvidiav1.LabelGPUPresent { // implied by the deploy label
 			ps.NodeSelector[k] = v
 		}
 	}

@@ -158,7 +158,7 @@ func TestRenderPerOSAndRuntime(t *testing.T) {
 
 func TestRenderMalformedAssetIsAnError(t *testing.T) {
 	broken := fstest.MapFS{}
-	for _, c := range Components {
+	for _, c := range nvidiav1.Components {
 		broken[c.Key+".yaml"] = &fstest.MapFile{Data: []byte("apiVersion: v1\nkind: ServiceAccount\nmetadata:\n  name: x\n")}
 	}
 	tests := map[string]string{

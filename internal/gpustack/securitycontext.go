@@ -107,14 +107,14 @@ var componentPaths = map[string]string{
 // applySecurityContext leaves out (see above), for enabled components.
 func securityContextUnsupported(spec *nvidiav1.ClusterPolicySpec) []UnsupportedField {
 	var out []UnsupportedField
-	for _, c := range Components {
+	for _, c := range nvidiav1.Components {
 		sc := c.Spec(spec).SecurityContext
 		if sc == nil || !c.Enabled(spec) {
 			continue
 		}
 		path := "spec." + componentPaths[c.Key]
 		if c.Key == Validator && spec.Validator.SecurityContext == nil {
-			path = "spec.operator.validator" // the 1.x place validatorSpec read it from
+			path = "spec.operator.validator" // the 1.x place the validator's Spec read it from (api/nvidia/v1/stack.go)
 		}
 		if c.Privileged && sc.Privileged != nil && !*sc.Privileged {
 			out = append(out, UnsupportedField{Path: path + ".securityContext.privileged",

@@ -118,7 +118,7 @@ func TestComponentSecurityContext(t *testing.T) {
 // sysAdminComponents says which assets add CAP_SYS_ADMIN to the main
 // container: it must agree with the assets.
 func TestSysAdminComponentsMatchTheAssets(t *testing.T) {
-	for _, c := range Components {
+	for _, c := range nvidiav1.Components {
 		objs, err := decodeAsset(Assets, c.Key+".yaml")
 		if err != nil {
 			t.Fatal(err)

@@ -114,7 +114,7 @@ func Setup(mgr manager.Manager, opts Options) error {
 	}
 	allPolicies := enqueueAll(mgr, func() client.ObjectList { return &nvidiav1.ClusterPolicyList{} }, "ClusterPolicies")
 	stackPod := predicate.NewPredicateFuncs(func(o client.Object) bool {
-		return o.GetNamespace() == opts.Namespace && PodComponent(o.GetLabels()) != ""
+		return o.GetNamespace() == opts.Namespace && nvidiav1.PodComponent(o.GetLabels()) != ""
 	})
 	b := builder.ControllerManagedBy(mgr).
 		Named("clusterpolicy").
@@ -282,6 +282,6 @@ var podReadinessChanged = predicate.Funcs{
 		o, n := e.ObjectOld.(*corev1.Pod), e.ObjectNew.(*corev1.Pod)
 		return podutils.IsPodReady(o) != podutils.IsPodReady(n) || o.Spec.NodeName != n.Spec.NodeName ||
 			(o.DeletionTimestamp == nil) != (n.DeletionTimestamp == nil) || unschedulableReason(o) != unschedulableReason(n) ||
-			(PodComponent(o.Labels) == Driver && (ModuleInUse(o) == "") != (ModuleInUse(n) == ""))
+			(nvidiav1.PodComponent(o.Labels) == Driver && (ModuleInUse(o) == "") != (ModuleInUse(n) == ""))
 	},
 }

@@ -31,10 +31,6 @@ import (
 const (
 	// UpgradeRequestor is the requestorID of gpufleet's driver upgrades.
 	UpgradeRequestor = "driver-upgrade.gpufleet.nvidia.com"
-	// LabelUpgradeState shows a node's driver upgrade on the node:
-	// upgrading, or failed (until the node's driver is current and Ready,
-	// or an administrator removes the label to retry).
-	LabelUpgradeState = "gpufleet.dev/driver-upgrade"
 	// annotationRestartedAt on the NodeMaintenance records when the old
 	// driver pod was deleted (the upgrade timeout counts from there).
 	annotationRestartedAt = "gpufleet.dev/driver-pod-restarted-at"
@@ -270,11 +266,11 @@ func upgradeNodes(spec *nvidiav1.ClusterPolicySpec, nodes *corev1.NodeList, desi
 	validatorRuns := ValidatorEnabled(spec)
 	for i := range nodes.Items {
 		n := &nodes.Items[i]
-		if !HasNvidiaGPU(n.Labels) {
+		if !nvidiav1.HasNvidiaGPU(n.Labels) {
 			continue
 		}
 		gpuNodes++
-		byNode[n.Name] = &UpgradeNode{Name: n.Name, Failed: n.Labels[LabelUpgradeState] == upgradeStateFailed,
+		byNode[n.Name] = &UpgradeNode{Name: n.Name, Failed: n.Labels[nvidiav1.LabelUpgradeState] == upgradeStateFailed,
 			ValidatorReady: !validatorRuns}
 		if domainLabel != "" {
 			byNode[n.Name].Domain = n.Labels[domainLabel]
@@ -286,13 +282,13 @@ func upgradeNodes(spec *nvidiav1.ClusterPolicySpec, nodes *corev1.NodeList, desi
 		if n == nil {
 			continue
 		}
-		if PodComponent(p.Labels) == Validator {
+		if nvidiav1.PodComponent(p.Labels) == Validator {
 			if podutils.IsPodReady(p) {
 				n.ValidatorReady = true
 			}
 			continue
 		}
-		if PodComponent(p.Labels) != Driver || p.DeletionTimestamp != nil {
+		if nvidiav1.PodComponent(p.Labels) != Driver || p.DeletionTimestamp != nil {
 			continue
 		}
 		want, ok := desiredImages[p.Labels["app"]]
@@ -536,7 +532,7 @@ func (r *Reconciler) act(ctx context.Context, policy *nvidiav1.ClusterPolicy, up
 			why = "Reboot of node %s (NodeRepair " + b.Name + ") failed: " + strings.ReplaceAll(b.Message, "%", "%%")
 		}
 		r.Recorder.Eventf(policy, node, corev1.EventTypeWarning, ReasonUpgradeFailed, actionUpgrade,
-			why+"; node marked %s=%s and released so the rollout continues", a.Node, LabelUpgradeState, upgradeStateFailed)
+			why+"; node marked %s=%s and released so the rollout continues", a.Node, nvidiav1.LabelUpgradeState, upgradeStateFailed)
 		if err := r.setUpgradeLabel(ctx, a.Node, upgradeStateFailed); err != nil {
 			return err
 		}
@@ -589,7 +585,7 @@ func (r *Reconciler) setUpgradeLabel(ctx context.Context, node, value string) er
 	if value == "" {
 		v = nil
 	}
-	return r.patchNodeLabels(ctx, node, map[string]any{LabelUpgradeState: v})
+	return r.patchNodeLabels(ctx, node, map[string]any{nvidiav1.LabelUpgradeState: v})
 }
 
 // upgradeRequest is the maintenance request of one node's driver upgrade,

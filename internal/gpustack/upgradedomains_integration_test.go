@@ -47,7 +47,7 @@ func TestDriverUpgradeByDomainRequestsWholeDomains(t *testing.T) {
 		for n := range domainOf {
 			labelNode(t, n, devcluster.LabelGPUClique, "")
 		}
-		labelNode(t, "unhealthy-gpu-007", gpustack.LabelUpgradeState, "")
+		labelNode(t, "unhealthy-gpu-007", nvidiav1.LabelUpgradeState, "")
 	})
 	setMaintenanceConfig(t, maintenancev1.MaintenanceOperatorConfigSpec{MaxParallelOperations: ptr.To(intstr.FromInt32(3)),
 		Domains: &maintenancev1.MaintenanceDomains{NodeLabel: devcluster.LabelGPUClique, UpgradeByDomain: true}})

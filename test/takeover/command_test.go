@@ -20,9 +20,9 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	nvidiav1 "github.com/gpufleet/gpufleet/api/nvidia/v1"
 	"github.com/gpufleet/gpufleet/internal/devcluster"
 	"github.com/gpufleet/gpufleet/internal/devcluster/devtest"
-	"github.com/gpufleet/gpufleet/internal/gpustack"
 	"github.com/gpufleet/gpufleet/internal/liveowner"
 	"github.com/gpufleet/gpufleet/internal/takeover"
 )
@@ -58,7 +58,7 @@ func waitStackGone(ctx context.Context, t *testing.T) {
 		if err := k8s.List(ctx, &pods, client.InNamespace(ns)); err != nil {
 			return false, err
 		}
-		stack := slices.DeleteFunc(pods.Items, func(p corev1.Pod) bool { return gpustack.PodComponent(p.Labels) == "" })
+		stack := slices.DeleteFunc(pods.Items, func(p corev1.Pod) bool { return nvidiav1.PodComponent(p.Labels) == "" })
 		err := k8s.Get(ctx, types.NamespacedName{Name: "nvidia"}, &nodev1.RuntimeClass{})
 		return len(dss.Items) == 0 && len(stack) == 0 && apierrors.IsNotFound(err), nil
 	})

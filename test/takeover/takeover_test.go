@@ -125,7 +125,7 @@ func setUpPreviousStack(t *testing.T) *previousState {
 	facts.Namespace = ns
 	for i := range nodes.Items {
 		n := &nodes.Items[i]
-		if !gpustack.HasNvidiaGPU(n.Labels) {
+		if !nvidiav1.HasNvidiaGPU(n.Labels) {
 			continue
 		}
 		st.gpuNodes = append(st.gpuNodes, n.Name)
@@ -201,13 +201,13 @@ func stackPods(t *testing.T) []corev1.Pod {
 	if err := k8s.List(t.Context(), &pods, client.InNamespace(ns)); err != nil {
 		t.Fatal(err)
 	}
-	return slices.DeleteFunc(pods.Items, func(p corev1.Pod) bool { return gpustack.PodComponent(p.Labels) == "" })
+	return slices.DeleteFunc(pods.Items, func(p corev1.Pod) bool { return nvidiav1.PodComponent(p.Labels) == "" })
 }
 
 func podSet(pods []corev1.Pod) map[types.UID]string {
 	out := map[types.UID]string{}
 	for _, p := range pods {
-		out[p.UID] = gpustack.PodComponent(p.Labels) + " on " + p.Spec.NodeName
+		out[p.UID] = nvidiav1.PodComponent(p.Labels) + " on " + p.Spec.NodeName
 	}
 	return out
 }
@@ -306,7 +306,7 @@ func TestTakeOverFromTheGPUOperator(t *testing.T) {
 	}
 	perNode := map[string]int{}
 	for _, p := range pods {
-		perNode[gpustack.PodComponent(p.Labels)+" on "+p.Spec.NodeName]++
+		perNode[nvidiav1.PodComponent(p.Labels)+" on "+p.Spec.NodeName]++
 	}
 	for k, n := range perNode {
 		if n > 1 {
