@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
@@ -83,13 +84,24 @@ func CompileConfig(spec *maintenancev1.MaintenanceOperatorConfigSpec) (Config, e
 		}
 		c.domainLabel = d.NodeLabel
 		c.WaitForComputeDomains = d.WaitForComputeDomains
-		c.Limits.Domains = &DomainLimits{MaxDisrupted: d.MaxDisruptedDomains, CoSchedule: d.CoSchedule == nil || *d.CoSchedule}
+		collect := defaultCollect
+		if d.CollectSeconds != nil {
+			if *d.CollectSeconds < 0 {
+				errs = append(errs, fmt.Errorf("domains: collectSeconds must not be negative, got %d", *d.CollectSeconds))
+			}
+			collect = time.Duration(*d.CollectSeconds) * time.Second
+		}
+		c.Limits.Domains = &DomainLimits{MaxDisrupted: d.MaxDisruptedDomains, CoSchedule: d.CoSchedule == nil || *d.CoSchedule, Collect: collect}
 	}
 	if err := errors.Join(errs...); err != nil {
 		return Config{}, err
 	}
 	return c, nil
 }
+
+// defaultCollect is spec.domains.collectSeconds when unset (the schema's
+// default; a config read before the default was set gets it too).
+const defaultCollect = 10 * time.Second
 
 // DomainOf names a node's domain: the value of spec.domains.nodeLabel
 // ("" without the label or without spec.domains).

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	"k8s.io/apimachinery/pkg/util/intstr"
 )
@@ -20,6 +21,9 @@ type DomainLimits struct {
 	// slots before those of other non-urgent requests, and a domain that
 	// starts pulls its other pending requests right after it.
 	CoSchedule bool
+	// Collect: with CoSchedule, a domain with no node in maintenance
+	// starts only once its oldest pending request is this old (0: at once).
+	Collect time.Duration
 }
 
 // domainMembersShown is how many of a domain's nodes a wait reason names.
@@ -40,11 +44,15 @@ type domainUse struct {
 	// busy: the ComputeDomains whose workload runs in each busy domain
 	// (sorted, each once).
 	busy map[string][]string
+	// collect and oldest: a domain not disrupted starts once its oldest
+	// pending request (oldest) is collect old.
+	collect time.Duration
+	oldest  map[string]time.Time
 }
 
 // newDomainUse resolves the domain limits; nil when domains are not
 // configured. It also fills the plan's domain figures.
-func newDomainUse(l *DomainLimits, nodes map[string]PlanNode, busy map[string]string, p *Plan) (*domainUse, error) {
+func newDomainUse(l *DomainLimits, nodes map[string]PlanNode, busy map[string]string, objects []PlanObject, p *Plan) (*domainUse, error) {
 	p.MaxDisruptedDomains = -1
 	if l == nil {
 		return nil, nil
@@ -82,7 +90,34 @@ func newDomainUse(l *DomainLimits, nodes map[string]PlanNode, busy map[string]st
 	for _, cds := range u.busy {
 		slices.Sort(cds)
 	}
+	if l.CoSchedule && l.Collect > 0 {
+		u.collect, u.oldest = l.Collect, map[string]time.Time{}
+		for _, o := range objects {
+			d := nodes[o.NodeName].Domain
+			if o.InProgress || o.Deleting || d == "" {
+				continue
+			}
+			if t, ok := u.oldest[d]; !ok || o.Created.Before(t) {
+				u.oldest[d] = o.Created
+			}
+		}
+	}
 	return u, nil
+}
+
+// collecting says why a non-urgent request of domain d waits at now: the
+// domain is not disrupted and its requests are still being collected
+// ("" if not); until is when the domain may start.
+func (u *domainUse) collecting(d string, now time.Time) (why string, until time.Time) {
+	if u == nil || u.collect <= 0 || d == "" || u.isDisrupted(d) {
+		return "", time.Time{}
+	}
+	until = u.oldest[d].Add(u.collect)
+	if !now.Before(until) {
+		return "", time.Time{}
+	}
+	return fmt.Sprintf("domain %s: collecting its requests to start them together (collectSeconds %d, until %s)",
+		d, int(u.collect/time.Second), until.UTC().Format(time.RFC3339)), until
 }
 
 // isBusy: a ComputeDomain's workload runs on a node of domain.

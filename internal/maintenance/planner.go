@@ -123,6 +123,9 @@ type Plan struct {
 	// DisruptedDomains counts domains with a node in maintenance, before
 	// this plan.
 	DisruptedDomains int
+	// NextDomainStart is when the first domain whose requests are being
+	// collected may start (zero: none); the scheduler looks again then.
+	NextDomainStart time.Time
 }
 
 // ResolveLimits turns the int-or-percent limits into node counts:
@@ -215,7 +218,7 @@ func MakePlan(s Snapshot, l Limits, now time.Time) (Plan, error) {
 		return Plan{}, err
 	}
 	p.Pools = pools
-	domains, err := newDomainUse(l.Domains, nodes, busy, &p)
+	domains, err := newDomainUse(l.Domains, nodes, busy, s.Objects, &p)
 	if err != nil {
 		return Plan{}, err
 	}
@@ -306,6 +309,15 @@ func MakePlan(s Snapshot, l Limits, now time.Time) (Plan, error) {
 		if why := domains.blocks(n); why != "" {
 			p.Waiting[c.key] = why
 			return
+		}
+		if !c.Urgent {
+			if why, until := domains.collecting(domains.domainOf(n), now); why != "" {
+				p.Waiting[c.key] = why
+				if p.NextDomainStart.IsZero() || until.Before(p.NextDomainStart) {
+					p.NextDomainStart = until
+				}
+				return
+			}
 		}
 		switch {
 		case slots == 0:

@@ -36,6 +36,10 @@ type simResult struct {
 	// Steps until every request completed (the cap when some never did).
 	Steps int
 	Done  bool
+	// DomainSteps sums, over the steps, the domains disrupted after the
+	// step's plan (a job spanning a domain is down while it is);
+	// MaxDisrupted is the most domains disrupted at once.
+	DomainSteps, MaxDisrupted int
 	// Interruptions counts the episodes of each domain.
 	Interruptions map[string]int
 	// Unowed lists the episodes that no node had to start alone.
@@ -92,7 +96,7 @@ func simulate(tb testing.TB, nodes []PlanNode, reqs []simRequest, l Limits, maxS
 				before[d] = true
 			}
 		}
-		p, err := MakePlan(s, l, t0)
+		p, err := MakePlan(s, l, simNow(step))
 		if err != nil {
 			tb.Fatalf("step %d: %v", step, err)
 		}
@@ -122,6 +126,8 @@ func simulate(tb testing.TB, nodes []PlanNode, reqs []simRequest, l Limits, maxS
 		for d := range before {
 			startedNow[d] = append(startedNow[d], "")
 		}
+		res.DomainSteps += len(startedNow)
+		res.MaxDisrupted = max(res.MaxDisrupted, len(startedNow))
 		for d := range startedNow { // disrupted after this plan
 			lastDisrupted[d] = step
 			lastReasons[d] = map[string]string{}
@@ -135,6 +141,9 @@ func simulate(tb testing.TB, nodes []PlanNode, reqs []simRequest, l Limits, maxS
 	res.Steps = maxSteps
 	return res
 }
+
+// simNow is the time of a simulation step: one second each.
+func simNow(step int) time.Time { return t0.Add(time.Duration(step) * time.Second) }
 
 // waitedForALimit: a wait reason that a limit, not the ranking, gave.
 func waitedForALimit(reason string) bool {
@@ -179,7 +188,8 @@ func FuzzMakePlanDomains(f *testing.F) {
 		for i := range next(4) {
 			nodes = append(nodes, PlanNode{Name: fmt.Sprintf("plain-%d", i), Ready: true})
 		}
-		l := Limits{MaxParallelOperations: num(int(maxPar % 20)), Domains: &DomainLimits{CoSchedule: !nodeByNode}}
+		l := Limits{MaxParallelOperations: num(int(maxPar % 20)), Domains: &DomainLimits{CoSchedule: !nodeByNode,
+			Collect: time.Duration(next(3)) * time.Second}}
 		if maxUnavail >= 0 {
 			l.MaxUnavailable = num(int(maxUnavail % 20))
 		}
@@ -346,7 +356,7 @@ func checkDomainPlan(t *testing.T, step int, s Snapshot, l Limits, p Plan) {
 	shuffled := Snapshot{Nodes: slices.Clone(s.Nodes), Objects: slices.Clone(s.Objects)}
 	slices.Reverse(shuffled.Objects)
 	sort.Slice(shuffled.Nodes, func(i, j int) bool { return shuffled.Nodes[i].Name > shuffled.Nodes[j].Name })
-	p2, err := MakePlan(shuffled, l, t0)
+	p2, err := MakePlan(shuffled, l, simNow(step))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -416,6 +426,47 @@ func TestDomainRolloutInterruptsEachDomainOnce(t *testing.T) {
 			t.Logf("node by node: %d interruptions, %d steps; co-scheduled: %d interruptions, %d steps",
 				byNode.totalInterruptions(), byNode.Steps, byDomain.totalInterruptions(), byDomain.Steps)
 		})
+	}
+}
+
+// TestDomainRolloutCollectsArrivingRequests: a requestor creates the
+// rollout's requests one after another, a request for each domain in turn
+// (8 a second, over 18 seconds); each maintenance lasts 100 s. Started as
+// they come, every domain is disrupted within the first second and each
+// domain's job is down for most of the rollout; with collectSeconds, the
+// domains go one after another, in about the same time.
+func TestDomainRolloutCollectsArrivingRequests(t *testing.T) {
+	nodes, reqs := rackRollout(8, 18, func(int) int { return 100 })
+	for i := range reqs {
+		k := int(reqs[i].Created.Sub(t0) / time.Second) // rackRollout's round-robin order
+		reqs[i].Arrive = k / 8
+		reqs[i].Created = simNow(reqs[i].Arrive).Add(time.Duration(k%8) * 100 * time.Millisecond)
+	}
+	l := Limits{MaxParallelOperations: num(18)}
+	byNode := simulate(t, nodes, reqs, l, 5000, nil)
+	l.Domains = coSchedule()
+	asTheyCome := simulate(t, nodes, reqs, l, 5000, nil)
+	l.Domains = &DomainLimits{CoSchedule: true, Collect: 20 * time.Second}
+	collected := simulate(t, nodes, reqs, l, 5000, nil)
+	for name, r := range map[string]simResult{"node by node": byNode, "as they come": asTheyCome, "collected": collected} {
+		if !r.Done {
+			t.Fatalf("%s: the rollout did not finish: %+v", name, r)
+		}
+		t.Logf("%-13s %4d steps, %d domains disrupted at most, %4d domain-steps down, %d interruptions",
+			name, r.Steps, r.MaxDisrupted, r.DomainSteps, r.totalInterruptions())
+	}
+	if asTheyCome.MaxDisrupted != 8 {
+		t.Errorf("as they come: %d domains disrupted at most, want all 8 (the case collecting is for)", asTheyCome.MaxDisrupted)
+	}
+	if collected.MaxDisrupted > 2 || collected.totalInterruptions() != 8 {
+		t.Errorf("collected: %d domains disrupted at most, %d interruptions; want at most 2 (one finishing, one starting) and 8",
+			collected.MaxDisrupted, collected.totalInterruptions())
+	}
+	if collected.DomainSteps*2 > asTheyCome.DomainSteps {
+		t.Errorf("collected: %d domain-steps down, not half of %d as they come", collected.DomainSteps, asTheyCome.DomainSteps)
+	}
+	if collected.Steps > byNode.Steps+20 {
+		t.Errorf("collected: %d steps, more than node by node's %d plus the 20 s collected", collected.Steps, byNode.Steps)
 	}
 }
 

@@ -263,6 +263,26 @@ func TestMakePlanDomains(t *testing.T) {
 			wantScheduled: []string{"a0", "a1"},
 			wantDomains:   [3]int{1, -1, 0},
 		},
+		"an undisrupted domain's requests are collected for collectSeconds, then start together": {
+			nodes: racksAB,
+			objects: []PlanObject{pending("a0", "a0", "r", 3), pending("a1", "a1", "r", 1),
+				pending("b0", "b0", "r", 20), pending("b1", "b1", "r", 2)},
+			limits:        withDomains(Limits{MaxParallelOperations: num(6)}, &DomainLimits{CoSchedule: true, Collect: 10 * time.Second}),
+			wantScheduled: []string{"b0", "b1"},
+			wantWaiting: map[string]string{
+				"a0": "domain rack-a: collecting its requests to start them together (collectSeconds 10, until 2026-01-01T00:00:07Z)",
+				"a1": "domain rack-a: collecting its requests to start them together (collectSeconds 10, until 2026-01-01T00:00:07Z)",
+			},
+			wantDomains: [3]int{2, -1, 0},
+		},
+		"collecting holds neither a disrupted domain nor an urgent request (whose domain the others then join)": {
+			nodes: racksAB,
+			objects: []PlanObject{inProgress("a0", "a0", "r"), pending("a1", "a1", "r", 1),
+				urgent(pending("b0", "b0", "r", 1)), pending("b1", "b1", "r", 1)},
+			limits:        withDomains(Limits{MaxParallelOperations: num(6)}, &DomainLimits{CoSchedule: true, Collect: 10 * time.Second}),
+			wantScheduled: []string{"b0", "a1", "b1"},
+			wantDomains:   [3]int{2, -1, 1},
+		},
 		"a request of one node never drags in a node without a request": {
 			nodes:         racksAB,
 			objects:       []PlanObject{pending("a0", "a0", "r", 60)},

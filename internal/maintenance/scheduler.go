@@ -169,6 +169,10 @@ func (s *Scheduler) Reconcile(ctx context.Context, _ reconcile.Request) (reconci
 			return reconcile.Result{}, err
 		}
 	}
+	if !plan.NextDomainStart.IsZero() {
+		// A domain whose requests are being collected may start then.
+		return reconcile.Result{RequeueAfter: max(plan.NextDomainStart.Sub(s.Clock.Now()), 10*time.Millisecond)}, nil
+	}
 	return reconcile.Result{}, nil
 }
 

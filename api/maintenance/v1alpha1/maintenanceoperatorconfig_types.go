@@ -144,6 +144,18 @@ type MaintenanceDomains struct {
 	// +kubebuilder:default=true
 	CoSchedule *bool `json:"coSchedule,omitempty"`
 
+	// CollectSeconds: a domain with no node in maintenance starts only
+	// once its oldest pending request is this old, so that the requests a
+	// rollout creates for the domain's nodes one after another are there
+	// to start together (co-scheduling joins only requests that exist).
+	// The domain's requests wait meanwhile, saying so. Urgent requests,
+	// and domains already disrupted, do not wait. 0: start at once.
+	// +optional
+	// +kubebuilder:default=10
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=3600
+	CollectSeconds *int32 `json:"collectSeconds,omitempty"`
+
 	// WaitForComputeDomains: a NodeMaintenance with waitForPodCompletion
 	// also waits, within the same timeoutSeconds, until no node of its
 	// domain runs a ComputeDomain's workload (NVIDIA's DRA driver labels
