@@ -45,9 +45,11 @@ type domainUse struct {
 	// (sorted, each once).
 	busy map[string][]string
 	// collect and oldest: a domain not disrupted starts once its oldest
-	// pending request (oldest) is collect old.
-	collect time.Duration
-	oldest  map[string]time.Time
+	// pending request (oldest) is collect old, or once every node of it
+	// has one (complete).
+	collect  time.Duration
+	oldest   map[string]time.Time
+	complete map[string]bool
 }
 
 // newDomainUse resolves the domain limits; nil when domains are not
@@ -91,7 +93,8 @@ func newDomainUse(l *DomainLimits, nodes map[string]PlanNode, busy map[string]st
 		slices.Sort(cds)
 	}
 	if l.CoSchedule && l.Collect > 0 {
-		u.collect, u.oldest = l.Collect, map[string]time.Time{}
+		u.collect, u.oldest, u.complete = l.Collect, map[string]time.Time{}, map[string]bool{}
+		requested := map[string]map[string]bool{} // domain -> nodes with a pending request
 		for _, o := range objects {
 			d := nodes[o.NodeName].Domain
 			if o.InProgress || o.Deleting || d == "" {
@@ -100,17 +103,30 @@ func newDomainUse(l *DomainLimits, nodes map[string]PlanNode, busy map[string]st
 			if t, ok := u.oldest[d]; !ok || o.Created.Before(t) {
 				u.oldest[d] = o.Created
 			}
+			if requested[d] == nil {
+				requested[d] = map[string]bool{}
+			}
+			requested[d][o.NodeName] = true
+		}
+		size := map[string]int{}
+		for _, n := range nodes {
+			if n.Domain != "" {
+				size[n.Domain]++
+			}
+		}
+		for d, r := range requested {
+			u.complete[d] = len(r) == size[d]
 		}
 	}
 	return u, nil
 }
 
 // collecting says why a non-urgent request of domain d waits at now: the
-// domain is not disrupted and its requests are still being collected
-// ("" if not); until is when the domain may start.
+// domain is not disrupted and its requests are still being collected (some
+// node of it has none yet; "" if not); until is when the domain may start.
 func (u *domainUse) collecting(d string, now time.Time) (why string, until time.Time) {
-	if u == nil || u.collect <= 0 || d == "" || u.isDisrupted(d) {
-		return "", time.Time{}
+	if u == nil || u.collect <= 0 || d == "" || u.isDisrupted(d) || u.complete[d] {
+		return "", time.Time{} // nothing to collect: every node of the domain has a request
 	}
 	until = u.oldest[d].Add(u.collect)
 	if !now.Before(until) {

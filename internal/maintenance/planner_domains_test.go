@@ -275,6 +275,17 @@ func TestMakePlanDomains(t *testing.T) {
 			},
 			wantDomains: [3]int{2, -1, 0},
 		},
+		"a domain whose every node has a request has nothing left to collect: it starts at once": {
+			nodes: joinNodes(rack("rack-a", "a0", "a1"), rack("rack-b", "b0", "b1")),
+			objects: []PlanObject{pending("a0", "a0", "r", 2), pending("a1", "a1", "r", 1),
+				pending("b0", "b0", "r", 1)},
+			limits:        withDomains(Limits{MaxParallelOperations: num(6)}, &DomainLimits{CoSchedule: true, Collect: 10 * time.Second}),
+			wantScheduled: []string{"a0", "a1"},
+			wantWaiting: map[string]string{
+				"b0": "domain rack-b: collecting its requests to start them together (collectSeconds 10, until 2026-01-01T00:00:09Z)",
+			},
+			wantDomains: [3]int{2, -1, 0},
+		},
 		"collecting holds neither a disrupted domain nor an urgent request (whose domain the others then join)": {
 			nodes: racksAB,
 			objects: []PlanObject{inProgress("a0", "a0", "r"), pending("a1", "a1", "r", 1),

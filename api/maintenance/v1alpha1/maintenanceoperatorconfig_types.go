@@ -145,9 +145,10 @@ type MaintenanceDomains struct {
 	CoSchedule *bool `json:"coSchedule,omitempty"`
 
 	// CollectSeconds: a domain with no node in maintenance starts only
-	// once its oldest pending request is this old, so that the requests a
-	// rollout creates for the domain's nodes one after another are there
-	// to start together (co-scheduling joins only requests that exist).
+	// once its oldest pending request is this old, or once every node of
+	// it has a pending request, so that the requests a rollout creates for
+	// the domain's nodes one after another are there to start together
+	// (co-scheduling joins only requests that exist).
 	// The domain's requests wait meanwhile, saying so. Urgent requests,
 	// and domains already disrupted, do not wait. 0: start at once.
 	// +optional
