@@ -77,6 +77,8 @@ func TestSchemaRejectsBadObjects(t *testing.T) {
 		"domains with a bad nodeLabel":      {cfg("  domains: {nodeLabel: \"nvidia.com/gpu clique\"}\n"), "nodeLabel must be a label key"},
 		"maxDisruptedDomains 150%":          {cfg("  domains: {nodeLabel: nvidia.com/gpu.clique, maxDisruptedDomains: 150%}\n"), "maxDisruptedDomains must be a non-negative integer or a percentage"},
 		"maxDisruptedDomains -1":            {cfg("  domains: {nodeLabel: nvidia.com/gpu.clique, maxDisruptedDomains: -1}\n"), "maxDisruptedDomains must be a non-negative integer or a percentage"},
+		"collectSeconds -1":                 {cfg("  domains: {nodeLabel: nvidia.com/gpu.clique, collectSeconds: -1}\n"), "should be greater than or equal to 0"},
+		"collectSeconds 3601":               {cfg("  domains: {nodeLabel: nvidia.com/gpu.clique, collectSeconds: 3601}\n"), "should be less than or equal to 3600"},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
@@ -100,7 +102,8 @@ func TestSchemaAcceptsGoodValues(t *testing.T) {
 		}
 	}
 	for _, d := range []string{"{nodeLabel: nvidia.com/gpu.clique}", "{nodeLabel: rack, maxDisruptedDomains: 0, coSchedule: false}",
-		"{nodeLabel: example.com/nvlink-domain, maxDisruptedDomains: \"25%\"}"} {
+		"{nodeLabel: example.com/nvlink-domain, maxDisruptedDomains: \"25%\"}",
+		"{nodeLabel: rack, collectSeconds: 0, waitForComputeDomains: true, upgradeByDomain: true}"} {
 		doc := "apiVersion: maintenance.nvidia.com/v1alpha1\nkind: MaintenanceOperatorConfig\nmetadata:\n  generateName: good-\n  namespace: default\nspec:\n  domains: " + d + "\n"
 		if err := applyYAML(t, doc); err != nil {
 			t.Errorf("domains %s rejected: %v", d, err)
