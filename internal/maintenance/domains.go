@@ -204,7 +204,9 @@ func (u *domainUse) coScheduleReason(domain, why string) string {
 	b.WriteString(": waiting to co-schedule with ")
 	b.WriteString(strings.Join(m[:min(len(m), domainMembersShown)], ", "))
 	if len(m) > domainMembersShown {
-		fmt.Fprintf(&b, " and %d more", len(m)-domainMembersShown)
+		// No count: it changes with every node that starts or ends, and
+		// each change is a status write on every waiting request.
+		b.WriteString(" and others")
 	}
 	b.WriteString(" (")
 	b.WriteString(why)

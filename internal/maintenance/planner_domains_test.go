@@ -102,7 +102,7 @@ func TestMakePlanDomains(t *testing.T) {
 				pending("w", "gpu-0715", "r", 1)},
 			limits: withDomains(Limits{MaxParallelOperations: num(5)}, coSchedule()),
 			wantWaiting: map[string]string{
-				"w": "domain rack-7: waiting to co-schedule with gpu-0710, gpu-0711, gpu-0712 and 2 more (maxParallelOperations reached: 5/5 nodes in maintenance)",
+				"w": "domain rack-7: waiting to co-schedule with gpu-0710, gpu-0711, gpu-0712 and others (maxParallelOperations reached: 5/5 nodes in maintenance)",
 			},
 			wantDomains: [3]int{1, -1, 1},
 		},
