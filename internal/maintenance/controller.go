@@ -64,7 +64,7 @@ type Reconciler struct {
 // evictions returns the evictor of the drains, made at first use.
 func (r *Reconciler) evictions() *evictor {
 	r.evictorOnce.Do(func() {
-		r.evictor = newEvictor(r.Kube, r.Pods.Notify)
+		r.evictor = newEvictor(r.Kube, r.Pods.Notify, r.Clock)
 	})
 	return r.evictor
 }

@@ -4,10 +4,8 @@ import (
 	"context"
 	"fmt"
 	"regexp"
-	"slices"
 	"sort"
 	"strings"
-	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -36,10 +34,6 @@ const (
 	// every step from then on (a shorter one, when it ends or is held up).
 	progressAfter    = 30 * time.Second
 	maxNamesInStatus = 50
-	// maxTurnWait bounds the wait for a budget's turn: past it the eviction
-	// goes ahead out of turn (the API server then serialises it itself, at
-	// the cost of a conflict), so a stuck eviction never holds the others.
-	maxTurnWait = 30 * time.Second
 	// unsyncedRetry: a node's pod watch announces its sync; this is the
 	// safety net should that never come (e.g. the watch keeps failing).
 	unsyncedRetry = 5 * time.Second
@@ -197,7 +191,7 @@ func podNames(pods []corev1.Pod) []string {
 // retried after retryAfter, or at once when its budget grows.
 func (r *Reconciler) evictAll(ctx context.Context, drain types.NamespacedName, pods []corev1.Pod, drainStart time.Time, retryAfter time.Duration) (refused int, retryIn time.Duration, pending bool) {
 	e := r.evictions()
-	now := time.Now() // wall time: evictions are about the API server
+	now := r.Clock.Now()
 	var evict []corev1.Pod
 	for i := range pods {
 		if pods[i].DeletionTimestamp != nil {
@@ -258,82 +252,6 @@ func pdbSelects(pdb *policyv1.PodDisruptionBudget, p *corev1.Pod) bool {
 	}
 	sel, err := metav1.LabelSelectorAsSelector(pdb.Spec.Selector)
 	return err == nil && sel.Matches(labels.Set(p.Labels))
-}
-
-// budgetTurns lets evictions under one PodDisruptionBudget go one at a
-// time, the oldest drain first: drains then finish one after the other and
-// free their slots early, instead of all together at the end. The zero
-// value is ready to use; keys are few and never forgotten.
-type budgetTurns struct {
-	mu     sync.Mutex
-	queues map[string]*budgetQueue
-}
-
-type budgetQueue struct {
-	busy    bool
-	waiting []turn
-}
-
-type turn struct {
-	drainStart time.Time
-	node       string
-	ready      chan struct{}
-}
-
-// take waits for the budget's turn of a drain that started at drainStart
-// on node, and returns the function that passes the turn on. The wait ends
-// at most after limit or when ctx ends: the caller then goes ahead out of
-// turn, with a done that passes nothing on.
-func (b *budgetTurns) take(ctx context.Context, budget string, drainStart time.Time, node string, limit time.Duration) (done func()) {
-	b.mu.Lock()
-	if b.queues == nil {
-		b.queues = map[string]*budgetQueue{}
-	}
-	q := b.queues[budget]
-	if q == nil {
-		q = &budgetQueue{}
-		b.queues[budget] = q
-	}
-	done = func() {
-		b.mu.Lock()
-		defer b.mu.Unlock()
-		if len(q.waiting) == 0 {
-			q.busy = false
-			return
-		}
-		next := q.waiting[0]
-		q.waiting = q.waiting[1:]
-		close(next.ready)
-	}
-	if !q.busy {
-		q.busy = true
-		b.mu.Unlock()
-		return done
-	}
-	t := turn{drainStart: drainStart, node: node, ready: make(chan struct{})}
-	at, _ := slices.BinarySearchFunc(q.waiting, t, func(a, b turn) int {
-		if c := a.drainStart.Compare(b.drainStart); c != 0 {
-			return c
-		}
-		return strings.Compare(a.node, b.node)
-	})
-	q.waiting = slices.Insert(q.waiting, at, t)
-	b.mu.Unlock()
-	timer := time.NewTimer(limit) // wall time: this bounds a wait on other requests
-	defer timer.Stop()
-	select {
-	case <-t.ready:
-		return done
-	case <-timer.C:
-	case <-ctx.Done():
-	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if i := slices.IndexFunc(q.waiting, func(w turn) bool { return w.ready == t.ready }); i >= 0 {
-		q.waiting = slices.Delete(q.waiting, i, i+1)
-		return func() {} // out of turn: nothing to pass on
-	}
-	return done // handed the turn meanwhile: pass it on as usual
 }
 
 // blocked sets the DrainBlocked condition, with a Warning event when its

@@ -2,10 +2,12 @@ package maintenance
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -14,6 +16,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
 	policyv1client "k8s.io/client-go/kubernetes/typed/policy/v1"
+	"k8s.io/utils/clock"
+	clocktesting "k8s.io/utils/clock/testing"
 )
 
 // evictionAPI is a fake clientset whose evictions answer with answer(pod),
@@ -28,6 +32,8 @@ type evictionAPI struct {
 	notified  []string
 	// cancelled: the request's context had ended when it was answered.
 	cancelled map[string]bool
+	// order: the pods asked for, in the order asked.
+	order []string
 }
 
 func newEvictionAPI(answer func(pod string) error) *evictionAPI {
@@ -60,6 +66,7 @@ func (e fakeEvictions) Evict(ctx context.Context, ev *policyv1.Eviction) error {
 	budget := ev.Name[:1] // pods "a…" share one budget, "b…" another
 	a.mu.Lock()
 	a.requests[ev.Name]++
+	a.order = append(a.order, ev.Name)
 	a.inFlight[budget]++
 	a.maxFlight[budget] = max(a.maxFlight[budget], a.inFlight[budget])
 	a.mu.Unlock()
@@ -73,12 +80,30 @@ func (e fakeEvictions) Evict(ctx context.Context, ev *policyv1.Eviction) error {
 	return err
 }
 
-func (a *evictionAPI) evictor() *evictor {
-	return newEvictor(a, func(_ context.Context, node string) {
+// evictor is an evictor asking a, on the real clock, started until the
+// test ends.
+func (a *evictionAPI) evictor(t *testing.T) *evictor {
+	return a.evictorOn(t, clock.RealClock{})
+}
+
+// evictorOn is an evictor asking a, on clk, started until the test ends.
+func (a *evictionAPI) evictorOn(t *testing.T, clk clock.PassiveClock) *evictor {
+	e := newEvictor(a, func(_ context.Context, node string) {
 		a.mu.Lock()
 		defer a.mu.Unlock()
 		a.notified = append(a.notified, node)
+	}, clk)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		_ = e.Start(ctx)
+		close(done)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		<-done
 	})
+	return e
 }
 
 func evictionPod(name string) *corev1.Pod {
@@ -92,7 +117,7 @@ var tooManyRequests = apierrors.NewTooManyRequests("Cannot evict pod as it would
 // retry time, and is due at once when its own budget grows (not another).
 func TestEvictorRetriesARefusalAfterItsBackoffOrWhenItsBudgetGrows(t *testing.T) {
 	api := newEvictionAPI(func(string) error { return tooManyRequests })
-	e := api.evictor()
+	e := api.evictor(t)
 	p := evictionPod("a1")
 	before := time.Now()
 	e.evict(testDrain, p, "ns/pdb-a", before, time.Hour)
@@ -123,7 +148,7 @@ func TestEvictorRetriesARefusalAfterItsBackoffOrWhenItsBudgetGrows(t *testing.T)
 // notified (the pod's own event brings the drain back).
 func TestEvictorGrantedIsPendingUntilTheWatchShouldShowIt(t *testing.T) {
 	api := newEvictionAPI(func(string) error { return nil })
-	e := api.evictor()
+	e := api.evictor(t)
 	p := evictionPod("b1")
 	e.evict(testDrain, p, "", time.Now(), time.Second)
 	e.wait()
@@ -138,7 +163,7 @@ func TestEvictorGrantedIsPendingUntilTheWatchShouldShowIt(t *testing.T) {
 	}
 	// A pod already gone counts as granted.
 	gone := newEvictionAPI(func(name string) error { return apierrors.NewNotFound(schema.GroupResource{Resource: "pods"}, name) })
-	ge := gone.evictor()
+	ge := gone.evictor(t)
 	ge.evict(testDrain, p, "", time.Now(), time.Second)
 	ge.wait()
 	if st, _ := ge.state(p.UID, time.Now()); st != evictionPending || len(gone.notified) != 0 {
@@ -151,7 +176,7 @@ func TestEvictorGrantedIsPendingUntilTheWatchShouldShowIt(t *testing.T) {
 func TestEvictorAsksOncePerPodWhileInFlight(t *testing.T) {
 	release := make(chan struct{})
 	api := newEvictionAPI(func(string) error { <-release; return nil })
-	e := api.evictor()
+	e := api.evictor(t)
 	p := evictionPod("a1")
 	for range 5 {
 		e.evict(testDrain, p, "", time.Now(), time.Second)
@@ -170,7 +195,7 @@ func TestEvictorAsksOncePerPodWhileInFlight(t *testing.T) {
 // budgets, or none, go in parallel.
 func TestEvictorTakesTurnsPerBudget(t *testing.T) {
 	api := newEvictionAPI(func(string) error { time.Sleep(5 * time.Millisecond); return nil })
-	e := api.evictor()
+	e := api.evictor(t)
 	e.countedWait = 0 // no disruption controller here
 	start := time.Now()
 	for i := range 8 {
@@ -196,7 +221,7 @@ func TestEvictorTakesTurnsPerBudget(t *testing.T) {
 // and the failure reaches its node's drains.
 func TestEvictorRetriesAFailure(t *testing.T) {
 	api := newEvictionAPI(func(string) error { return apierrors.NewInternalError(context.DeadlineExceeded) })
-	e := api.evictor()
+	e := api.evictor(t)
 	p := evictionPod("a1")
 	e.evict(testDrain, p, "", time.Now(), 2*time.Second)
 	e.wait()
@@ -214,7 +239,7 @@ func TestEvictorRetriesAFailure(t *testing.T) {
 // change that does not show that passes nothing on.
 func TestEvictorPassesTheTurnWhenTheDisruptionControllerCountedTheEviction(t *testing.T) {
 	api := newEvictionAPI(func(string) error { return nil })
-	e := api.evictor()
+	e := api.evictor(t)
 	e.countedWait = time.Hour // no bound in this test
 	start := time.Now()
 	e.evict(testDrain, evictionPod("a1"), "ns/pdb-a", start, time.Second)
@@ -243,7 +268,7 @@ func TestEvictorPassesTheTurnAfterTheBoundOrARefusal(t *testing.T) {
 		}
 		return nil
 	})
-	e := api.evictor()
+	e := api.evictor(t)
 	e.countedWait = 20 * time.Millisecond
 	start := time.Now()
 	e.evict(testDrain, evictionPod("a1"), "ns/pdb-a", start, time.Second)
@@ -296,7 +321,7 @@ var testDrain = types.NamespacedName{Namespace: "default", Name: "nm-test"}
 // records are forgotten, so a later drain of the same node starts afresh.
 func TestEvictorStopsTheEvictionsOfAStoppedDrain(t *testing.T) {
 	api := newEvictionAPI(func(string) error { return nil })
-	e := api.evictor()
+	e := api.evictor(t)
 	e.countedWait = time.Hour // the turn passes only when counted
 	other := types.NamespacedName{Namespace: "default", Name: "nm-other"}
 	start := time.Now()
@@ -335,7 +360,7 @@ func TestEvictorStopsTheEvictionsOfAStoppedDrain(t *testing.T) {
 func TestEvictorLetsARequestSentFinishAfterItsDrainStopped(t *testing.T) {
 	release := make(chan struct{})
 	api := newEvictionAPI(func(string) error { <-release; return nil })
-	e := api.evictor()
+	e := api.evictor(t)
 	e.evict(testDrain, evictionPod("x1"), "", time.Now(), time.Second)
 	waitFor(t, "x1's eviction sent", func() bool { return api.asked("x1") })
 	e.stop(testDrain)
@@ -346,4 +371,281 @@ func TestEvictorLetsARequestSentFinishAfterItsDrainStopped(t *testing.T) {
 	if api.cancelled["x1"] {
 		t.Error("the eviction request was cancelled with its drain")
 	}
+}
+
+// stepUntil advances clk by d, then waits until cond holds. The queue's
+// delays run on clk: it may arm the timer of an item added just before
+// the step only after it, so the clock is nudged on by a millisecond now
+// and then (at most a second in all) rather than waited for on the wall.
+func stepUntil(t *testing.T, clk *clocktesting.FakeClock, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	clk.Step(d)
+	deadline := time.Now().Add(10 * time.Second)
+	for i := 0; !cond(); i++ {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s never happened", what)
+		}
+		time.Sleep(time.Millisecond)
+		if i%10 == 9 {
+			clk.Step(time.Millisecond)
+		}
+	}
+}
+
+// inLine reports whether the evictions of pods wait for their budget's
+// turn.
+func (e *evictor) inLine(pods ...*corev1.Pod) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for _, p := range pods {
+		if ev := e.pods[p.UID]; ev == nil || ev.step != waitingTurn {
+			return false
+		}
+	}
+	return true
+}
+
+// A refusal is asked again once its backoff has passed on the evictor's
+// clock, not before: no wall-clock wait.
+func TestEvictorRetriesARefusalAfterItsBackoffOnItsClock(t *testing.T) {
+	clk := clocktesting.NewFakeClock(time.Unix(1_000_000, 0))
+	api := newEvictionAPI(func(string) error { return tooManyRequests })
+	e := api.evictorOn(t, clk)
+	p := evictionPod("a1")
+	const backoff = 10 * time.Second
+	refusedAt := clk.Now()
+	e.evict(testDrain, p, "ns/pdb-a", refusedAt, backoff)
+	e.wait()
+	st, at := e.state(p.UID, clk.Now())
+	if st != evictionRefused || !at.Equal(refusedAt.Add(backoff)) {
+		t.Fatalf("after a 429: state %v, retry at %s; want refused until %s", st, at, refusedAt.Add(backoff))
+	}
+	clk.Step(backoff - time.Millisecond)
+	if st, _ := e.state(p.UID, clk.Now()); st != evictionRefused {
+		t.Fatalf("before its backoff passed: state %v, want refused", st)
+	}
+	clk.Step(time.Millisecond)
+	if st, _ := e.state(p.UID, clk.Now()); st != evictNow {
+		t.Fatalf("once its backoff passed: state %v, want evict now", st)
+	}
+	e.evict(testDrain, p, "ns/pdb-a", refusedAt, backoff) // the drain's next step
+	e.wait()
+	if n := api.requests["a1"]; n != 2 {
+		t.Errorf("%d requests, want 2 (the refusal and its retry)", n)
+	}
+	if st, at := e.state(p.UID, clk.Now()); st != evictionRefused || !at.Equal(clk.Now().Add(backoff)) {
+		t.Errorf("after the second 429: state %v, retry at %s; want refused until %s", st, at, clk.Now().Add(backoff))
+	}
+	if len(api.notified) != 2 {
+		t.Errorf("nodes notified %v, want the pod's node twice", api.notified)
+	}
+}
+
+// The budget's turn goes to the oldest drain first, whatever the order the
+// evictions were handed over in.
+func TestEvictorGivesTheTurnToTheOldestDrainFirst(t *testing.T) {
+	clk := clocktesting.NewFakeClock(time.Unix(1_000_000, 0))
+	api := newEvictionAPI(func(string) error { return nil })
+	e := api.evictorOn(t, clk) // the clock stays: no bound passes a turn
+	start := clk.Now()
+	drainOf := func(name string) types.NamespacedName {
+		return types.NamespacedName{Namespace: "default", Name: "nm-" + name}
+	}
+	e.evict(drainOf("a0"), evictionPod("a0"), "ns/pdb-a", start.Add(5*time.Second), time.Second) // the holder, from a late drain
+	waitFor(t, "a0's eviction", func() bool { return api.asked("a0") })
+	var waiting []*corev1.Pod
+	for _, w := range []struct {
+		name  string
+		after time.Duration
+	}{{"a3", 3 * time.Second}, {"a1", time.Second}, {"a2", 2 * time.Second}} {
+		p := evictionPod(w.name)
+		e.evict(drainOf(w.name), p, "ns/pdb-a", start.Add(w.after), time.Second)
+		waiting = append(waiting, p)
+	}
+	waitFor(t, "a1, a2 and a3 in the budget's line", func() bool { return e.inLine(waiting...) })
+
+	for i, holder := range []string{"a0", "a1", "a2"} {
+		next := "a" + string(rune('1'+i))
+		e.budgetChanged(pdb("pdb-a", holder), pdb("pdb-a")) // counted: the turn passes on
+		waitFor(t, next+"'s eviction", func() bool { return api.asked(next) })
+	}
+	e.budgetChanged(pdb("pdb-a", "a3"), pdb("pdb-a"))
+	e.wait()
+	if diff := cmp.Diff([]string{"a0", "a1", "a2", "a3"}, api.order); diff != "" {
+		t.Errorf("evictions asked for (-want +got):\n%s", diff)
+	}
+}
+
+// A granted eviction the disruption controller never counts passes the
+// turn on after countedWait on the evictor's clock; an eviction whose turn
+// never comes goes out of turn after maxTurnWait.
+func TestEvictorBoundsTheTurnsOnItsClock(t *testing.T) {
+	clk := clocktesting.NewFakeClock(time.Unix(1_000_000, 0))
+	api := newEvictionAPI(func(string) error { return nil })
+	e := api.evictorOn(t, clk)
+	start := clk.Now()
+	e.evict(testDrain, evictionPod("a0"), "ns/pdb-a", start, time.Second)
+	waitFor(t, "a0's eviction", func() bool { return api.asked("a0") })
+	a1 := evictionPod("a1")
+	e.evict(testDrain, a1, "ns/pdb-a", start.Add(time.Second), time.Second)
+	waitFor(t, "a1 in the budget's line", func() bool { return e.inLine(a1) })
+	clk.Step(maxCountedWait - time.Millisecond)
+	time.Sleep(20 * time.Millisecond)
+	if api.asked("a1") {
+		t.Fatal("a1 was asked for before the bound passed a0's turn on")
+	}
+	stepUntil(t, clk, time.Millisecond, "a1's eviction after the bound", func() bool { return api.asked("a1") })
+	e.wait()
+
+	e.countedWait = time.Hour // from now on a granted eviction holds the turn for an hour
+	e.evict(testDrain, evictionPod("b0"), "ns/pdb-b", start, time.Second)
+	waitFor(t, "b0's eviction", func() bool { return api.asked("b0") })
+	b1 := evictionPod("b1")
+	e.evict(testDrain, b1, "ns/pdb-b", start.Add(time.Second), time.Second)
+	waitFor(t, "b1 in the budget's line", func() bool { return e.inLine(b1) })
+	clk.Step(maxTurnWait - time.Second)
+	time.Sleep(20 * time.Millisecond)
+	if api.asked("b1") {
+		t.Fatal("b1 went out of turn before maxTurnWait")
+	}
+	stepUntil(t, clk, time.Second, "b1's eviction out of turn", func() bool { return api.asked("b1") })
+	e.wait()
+}
+
+// Each ask for a turn has its own bound: a pod asking again soon after an
+// earlier ask still waits maxTurnWait from its new ask (the queue keeps an
+// item's earliest delay, the earlier ask's).
+func TestEvictorBoundsEachAskForATurn(t *testing.T) {
+	clk := clocktesting.NewFakeClock(time.Unix(1_000_000, 0))
+	api := newEvictionAPI(func(name string) error {
+		if name == "a1" {
+			return tooManyRequests
+		}
+		return nil
+	})
+	e := api.evictorOn(t, clk)
+	e.countedWait = time.Hour // a granted eviction holds the turn until counted
+	start := clk.Now()
+	e.evict(testDrain, evictionPod("a0"), "ns/pdb-a", start, time.Second)
+	waitFor(t, "a0's eviction", func() bool { return api.asked("a0") })
+	a1 := evictionPod("a1")
+	e.evict(testDrain, a1, "ns/pdb-a", start.Add(time.Second), time.Second)
+	waitFor(t, "a1 in the budget's line", func() bool { return e.inLine(a1) })
+	e.budgetChanged(pdb("pdb-a", "a0"), pdb("pdb-a")) // a1's turn: refused
+	waitFor(t, "a1's eviction", func() bool { return api.asked("a1") })
+	e.wait()
+
+	clk.Step(10 * time.Second)
+	e.evict(testDrain, evictionPod("a2"), "ns/pdb-a", start.Add(2*time.Second), time.Second)
+	waitFor(t, "a2's eviction", func() bool { return api.asked("a2") })
+	e.evict(testDrain, a1, "ns/pdb-a", start.Add(time.Second), time.Second) // asked again, behind a2
+	waitFor(t, "a1 in the budget's line again", func() bool { return e.inLine(a1) })
+	clk.Step(20 * time.Second) // the first ask's bound
+	time.Sleep(20 * time.Millisecond)
+	api.mu.Lock()
+	n := api.requests["a1"]
+	api.mu.Unlock()
+	if n != 1 {
+		t.Fatalf("a1 asked for %d times 20 s after its second ask, want once (out of turn only after %s)", n, maxTurnWait)
+	}
+	stepUntil(t, clk, 10*time.Second, "a1's eviction out of turn, 30 s after its second ask", func() bool {
+		api.mu.Lock()
+		defer api.mu.Unlock()
+		return api.requests["a1"] == 2
+	})
+	e.wait()
+}
+
+// An eviction stopped before it was sent is never sent: neither one in
+// its budget's line (the turn passes over it) nor one still in the queue
+// behind busy workers; the workers then serve the others.
+func TestEvictorNeverSendsAnEvictionStoppedBeforeItWasSent(t *testing.T) {
+	clk := clocktesting.NewFakeClock(time.Unix(1_000_000, 0))
+	release := make(chan struct{})
+	api := newEvictionAPI(func(name string) error {
+		if name[0] == 'x' {
+			<-release
+		}
+		return nil
+	})
+	e := api.evictorOn(t, clk)
+	start := clk.Now()
+	other := types.NamespacedName{Namespace: "default", Name: "nm-other"}
+
+	// In the budget's line.
+	e.evict(other, evictionPod("a0"), "ns/pdb-a", start, time.Second)
+	waitFor(t, "a0's eviction", func() bool { return api.asked("a0") })
+	a1, a2 := evictionPod("a1"), evictionPod("a2")
+	e.evict(testDrain, a1, "ns/pdb-a", start.Add(time.Second), time.Second)
+	e.evict(other, a2, "ns/pdb-a", start.Add(2*time.Second), time.Second)
+	waitFor(t, "a1 and a2 in the budget's line", func() bool { return e.inLine(a1, a2) })
+	e.stop(testDrain)
+	stepUntil(t, clk, maxCountedWait, "a2's eviction after a0's bound", func() bool { return api.asked("a2") })
+
+	// In the queue, every worker busy with a request.
+	for i := range maxEvictionsInFlight {
+		e.evict(other, evictionPod(fmt.Sprintf("x%d", i)), "", start, time.Second)
+	}
+	waitFor(t, "every worker asking", func() bool {
+		api.mu.Lock()
+		defer api.mu.Unlock()
+		return api.inFlight["x"] == maxEvictionsInFlight
+	})
+	queued := evictionPod("b1")
+	e.evict(testDrain, queued, "", start, time.Second)
+	e.stop(testDrain)
+	late := evictionPod("b2")
+	e.evict(other, late, "", start, time.Second)
+	close(release)
+	e.wait()
+	clk.Step(2 * maxTurnWait) // whatever was still to come on the clock
+	e.wait()
+
+	for _, p := range []string{"a1", "b1"} {
+		if api.asked(p) {
+			t.Errorf("%s was asked for after its drain stopped", p)
+		}
+	}
+	if !api.asked("b2") {
+		t.Error("b2, queued behind the busy workers, was never asked for")
+	}
+	if api.maxFlight["x"] > maxEvictionsInFlight {
+		t.Errorf("%d requests in flight at once, want at most %d", api.maxFlight["x"], maxEvictionsInFlight)
+	}
+	for _, p := range []*corev1.Pod{a1, queued} {
+		if st, _ := e.state(p.UID, clk.Now()); st != evictNow {
+			t.Errorf("%s after its drain stopped: state %v, want evict now (forgotten)", p.Name, st)
+		}
+	}
+}
+
+// No worker waits for a budget's turn: with more evictions waiting in one
+// budget's line than there are workers, the others still go.
+func TestEvictorWorkersDoNotWaitForTurns(t *testing.T) {
+	clk := clocktesting.NewFakeClock(time.Unix(1_000_000, 0))
+	api := newEvictionAPI(func(string) error { return nil })
+	e := api.evictorOn(t, clk) // the clock stays: a0 holds the turn
+	start := clk.Now()
+	e.evict(testDrain, evictionPod("a0"), "ns/pdb-a", start, time.Second)
+	waitFor(t, "a0's eviction", func() bool { return api.asked("a0") })
+	var line []*corev1.Pod
+	for i := range 2 * maxEvictionsInFlight {
+		p := evictionPod(fmt.Sprintf("a%d", i+1))
+		e.evict(testDrain, p, "ns/pdb-a", start.Add(time.Second), time.Second)
+		line = append(line, p)
+	}
+	for i := range 10 {
+		e.evict(testDrain, evictionPod(fmt.Sprintf("c%d", i)), "", start, time.Second)
+	}
+	waitFor(t, "the evictions without a budget", func() bool {
+		for i := range 10 {
+			if !api.asked(fmt.Sprintf("c%d", i)) {
+				return false
+			}
+		}
+		return true
+	})
+	waitFor(t, "the budget's evictions all in its line", func() bool { return e.inLine(line...) })
+	e.stop(testDrain)
+	e.wait()
 }
