@@ -103,6 +103,8 @@ type Cluster struct {
 	devicePluginOnce sync.Once
 	logf             func(string, ...any)
 	etcdURL          string
+	// simClock is the simulated hosts' clock (nil: the wall clock; tests).
+	simClock func() time.Time
 }
 
 // Start starts a cluster and waits until every part is healthy. On error

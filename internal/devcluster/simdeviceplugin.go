@@ -110,7 +110,7 @@ func (c *Cluster) startSimGPUPlugins(ctx context.Context) error {
 			switch o := obj.(type) {
 			case *corev1.Pod:
 				if isSimPluginPod(o) {
-					s.started.LoadOrStore(o.UID, simNow())
+					s.started.LoadOrStore(o.UID, s.cluster.simNow())
 				}
 				if o.Spec.NodeName != "" {
 					s.queue.Add(o.Spec.NodeName)

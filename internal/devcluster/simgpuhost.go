@@ -87,8 +87,15 @@ type SimGPUHost struct {
 	State map[int]SimGPUState
 }
 
-// simNow is the simulated kernel's clock (the wall clock; tests set it).
-var simNow = time.Now
+// simNow is the simulated kernel's clock: the wall clock, or the
+// cluster's own (simClock, set by tests; per cluster, so that a test's
+// clock never reaches another cluster's simulation loops).
+func (c *Cluster) simNow() time.Time {
+	if c != nil && c.simClock != nil {
+		return c.simClock()
+	}
+	return time.Now()
+}
 
 // ReadSimGPUHost reads a node's simulated GPU host from its annotations.
 // When the node has rebooted since they were written, it is the host of
@@ -326,7 +333,7 @@ func (c *Cluster) InjectXID(ctx context.Context, node string, gpu, code int) err
 		if gpu < 0 || gpu >= h.GPUs {
 			return fmt.Errorf("node %s has no GPU %d (%d GPUs)", node, gpu, h.GPUs)
 		}
-		h.addXID(gpu, code, simNow())
+		h.addXID(gpu, code, c.simNow())
 		return nil
 	})
 }
@@ -479,7 +486,7 @@ func (c *Cluster) updateSimGPUHost(ctx context.Context, node string, fn func(*Si
 			return err
 		}
 		if h.Boot.Time.IsZero() {
-			h.Boot.Time = simNow().UTC().Truncate(time.Second)
+			h.Boot.Time = c.simNow().UTC().Truncate(time.Second)
 		}
 		ann, err := h.annotations()
 		if err != nil {

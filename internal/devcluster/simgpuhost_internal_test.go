@@ -31,10 +31,7 @@ func simHostCluster(t *testing.T) (*Cluster, *fake.Clientset) {
 	n.CreationTimestamp = metav1.NewTime(simCreated)
 	n.Status.NodeInfo.BootID = "boot-1"
 	cs := fake.NewClientset(n)
-	old := simNow
-	simNow = func() time.Time { return simT }
-	t.Cleanup(func() { simNow = old })
-	return &Cluster{Client: cs}, cs
+	return &Cluster{Client: cs, simClock: func() time.Time { return simT }}, cs
 }
 
 func simNode(t *testing.T, c *Cluster) *corev1.Node {
@@ -213,7 +210,7 @@ func TestSimGPUHostAfterAReboot(t *testing.T) {
 	if err != nil || len(obs.XIDs) != 0 || len(obs.DCGM) != 8 {
 		t.Errorf("observed after the reboot: %d XIDs, %d GPUs, %v; want none, 8", len(obs.XIDs), len(obs.DCGM), err)
 	}
-	simNow = func() time.Time { return simT.Add(time.Hour) }
+	c.simClock = func() time.Time { return simT.Add(time.Hour) }
 	if err := c.InjectXID(ctx, "gpu-003", 2, 79); err != nil {
 		t.Fatal(err)
 	}
