@@ -167,8 +167,8 @@ waits for it to end. --end ends the job.`,
 			if err != nil {
 				return err
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "ComputeDomain %s/%s (uid %s): a worker on %v\n", cdNamespace, args[0], uid, nodes)
-			return nil
+			_, err = fmt.Fprintf(cmd.OutOrStdout(), "ComputeDomain %s/%s (uid %s): a worker on %v\n", cdNamespace, args[0], uid, nodes)
+			return err
 		},
 	}
 	computeDomain.Flags().StringVarP(&cdNamespace, "namespace", "n", "ml", "namespace of the ComputeDomain and its workers")
