@@ -251,7 +251,10 @@ func New(cfg *rest.Config, opts Options) (manager.Manager, error) {
 	mopts := ctrl.Options{
 		Scheme: scheme,
 		Cache: cache.Options{
-			DefaultTransform: cache.TransformStripManagedFields(),
+			// ResourceSlices lose what no controller reads
+			// (stripResourceSlice); a ByObject entry would need the API
+			// server to serve DRA before the manager can start.
+			DefaultTransform: stripDefault,
 			ByObject:         byObject,
 		},
 		Metrics:                 metricsOpts,
