@@ -20,7 +20,6 @@ import (
 	apiextensionsclient "k8s.io/apiextensions-apiserver/pkg/client/clientset/clientset"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
@@ -107,9 +106,12 @@ func TestFleetCommands(t *testing.T) {
 	if err := kube.Status().Update(ctx, gpuFault); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the maintenance of gpu-000 to be Ready", func() bool {
+	devtest.WaitFor(t, "the maintenance of gpu-000 to be Ready", 30*time.Second, func(ctx context.Context) (bool, string) {
 		got := &maintenancev1.NodeMaintenance{}
-		return kube.Get(ctx, client.ObjectKeyFromObject(nm), got) == nil && got.IsReady()
+		if err := kube.Get(ctx, client.ObjectKeyFromObject(nm), got); err != nil {
+			return false, err.Error()
+		}
+		return got.IsReady(), fmt.Sprintf("status %+v", got.Status)
 	})
 
 	admin := kubeconfigFor(t, env.Config)
@@ -137,9 +139,9 @@ func TestFleetCommands(t *testing.T) {
 
 	// explain: the maintenance, its phases and the operator's events.
 	var story string
-	waitFor(t, "the Ready event in explain gpu-000", func() bool {
+	devtest.WaitFor(t, "the Ready event in explain gpu-000", 30*time.Second, func(context.Context) (bool, string) {
 		story = mustRun(t, "explain", "gpu-000", "--kubeconfig", admin)
-		return strings.Contains(story, "event Ready: ")
+		return strings.Contains(story, "event Ready: "), story
 	})
 	wantLines(t, story, "State: in maintenance", "NodeMaintenance default/fleet-test-gpu-000 phase Ready",
 		"NodeMaintenance default/fleet-test-gpu-000 requested by fleet-test.example.com: cordon, drain", "Node gpu-000 created")
@@ -174,9 +176,9 @@ func TestFleetCommands(t *testing.T) {
 		}
 		viewer := kubeconfigFor(t, cfg)
 		var out string
-		waitFor(t, "the viewer's role to apply", func() bool {
+		devtest.WaitFor(t, "the viewer's role to apply", 30*time.Second, func(context.Context) (bool, string) {
 			out, err = run(t, "status", "--kubeconfig", viewer)
-			return err == nil
+			return err == nil, fmt.Sprint(err)
 		})
 		wantLines(t, out, "gpu-000 pool-a cordoned 0/8 - - -", "note: nodemaintenances: forbidden to you by RBAC; shown as -",
 			"note: gpufaults: forbidden to you by RBAC; shown as -",
@@ -192,9 +194,9 @@ func TestFleetCommands(t *testing.T) {
 			t.Fatal(err)
 		}
 		var out string
-		waitFor(t, "status to note the missing GPUFault CRD", func() bool {
+		devtest.WaitFor(t, "status to note the missing GPUFault CRD", 30*time.Second, func(context.Context) (bool, string) {
 			out = mustRun(t, "status", "--kubeconfig", admin)
-			return strings.Contains(out, "note: gpufaults: not installed")
+			return strings.Contains(out, "note: gpufaults: not installed"), out
 		})
 		wantLines(t, out, "gpu-002 pool-a ready 0/8 - - -", "gpu-001 pool-b repairing")
 	})
@@ -432,13 +434,5 @@ func wantLines(t *testing.T, out string, want ...string) {
 		if !strings.Contains(flat, w) {
 			t.Errorf("output lacks %q:\n%s", w, out)
 		}
-	}
-}
-
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	err := wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) { return cond(), nil })
-	if err != nil {
-		t.Fatalf("waiting for %s: %v", what, err)
 	}
 }

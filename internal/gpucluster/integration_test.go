@@ -146,20 +146,6 @@ func deleteAndWait(t *testing.T, obj client.Object) {
 	}
 }
 
-func waitFor(t *testing.T, what string, timeout time.Duration, cond func(ctx context.Context) (bool, string)) {
-	t.Helper()
-	var last string
-	err := wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
-		ok, why := cond(ctx)
-		last = why
-		return ok, nil
-	})
-	if err != nil {
-		dump(t)
-		t.Fatalf("%s: not within %s: %s", what, timeout, last)
-	}
-}
-
 // dump logs the namespace's workloads, pods and events (a failed wait).
 func dump(t *testing.T) {
 	ctx := context.Background()
@@ -191,14 +177,14 @@ func getGPUCluster(ctx context.Context) (*nvidiav1alpha1.GPUCluster, error) {
 func waitState(t *testing.T, state nvidiav1alpha1.GPUClusterState, reason string) *nvidiav1alpha1.GPUCluster {
 	t.Helper()
 	var gc *nvidiav1alpha1.GPUCluster
-	waitFor(t, "GPUCluster "+string(state)+"/"+reason, 90*time.Second, func(ctx context.Context) (bool, string) {
+	devtest.WaitFor(t, "GPUCluster "+string(state)+"/"+reason, 90*time.Second, func(ctx context.Context) (bool, string) {
 		var err error
 		if gc, err = getGPUCluster(ctx); err != nil {
 			return false, err.Error()
 		}
 		r := meta.FindStatusCondition(gc.Status.Conditions, gpucluster.ConditionReady)
 		return gc.Status.State == state && r != nil && r.Reason == reason, fmt.Sprintf("state %q, conditions %+v", gc.Status.State, gc.Status.Conditions)
-	})
+	}, func() { dump(t) })
 	return gc
 }
 
@@ -289,11 +275,11 @@ func TestGPUClusterDeploysTheDRAStack(t *testing.T) {
 	createGPUCluster(t)
 
 	gc := waitState(t, nvidiav1alpha1.GPUClusterNotReady, gpucluster.ReasonOperandNotReady)
-	waitFor(t, "the missing admin-access label reported", 30*time.Second, func(ctx context.Context) (bool, string) {
+	devtest.WaitFor(t, "the missing admin-access label reported", 30*time.Second, func(ctx context.Context) (bool, string) {
 		gc, _ = getGPUCluster(ctx)
 		d := meta.FindStatusCondition(gc.Status.Conditions, gpucluster.ConditionDegraded)
 		return d != nil && d.Reason == gpucluster.ReasonAdminAccessNotAllowed, fmt.Sprintf("%+v", gc.Status.Conditions)
-	})
+	}, func() { dump(t) })
 	if u := meta.FindStatusCondition(gc.Status.Conditions, gpucluster.ConditionUnsupported); u == nil || !strings.Contains(u.Message, "dcgmExporter.serviceMonitor") {
 		t.Errorf("the chart's serviceMonitor is accepted and not acted on: want it reported, got %+v", u)
 	}
@@ -416,10 +402,10 @@ func TestGPUClusterTakesOverTheGPUOperatorsKubeletPlugin(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = k8s.Delete(context.Background(), theirs) })
 	var pods map[string]string
-	waitFor(t, "the GPU Operator's kubelet plugin pods", 60*time.Second, func(ctx context.Context) (bool, string) {
+	devtest.WaitFor(t, "the GPU Operator's kubelet plugin pods", 60*time.Second, func(ctx context.Context) (bool, string) {
 		pods = podsOf(ctx, gpucluster.KubeletPlugin)
 		return len(pods) == len(gpuNodes), fmt.Sprint(pods)
-	})
+	}, func() { dump(t) })
 
 	// The GPU Operator still runs (its leader lease held): gpufleet says
 	// so and writes nothing else.
@@ -432,14 +418,14 @@ func TestGPUClusterTakesOverTheGPUOperatorsKubeletPlugin(t *testing.T) {
 	cfg, wire := devcluster.CountRequests(operatorCfg)
 	devtest.StartOperator(t, cfg, operator.Options{Namespace: ns, Capabilities: []string{"gpustack", "maintenance"}})
 	createGPUCluster(t)
-	waitFor(t, "PreviousOperatorRunning while the GPU Operator's lease is held", 60*time.Second, func(ctx context.Context) (bool, string) {
+	devtest.WaitFor(t, "PreviousOperatorRunning while the GPU Operator's lease is held", 60*time.Second, func(ctx context.Context) (bool, string) {
 		gc, err := getGPUCluster(ctx)
 		if err != nil {
 			return false, err.Error()
 		}
 		c := meta.FindStatusCondition(gc.Status.Conditions, gpustack.ConditionPreviousOperator)
 		return c != nil && c.Status == metav1.ConditionTrue && strings.Contains(c.Message, lease.Name), fmt.Sprint(gc.Status.Conditions)
-	})
+	}, func() { dump(t) })
 	waiting := wire.Snapshot()
 	time.Sleep(2 * time.Second) // a window in which gpufleet must write nothing
 	for k, v := range wire.Since(waiting) {
@@ -515,14 +501,14 @@ func TestGPUClusterARefusedObjectDoesNotStopTheStack(t *testing.T) {
 	startOperator(t)
 	createGPUCluster(t)
 	var gc *nvidiav1alpha1.GPUCluster
-	waitFor(t, "the refusal reported", 60*time.Second, func(ctx context.Context) (bool, string) {
+	devtest.WaitFor(t, "the refusal reported", 60*time.Second, func(ctx context.Context) (bool, string) {
 		gc, _ = getGPUCluster(ctx)
 		d := meta.FindStatusCondition(gc.Status.Conditions, gpucluster.ConditionDegraded)
 		return d != nil && d.Reason == gpucluster.ReasonObjectRefused && strings.Contains(d.Message, "ClusterRoleBinding nvidia-dra-driver-controller"), fmt.Sprintf("%+v", gc.Status.Conditions)
-	})
-	waitFor(t, "the rest of the stack", 60*time.Second, func(ctx context.Context) (bool, string) {
+	}, func() { dump(t) })
+	devtest.WaitFor(t, "the rest of the stack", 60*time.Second, func(ctx context.Context) (bool, string) {
 		return len(podsOf(ctx, gpucluster.KubeletPlugin)) == len(gpuNodes) && len(podsOf(ctx, gpucluster.DCGMExporter)) == len(gpuNodes), "pods not running"
-	})
+	}, func() { dump(t) })
 	if gc.Status.State != nvidiav1alpha1.GPUClusterNotReady {
 		t.Errorf("state %s with a refused object", gc.Status.State)
 	}
@@ -558,7 +544,7 @@ func TestClusterPolicyWaitsWhileAnOlderGPUClusterExists(t *testing.T) {
 		return got.Status.State == nvidiav1.StateIgnored && r != nil && r.Reason == gpustack.ReasonGPUClusterPresent &&
 			strings.Contains(r.Message, "GPUCluster gpu-cluster"), fmt.Sprintf("%s %+v", got.Status.State, got.Status.Conditions)
 	}
-	waitFor(t, "the ClusterPolicy held", 30*time.Second, policyHeld)
+	devtest.WaitFor(t, "the ClusterPolicy held", 30*time.Second, policyHeld, func() { dump(t) })
 	time.Sleep(time.Second)
 	var list appsv1.DaemonSetList
 	if err := k8s.List(ctx, &list, client.InNamespace(ns), client.MatchingLabels{gpustack.LabelPartOf: "gpufleet-gpu-stack"}); err != nil || len(list.Items) != 0 {
@@ -568,11 +554,11 @@ func TestClusterPolicyWaitsWhileAnOlderGPUClusterExists(t *testing.T) {
 		t.Errorf("the GPUCluster stopped being ready: %+v", got.Status)
 	}
 	deleteAndWait(t, gc)
-	waitFor(t, "the ClusterPolicy deploys once the GPUCluster is gone", 60*time.Second, func(ctx context.Context) (bool, string) {
+	devtest.WaitFor(t, "the ClusterPolicy deploys once the GPUCluster is gone", 60*time.Second, func(ctx context.Context) (bool, string) {
 		var list appsv1.DaemonSetList
 		_ = k8s.List(ctx, &list, client.InNamespace(ns), client.MatchingLabels{gpustack.LabelPartOf: "gpufleet-gpu-stack"})
 		return len(list.Items) > 0, "no DaemonSet of the ClusterPolicy"
-	})
+	}, func() { dump(t) })
 }
 
 // removeDeployLabels removes every nvidia.com/gpu.deploy.* label of the

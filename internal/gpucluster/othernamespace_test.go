@@ -40,9 +40,9 @@ func TestGPUClusterDeploysNothingBesideAStackInAnotherNamespace(t *testing.T) {
 	if err := k8s.Patch(ctx, gc, client.RawPatch(types.MergePatchType, patch)); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the stack deployed once the other one is confirmed gone", 60*time.Second, func(ctx context.Context) (bool, string) {
+	devtest.WaitFor(t, "the stack deployed once the other one is confirmed gone", 60*time.Second, func(ctx context.Context) (bool, string) {
 		ds := &appsv1.DaemonSet{}
 		err := k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: gpucluster.KubeletPlugin}, ds)
 		return err == nil, fmt.Sprint(err)
-	})
+	}, func() { dump(t) })
 }

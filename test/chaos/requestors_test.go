@@ -28,6 +28,7 @@ import (
 	repairv1 "github.com/gpufleet/gpufleet/api/repair/v1alpha1"
 	"github.com/gpufleet/gpufleet/internal/agent"
 	"github.com/gpufleet/gpufleet/internal/devcluster"
+	"github.com/gpufleet/gpufleet/internal/devcluster/devtest"
 	"github.com/gpufleet/gpufleet/internal/gpustack"
 )
 
@@ -68,9 +69,12 @@ func TestHumansUpgradesAndRepairsShareTheLimits(t *testing.T) {
 	if err := env.Kube.Create(ctx, policy); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 3*time.Minute, "the GPU stack ready", func(ctx context.Context) bool {
+	devtest.WaitFor(t, "the GPU stack ready", 3*time.Minute, func(ctx context.Context) (bool, string) {
 		p := &nvidiav1.ClusterPolicy{}
-		return env.Kube.Get(ctx, types.NamespacedName{Name: policy.Name}, p) == nil && p.Status.State == nvidiav1.StateReady
+		if err := env.Kube.Get(ctx, types.NamespacedName{Name: policy.Name}, p); err != nil {
+			return false, err.Error()
+		}
+		return p.Status.State == nvidiav1.StateReady, fmt.Sprintf("ClusterPolicy state %q", p.Status.State)
 	})
 	// The node agents of the faulty nodes, simulated in this process.
 	for _, n := range faulty {
@@ -247,9 +251,12 @@ func gpuWorkload(t *testing.T, env *devcluster.Env, replicas int) {
 	if _, err := env.Client.AppsV1().Deployments(workloadNamespace).Create(t.Context(), dep, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 2*time.Minute, "the GPU workload ready", func(ctx context.Context) bool {
+	devtest.WaitFor(t, "the GPU workload ready", 2*time.Minute, func(ctx context.Context) (bool, string) {
 		d, err := env.Client.AppsV1().Deployments(workloadNamespace).Get(ctx, "gpu-train", metav1.GetOptions{})
-		return err == nil && d.Status.ReadyReplicas == int32(replicas)
+		if err != nil {
+			return false, err.Error()
+		}
+		return d.Status.ReadyReplicas == int32(replicas), fmt.Sprintf("%d of %d replicas ready", d.Status.ReadyReplicas, replicas)
 	})
 }
 
@@ -268,14 +275,4 @@ func seedClusterPolicy(t *testing.T) *nvidiav1.ClusterPolicy {
 		t.Fatal(err)
 	}
 	return p
-}
-
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func(context.Context) bool) {
-	t.Helper()
-	err := wait.PollUntilContextTimeout(t.Context(), 250*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
-		return cond(ctx), nil
-	})
-	if err != nil {
-		t.Fatalf("%s: not within %s", what, timeout)
-	}
 }

@@ -121,17 +121,17 @@ func TestEveryQueriedMetricIsExported(t *testing.T) {
 		t.Fatal(err)
 	}
 	phases := map[string]corev1.PodPhase{}
-	waitFor(t, "the GPU pods running", 60*time.Second, func(ctx context.Context) bool {
+	devtest.WaitFor(t, "the GPU pods running", 60*time.Second, func(ctx context.Context) (bool, string) {
 		for _, name := range []string{"train", "dra-0"} {
 			var p corev1.Pod
 			if kube.Get(ctx, client.ObjectKey{Namespace: "default", Name: name}, &p) != nil || p.Status.Phase != corev1.PodRunning {
 				phases[name] = p.Status.Phase
-				return false
+				return false, fmt.Sprint(phases)
 			}
 			phases[name] = p.Status.Phase
 		}
-		return true
-	}, func() string { return fmt.Sprint(phases) })
+		return true, fmt.Sprint(phases)
+	})
 
 	// Maintenance: a-0's drain is blocked by the PDB past its 1 s
 	// timeout; a-1 waits for the one slot (maxParallelOperations 1).
@@ -144,19 +144,23 @@ func TestEveryQueriedMetricIsExported(t *testing.T) {
 	}
 	var a0, a1 maintenancev1.NodeMaintenance
 	upgrade("a-0")
-	waitFor(t, "upgrade-a-0 in progress", 30*time.Second, func(ctx context.Context) bool {
-		return kube.Get(ctx, client.ObjectKey{Namespace: "default", Name: "upgrade-a-0"}, &a0) == nil && a0.InProgress()
-	}, func() string { return fmt.Sprintf("upgrade-a-0 status %+v", a0.Status) })
+	devtest.WaitFor(t, "upgrade-a-0 in progress", 30*time.Second, func(ctx context.Context) (bool, string) {
+		if err := kube.Get(ctx, client.ObjectKey{Namespace: "default", Name: "upgrade-a-0"}, &a0); err != nil {
+			return false, err.Error()
+		}
+		return a0.InProgress(), fmt.Sprintf("upgrade-a-0 status %+v", a0.Status)
+	})
 	upgrade("a-1")
-	waitFor(t, "upgrade-a-0 DrainBlocked and upgrade-a-1 Pending with a reason", 60*time.Second, func(ctx context.Context) bool {
-		if kube.Get(ctx, client.ObjectKey{Namespace: "default", Name: "upgrade-a-0"}, &a0) != nil ||
-			kube.Get(ctx, client.ObjectKey{Namespace: "default", Name: "upgrade-a-1"}, &a1) != nil {
-			return false
+	devtest.WaitFor(t, "upgrade-a-0 DrainBlocked and upgrade-a-1 Pending with a reason", 60*time.Second, func(ctx context.Context) (bool, string) {
+		if err := kube.Get(ctx, client.ObjectKey{Namespace: "default", Name: "upgrade-a-0"}, &a0); err != nil {
+			return false, err.Error()
+		}
+		if err := kube.Get(ctx, client.ObjectKey{Namespace: "default", Name: "upgrade-a-1"}, &a1); err != nil {
+			return false, err.Error()
 		}
 		c := findCondition(a1.Status.Conditions, maintenancev1.ConditionTypeReady)
-		return a0.DrainBlocked() && a1.Phase() == maintenancev1.PhasePending && c != nil && c.Message != ""
-	}, func() string {
-		return fmt.Sprintf("upgrade-a-0 status %+v; upgrade-a-1 status %+v", a0.Status, a1.Status)
+		return a0.DrainBlocked() && a1.Phase() == maintenancev1.PhasePending && c != nil && c.Message != "",
+			fmt.Sprintf("upgrade-a-0 status %+v; upgrade-a-1 status %+v", a0.Status, a1.Status)
 	})
 
 	// Repair: b-0's fault needs a reboot the policy does not allow
@@ -202,22 +206,25 @@ func TestEveryQueriedMetricIsExported(t *testing.T) {
 	var repairs repairv1.NodeRepairList
 	var faults repairv1.GPUFaultList
 	var got nvidiav1.ClusterPolicy
-	waitFor(t, "b-0 RecoveryFailed, a-2's NTP repair Succeeded, a GPUFault on a-2, the ClusterPolicy's status", 90*time.Second, func(ctx context.Context) bool {
-		if kube.List(ctx, &repairs) != nil || kube.List(ctx, &faults) != nil || kube.Get(ctx, client.ObjectKeyFromObject(cp), &got) != nil {
-			return false
+	devtest.WaitFor(t, "b-0 RecoveryFailed, a-2's NTP repair Succeeded, a GPUFault on a-2, the ClusterPolicy's status", 90*time.Second, func(ctx context.Context) (bool, string) {
+		if err := kube.List(ctx, &repairs); err != nil {
+			return false, err.Error()
+		}
+		if err := kube.List(ctx, &faults); err != nil {
+			return false, err.Error()
+		}
+		if err := kube.Get(ctx, client.ObjectKeyFromObject(cp), &got); err != nil {
+			return false, err.Error()
 		}
 		done := map[string]repairv1.Phase{}
-		for _, r := range repairs.Items {
-			done[r.Spec.NodeName+"/"+r.Spec.Fault.Rule] = r.Status.Phase
-		}
-		return done["b-0/readonly-filesystem"] == repairv1.PhaseRecoveryFailed && done["a-2/ntp-problem"] == repairv1.PhaseSucceeded &&
-			len(faults.Items) > 0 && got.Status.State != ""
-	}, func() string {
 		var s []string
 		for _, r := range repairs.Items {
+			done[r.Spec.NodeName+"/"+r.Spec.Fault.Rule] = r.Status.Phase
 			s = append(s, fmt.Sprintf("%s/%s: %s %s", r.Spec.NodeName, r.Spec.Fault.Rule, r.Status.Phase, r.Status.Message))
 		}
-		return fmt.Sprintf("repairs %v; %d GPUFaults; ClusterPolicy state %q", s, len(faults.Items), got.Status.State)
+		return done["b-0/readonly-filesystem"] == repairv1.PhaseRecoveryFailed && done["a-2/ntp-problem"] == repairv1.PhaseSucceeded &&
+				len(faults.Items) > 0 && got.Status.State != "",
+			fmt.Sprintf("repairs %v; %d GPUFaults; ClusterPolicy state %q", s, len(faults.Items), got.Status.State)
 	})
 	t.Logf("scenario done after %s", time.Since(began).Round(time.Second))
 
@@ -247,15 +254,4 @@ func findCondition(cs []metav1.Condition, typ string) *metav1.Condition {
 		return nil
 	}
 	return &cs[i]
-}
-
-// waitFor polls cond; on timeout it fails with state's description.
-func waitFor(t *testing.T, what string, timeout time.Duration, cond func(context.Context) bool, state func() string) {
-	t.Helper()
-	err := wait.PollUntilContextTimeout(t.Context(), 200*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
-		return cond(ctx), nil
-	})
-	if err != nil {
-		t.Fatalf("waiting for %s: %v; %s", what, err, state())
-	}
 }

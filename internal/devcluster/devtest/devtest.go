@@ -1,6 +1,7 @@
 // Package devtest is what the integration tests of every package share:
 // one local cluster per test binary, skipping in -short runs, and the
-// operator run in-process. Only tests import it.
+// operator run in-process, waiting for the cluster to reach a state.
+// Only tests import it.
 package devtest
 
 import (
