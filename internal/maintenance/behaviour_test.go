@@ -2,6 +2,7 @@ package maintenance_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -9,8 +10,11 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	maintenancev1 "github.com/gpufleet/gpufleet/api/maintenance/v1alpha1"
 	"github.com/gpufleet/gpufleet/internal/devcluster"
@@ -80,6 +84,56 @@ func TestOperatorRestartMidDrainResumes(t *testing.T) {
 
 func TestNVIDIAStyleClientWorksUnchanged(t *testing.T) {
 	withOperator(t, ios(2), nil)
+	nvidiaStyleClient(t)
+}
+
+// TestNVIDIAStyleClientWorksUnchangedWithDomains: the same client, with
+// spec.domains configured and its node in a domain whose other node has
+// no request (the domain collects for collectSeconds, then starts).
+func TestNVIDIAStyleClientWorksUnchangedWithDomains(t *testing.T) {
+	withOperator(t, ios(2), nil)
+	const rackLabel = "test.gpufleet.dev/nvidia-style-rack"
+	for _, n := range []string{"gpu-005", "gpu-006"} {
+		patch := fmt.Sprintf(`{"metadata":{"labels":{%q:"r1"}}}`, rackLabel)
+		if _, err := cluster.Client.CoreV1().Nodes().Patch(t.Context(), n, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			patch := fmt.Sprintf(`{"metadata":{"labels":{%q:null}}}`, rackLabel)
+			_, _ = cluster.Client.CoreV1().Nodes().Patch(context.Background(), n, types.MergePatchType, []byte(patch), metav1.PatchOptions{})
+		})
+	}
+	setDomains(t, &maintenancev1.MaintenanceDomains{NodeLabel: rackLabel, CollectSeconds: ptr.To[int32](3)})
+	nvidiaStyleClient(t)
+}
+
+// setDomains sets spec.domains of the default config until the test ends.
+func setDomains(t *testing.T, d *maintenancev1.MaintenanceDomains) {
+	t.Helper()
+	update := func(ctx context.Context, d *maintenancev1.MaintenanceDomains) error {
+		return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+			cfg := &maintenancev1.MaintenanceOperatorConfig{ObjectMeta: metav1.ObjectMeta{Namespace: operatorNS, Name: "default"}}
+			if err := k8s.Get(ctx, client.ObjectKeyFromObject(cfg), cfg); err != nil {
+				return err
+			}
+			cfg.Spec.Domains = d
+			return k8s.Update(ctx, cfg)
+		})
+	}
+	if err := update(t.Context(), d); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := update(context.Background(), nil); err != nil {
+			t.Errorf("removing spec.domains: %v", err)
+		}
+	})
+}
+
+// nvidiaStyleClient drives one NodeMaintenance on gpu-005 as NVIDIA's
+// clients do: created, Ready, then RequestorFailed keeps the node.
+func nvidiaStyleClient(t *testing.T) {
+	t.Helper()
 	// Exactly what the NVIDIA network operator / driver upgrade library writes.
 	doc := `apiVersion: maintenance.nvidia.com/v1alpha1
 kind: NodeMaintenance
