@@ -2,14 +2,12 @@ package chaos
 
 import (
 	"context"
-	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
 	"maps"
 	"net/http"
 	"os"
-	"path/filepath"
 	"runtime"
 	"slices"
 	"sort"
@@ -1155,24 +1153,6 @@ func p50p99(d map[string]float64) string {
 }
 
 func writeBurstReport(b *testing.B, r burstReportData, md string) {
-	dir := *burstReport
-	if dir == "" {
-		root, err := devcluster.SourceRoot()
-		if err != nil {
-			b.Fatal(err)
-		}
-		dir = filepath.Join(root, "results")
-	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		b.Fatal(err)
-	}
-	data, _ := json.MarshalIndent(r, "", "  ")
-	base := filepath.Join(dir, fmt.Sprintf("burst-%d", r.Parameters["nodes"]))
-	if err := os.WriteFile(base+".json", append(data, '\n'), 0o644); err != nil {
-		b.Fatal(err)
-	}
-	if err := os.WriteFile(base+".md", []byte(md), 0o644); err != nil {
-		b.Fatal(err)
-	}
+	base := writeReport(b, reportDir(b, *burstReport), fmt.Sprintf("burst-%d", r.Parameters["nodes"]), r, md)
 	b.Logf("report: %s.json, %s.md", base, base)
 }

@@ -2,12 +2,9 @@ package chaos
 
 import (
 	"context"
-	"encoding/json"
 	"flag"
 	"fmt"
 	"maps"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -206,15 +203,7 @@ func BenchmarkNVLinkDomainRollout(b *testing.B) {
 	if *domainsMaxDisrupted != "" {
 		name += "-max-disrupted-" + strings.TrimSuffix(*domainsMaxDisrupted, "%")
 	}
-	dir := reportDir(b, *domainsReport)
-	data, _ := json.MarshalIndent(rep, "", "  ")
-	if err := os.WriteFile(filepath.Join(dir, name+".json"), append(data, '\n'), 0o644); err != nil {
-		b.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, name+".md"), []byte(md), 0o644); err != nil {
-		b.Fatal(err)
-	}
-	b.Logf("report: %s.{json,md}", filepath.Join(dir, name))
+	b.Logf("report: %s.{json,md}", writeReport(b, reportDir(b, *domainsReport), name, rep, md))
 	for i, r := range runs {
 		suffix := []string{"-node-by-node", "-domains"}[i]
 		b.ReportMetric(float64(r.DomainInterruptions), "domain-interruptions"+suffix)

@@ -21,8 +21,10 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/metadata"
 	"k8s.io/client-go/rest"
 
 	"github.com/gpufleet/gpufleet/internal/devcluster"
@@ -386,57 +388,31 @@ func waitRest(ctx context.Context, op *operatorProcess, addr string, timeout tim
 // clusterObjects counts the objects of the types the operator's caches hold.
 func clusterObjects(ctx context.Context, b *testing.B, env *devcluster.Env) map[string]int {
 	out := map[string]int{}
-	count := func(name string, list func(metav1.ListOptions) (int, string, error)) {
+	mc, err := metadata.NewForConfig(env.Config)
+	if err != nil {
+		b.Logf("counting objects: %v", err)
+		return out
+	}
+	for _, gvr := range []schema.GroupVersionResource{
+		{Version: "v1", Resource: "nodes"}, {Version: "v1", Resource: "pods"},
+		{Group: "resource.k8s.io", Version: "v1", Resource: "resourceslices"},
+		{Group: "apps", Version: "v1", Resource: "daemonsets"},
+		{Group: "coordination.k8s.io", Version: "v1", Resource: "leases"},
+	} {
 		opts := metav1.ListOptions{Limit: 5000}
 		for {
-			n, cont, err := list(opts)
+			l, err := mc.Resource(gvr).List(ctx, opts)
 			if err != nil {
-				b.Logf("counting %s: %v", name, err)
-				return
+				b.Logf("counting %s: %v", gvr.Resource, err)
+				break
 			}
-			out[name] += n
-			if cont == "" {
-				return
+			out[gvr.Resource] += len(l.Items)
+			if l.Continue == "" {
+				break
 			}
-			opts.Continue = cont
+			opts.Continue = l.Continue
 		}
 	}
-	c := env.Client
-	count("nodes", func(o metav1.ListOptions) (int, string, error) {
-		l, err := c.CoreV1().Nodes().List(ctx, o)
-		if err != nil {
-			return 0, "", err
-		}
-		return len(l.Items), l.Continue, nil
-	})
-	count("pods", func(o metav1.ListOptions) (int, string, error) {
-		l, err := c.CoreV1().Pods("").List(ctx, o)
-		if err != nil {
-			return 0, "", err
-		}
-		return len(l.Items), l.Continue, nil
-	})
-	count("resourceslices", func(o metav1.ListOptions) (int, string, error) {
-		l, err := c.ResourceV1().ResourceSlices().List(ctx, o)
-		if err != nil {
-			return 0, "", err
-		}
-		return len(l.Items), l.Continue, nil
-	})
-	count("daemonsets", func(o metav1.ListOptions) (int, string, error) {
-		l, err := c.AppsV1().DaemonSets("").List(ctx, o)
-		if err != nil {
-			return 0, "", err
-		}
-		return len(l.Items), l.Continue, nil
-	})
-	count("leases", func(o metav1.ListOptions) (int, string, error) {
-		l, err := c.CoordinationV1().Leases("").List(ctx, o)
-		if err != nil {
-			return 0, "", err
-		}
-		return len(l.Items), l.Continue, nil
-	})
 	return out
 }
 
@@ -508,17 +484,28 @@ func reportDir(b *testing.B, dir string) string {
 	return dir
 }
 
-// writeRestReport writes rest-<nodes>.{json,md} and merges the size into
-// the curve scale-rest.{json,md} (one entry per node count, the latest).
-func writeRestReport(b *testing.B, dir string, r restReport) {
-	data, _ := json.MarshalIndent(r, "", "  ")
-	base := filepath.Join(dir, fmt.Sprintf("rest-%d", r.Nodes))
+// writeReport writes <dir>/<name>.json (v, indented) and <name>.md, and
+// returns their path without the extension. Every benchmark's report.
+func writeReport(b *testing.B, dir, name string, v any, md string) string {
+	b.Helper()
+	data, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		b.Fatal(err)
+	}
+	base := filepath.Join(dir, name)
 	if err := os.WriteFile(base+".json", append(data, '\n'), 0o644); err != nil {
 		b.Fatal(err)
 	}
-	if err := os.WriteFile(base+".md", []byte(restMarkdown([]restReport{r})), 0o644); err != nil {
+	if err := os.WriteFile(base+".md", []byte(md), 0o644); err != nil {
 		b.Fatal(err)
 	}
+	return base
+}
+
+// writeRestReport writes rest-<nodes>.{json,md} and merges the size into
+// the curve scale-rest.{json,md} (one entry per node count, the latest).
+func writeRestReport(b *testing.B, dir string, r restReport) {
+	base := writeReport(b, dir, fmt.Sprintf("rest-%d", r.Nodes), r, restMarkdown([]restReport{r}))
 	curve := map[int]restReport{}
 	if old, err := os.ReadFile(filepath.Join(dir, "scale-rest.json")); err == nil {
 		var sizes []restReport
@@ -533,13 +520,7 @@ func writeRestReport(b *testing.B, dir string, r restReport) {
 	for _, n := range slices.Sorted(maps.Keys(curve)) {
 		sizes = append(sizes, curve[n])
 	}
-	data, _ = json.MarshalIndent(sizes, "", "  ")
-	if err := os.WriteFile(filepath.Join(dir, "scale-rest.json"), append(data, '\n'), 0o644); err != nil {
-		b.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, "scale-rest.md"), []byte(restMarkdown(sizes)), 0o644); err != nil {
-		b.Fatal(err)
-	}
+	writeReport(b, dir, "scale-rest", sizes, restMarkdown(sizes))
 	b.Logf("report: %s.{json,md}, %s", base, filepath.Join(dir, "scale-rest.{json,md}"))
 }
 

@@ -2,12 +2,9 @@ package chaos
 
 import (
 	"context"
-	"encoding/json"
 	"flag"
 	"fmt"
 	"maps"
-	"os"
-	"path/filepath"
 	"slices"
 	"sort"
 	"strings"
@@ -507,25 +504,7 @@ func (r scaleReportData) markdown() string {
 }
 
 func writeScaleReport(b *testing.B, r scaleReportData, md string) {
-	dir := *scaleReport
-	if dir == "" {
-		root, err := devcluster.SourceRoot()
-		if err != nil {
-			b.Fatal(err)
-		}
-		dir = filepath.Join(root, "results")
-	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		b.Fatal(err)
-	}
-	data, _ := json.MarshalIndent(r, "", "  ")
-	base := filepath.Join(dir, fmt.Sprintf("scale-%d", r.Parameters["nodes"]))
-	if err := os.WriteFile(base+".json", append(data, '\n'), 0o644); err != nil {
-		b.Fatal(err)
-	}
-	if err := os.WriteFile(base+".md", []byte(md), 0o644); err != nil {
-		b.Fatal(err)
-	}
+	base := writeReport(b, reportDir(b, *scaleReport), fmt.Sprintf("scale-%d", r.Parameters["nodes"]), r, md)
 	b.Logf("report: %s.json, %s.md", base, base)
 }
 
