@@ -404,7 +404,7 @@ func TestDisruptedDomains(t *testing.T) {
 		Objects: []PlanObject{{Name: "1", NodeName: "a1", InProgress: true}, {Name: "2", NodeName: "a2", InProgress: true},
 			{Name: "3", NodeName: "b1"}, {Name: "4", NodeName: "x", InProgress: true}, {Name: "5", NodeName: "c1", InProgress: true}},
 	}
-	got := disruptedDomains(snap)
+	got := disruptedDomains(snap, snap.domainOf())
 	if len(got) != 2 || !got["rack-a"] || !got["rack-c"] {
 		t.Errorf("disrupted %v, want rack-a and rack-c", got)
 	}

@@ -133,14 +133,9 @@ func (s *Scheduler) Reconcile(ctx context.Context, _ reconcile.Request) (reconci
 	// The wait-reason writer learns the plan first, so it no longer
 	// writes the objects about to be scheduled.
 	s.Reasons.Set(plan.Waiting, byKey)
-	disrupted := disruptedDomains(snap)
+	domainOf := snap.domainOf()
+	disrupted := disruptedDomains(snap, domainOf)
 	defer func() { recordDomains(plan.TotalDomains, len(disrupted)) }()
-	domainOf := make(map[string]string, len(snap.Nodes))
-	for _, n := range snap.Nodes {
-		if n.Domain != "" {
-			domainOf[n.Name] = n.Domain
-		}
-	}
 	for _, o := range plan.Schedule {
 		if err := s.schedule(ctx, byKey[o.Key()], &nodes); err != nil {
 			if apierrors.IsConflict(err) {
@@ -178,17 +173,22 @@ func (s *Scheduler) Reconcile(ctx context.Context, _ reconcile.Request) (reconci
 
 // disruptedDomains are the domains with a node whose maintenance is in
 // progress (none without spec.domains: no node has a domain then).
-func disruptedDomains(snap Snapshot) map[string]bool {
-	domainOf := make(map[string]string, len(snap.Nodes))
-	for _, n := range snap.Nodes {
-		if n.Domain != "" {
-			domainOf[n.Name] = n.Domain
-		}
-	}
+func disruptedDomains(snap Snapshot, domainOf map[string]string) map[string]bool {
 	out := map[string]bool{}
 	for _, o := range snap.Objects {
 		if d := domainOf[o.NodeName]; o.InProgress && d != "" {
 			out[d] = true
+		}
+	}
+	return out
+}
+
+// domainOf maps each node in a domain to it.
+func (s Snapshot) domainOf() map[string]string {
+	out := make(map[string]string, len(s.Nodes))
+	for _, n := range s.Nodes {
+		if n.Domain != "" {
+			out[n.Name] = n.Domain
 		}
 	}
 	return out
