@@ -584,3 +584,30 @@ func (c *checker) latencies() []time.Duration {
 	slices.Sort(out)
 	return out
 }
+
+// pendingWithReason counts the objects seen Pending with a wait reason.
+func (c *checker) pendingWithReason() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := 0
+	for _, st := range c.nms {
+		if !st.inProgress && st.message != "" {
+			n++
+		}
+	}
+	return n
+}
+
+// opened records that the limits opened at t: a release, and the start of
+// the Pending phase of every object still waiting (their time before it
+// was the closed limit's, not the engine's).
+func (c *checker) opened(t time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.releases = append(c.releases, t)
+	for _, seen := range c.phases {
+		if n := len(seen); n > 0 && seen[n-1].phase == "Pending" && seen[n-1].at.Before(t) {
+			seen[n-1].at = t
+		}
+	}
+}

@@ -35,6 +35,8 @@ var (
 	scaleIdle           = flag.Duration("scale.idle", time.Minute, "idle window after the rollout, for requests per minute")
 	scaleReport         = flag.String("scale.report", "", "directory for scale-<nodes>.json and .md (default: results/ in the source tree)")
 	scaleBaseline       = flag.Bool("scale.baseline", true, "first time a parallel kubectl drain + uncordon of every node on the same cluster (the baseline)")
+	scalePDBs           = flag.Bool("scale.pdbs", true, "put two of the three Deployments behind PodDisruptionBudgets (false: no budgets, the engine's own speed)")
+	scaleOpenAfter      = flag.Bool("scale.open-after-create", false, "create every NodeMaintenance while maxParallelOperations is 0, then open the limit and start the clock")
 )
 
 // scaleRequestors share the NodeMaintenance objects.
@@ -134,7 +136,7 @@ func BenchmarkScaleRollout(b *testing.B) {
 		b.Fatal(err)
 	}
 	setupBegan := time.Now()
-	scaleWorkloads(b, env, nodes*perNode)
+	scaleWorkloads(b, env, nodes*perNode, *scalePDBs)
 	b.Logf("%d nodes with %d pods running after %s", nodes, nodes*perNode, time.Since(setupBegan).Round(time.Second))
 	spread := map[string][2]int{}
 	var baseline *kubectlBaseline
@@ -161,10 +163,16 @@ func BenchmarkScaleRollout(b *testing.B) {
 	defer op.kill()
 	startup := waitOperatorSettled(b, addr)
 
-	if err := env.Kube.Create(ctx, &maintenancev1.MaintenanceOperatorConfig{
+	mocfg := &maintenancev1.MaintenanceOperatorConfig{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "default"},
 		Spec:       maintenancev1.MaintenanceOperatorConfigSpec{MaxParallelOperations: &mpo, MaxUnavailable: &mu},
-	}); err != nil {
+	}
+	if *scaleOpenAfter {
+		// Closed until every object exists: the clock then measures the
+		// engine working through a full queue, not the creation.
+		mocfg.Spec.MaxParallelOperations = ptr.To(intstr.FromInt32(0))
+	}
+	if err := env.Kube.Create(ctx, mocfg); err != nil {
 		b.Fatal(err)
 	}
 	chk := newChecker(env.Cluster, env.Kube, adminCordoned, limitParallel, limitUnavailable)
@@ -201,6 +209,23 @@ func BenchmarkScaleRollout(b *testing.B) {
 		}
 	}
 	b.Logf("%d NodeMaintenance objects created in %s", nodes, time.Since(began).Round(time.Millisecond))
+	if *scaleOpenAfter {
+		// Every object seen Pending with its wait reason, then the limit opens.
+		err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 5*time.Minute, true, func(context.Context) (bool, error) {
+			return chk.pendingWithReason() == nodes, nil
+		})
+		if err != nil {
+			b.Fatalf("not every NodeMaintenance was seen Pending with a wait reason: %d/%d", chk.pendingWithReason(), nodes)
+		}
+		patch := client.MergeFrom(mocfg.DeepCopy())
+		mocfg.Spec.MaxParallelOperations = &mpo
+		if err := env.Kube.Patch(ctx, mocfg, patch); err != nil {
+			b.Fatal(err)
+		}
+		began = time.Now()
+		chk.opened(began)
+		b.Logf("maxParallelOperations opened to %s", mpo.String())
+	}
 	bound := 10*time.Minute + time.Duration(nodes)*2*time.Second
 	err = wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, bound, false, func(context.Context) (bool, error) {
 		chk.mu.Lock()
@@ -242,7 +267,7 @@ func BenchmarkScaleRollout(b *testing.B) {
 		Parameters: map[string]any{"nodes": nodes, "podsPerNode": perNode, "pods": nodes * perNode,
 			"objects": nodes, "requestors": scaleRequestors, "maxParallelOperations": mpo.String(), "maxUnavailable": mu.String(),
 			"resolvedMaxParallel": limitParallel, "resolvedMaxUnavailable": limitUnavailable,
-			"pdbs": "train: maxUnavailable 10%; serve: minAvailable 80%; batch: none", "adminCordonedNodes": 1,
+			"pdbs": pdbParameter(*scalePDBs), "openAfterCreate": *scaleOpenAfter, "adminCordonedNodes": 1,
 			"podTerminationSeconds": 1, "idleWindow": scaleIdle.String(), "capabilities": operator.CapabilityNames()},
 		RolloutSeconds: rollout.Seconds(), ObjectsPerMin: float64(nodes) / rollout.Minutes(),
 		LatencyMs:     percentiles(chk.latencies()),
@@ -326,10 +351,17 @@ func BenchmarkScaleRollout(b *testing.B) {
 	}
 }
 
+func pdbParameter(pdbs bool) string {
+	if !pdbs {
+		return "none"
+	}
+	return "train: maxUnavailable 10%; serve: minAvailable 80%; batch: none"
+}
+
 // scaleWorkloads runs three Deployments over the nodes: train behind a
-// maxUnavailable 10% PDB, serve behind a minAvailable 80% PDB, batch
-// unprotected. Pods take a second to terminate.
-func scaleWorkloads(b *testing.B, env *devcluster.Env, pods int) {
+// maxUnavailable 10% PDB, serve behind a minAvailable 80% PDB (without
+// pdbs, neither), batch unprotected. Pods take a second to terminate.
+func scaleWorkloads(b *testing.B, env *devcluster.Env, pods int, pdbs bool) {
 	ctx := context.Background()
 	names := []string{"train", "serve", "batch"}
 	for i, name := range names {
@@ -353,11 +385,14 @@ func scaleWorkloads(b *testing.B, env *devcluster.Env, pods int) {
 			b.Fatal(err)
 		}
 	}
-	pdbs := map[string]policyv1.PodDisruptionBudgetSpec{
+	budgets := map[string]policyv1.PodDisruptionBudgetSpec{
 		"train": {MaxUnavailable: ptr.To(intstr.FromString("10%"))},
 		"serve": {MinAvailable: ptr.To(intstr.FromString("80%"))},
 	}
-	for name, spec := range pdbs {
+	if !pdbs {
+		clear(budgets)
+	}
+	for name, spec := range budgets {
 		spec.Selector = &metav1.LabelSelector{MatchLabels: map[string]string{"app": name}}
 		pdb := &policyv1.PodDisruptionBudget{ObjectMeta: metav1.ObjectMeta{Namespace: workloadNamespace, Name: name}, Spec: spec}
 		if _, err := env.Client.PolicyV1().PodDisruptionBudgets(workloadNamespace).Create(ctx, pdb, metav1.CreateOptions{}); err != nil {
@@ -440,8 +475,11 @@ func (r scaleReportData) markdown() string {
 	fmt.Fprintf(&s, "# gpufleet scale rollout (%s, %s)\n\n", r.Commit, r.Date)
 	fmt.Fprintf(&s, "Parameters: %v nodes, %v pods (%v per node; %v), %v NodeMaintenance objects from %d requestors with drains, "+
 		"maxParallelOperations %v (= %v), maxUnavailable %v (= %v), 1 node cordoned by an admin, capabilities %v; the operator is the real binary in its own process.\n\n",
-		p["nodes"], p["pods"], p["podsPerNode"], p["pdbs"], p["objects"], len(scaleRequestors),
+		p["nodes"], p["pods"], p["podsPerNode"], "budgets: "+fmt.Sprint(p["pdbs"]), p["objects"], len(scaleRequestors),
 		p["maxParallelOperations"], p["resolvedMaxParallel"], p["maxUnavailable"], p["resolvedMaxUnavailable"], p["capabilities"])
+	if p["openAfterCreate"] == true {
+		fmt.Fprintf(&s, "Every object was created while maxParallelOperations was 0; the clock starts when it opens.\n\n")
+	}
 	fmt.Fprintf(&s, "| figure | value |\n|---|---|\n")
 	fmt.Fprintf(&s, "| every object Ready once and deleted | %.1f s (%.0f objects/min) |\n", r.RolloutSeconds, r.ObjectsPerMin)
 	if bl := r.Baseline; bl != nil {
@@ -504,7 +542,11 @@ func (r scaleReportData) markdown() string {
 }
 
 func writeScaleReport(b *testing.B, r scaleReportData, md string) {
-	base := writeReport(b, reportDir(b, *scaleReport), fmt.Sprintf("scale-%d", r.Parameters["nodes"]), r, md)
+	name := fmt.Sprintf("scale-%d", r.Parameters["nodes"])
+	if r.Parameters["pdbs"] == "none" {
+		name += "-nopdb"
+	}
+	base := writeReport(b, reportDir(b, *scaleReport), name, r, md)
 	b.Logf("report: %s.json, %s.md", base, base)
 }
 
