@@ -113,6 +113,7 @@ bench: tools ## Planner micro-benchmarks and scale scenarios on the local cluste
 	{ echo "# gpufleet bench $$(date -u +%FT%TZ) $$(git rev-parse --short HEAD)"; \
 	  go test -count=1 -run '^$$' -bench 'BenchmarkMakePlan' -benchmem ./internal/maintenance/; \
 	  go test -count=1 -run '^$$' -bench 'BenchmarkScaleRollout' -benchtime 1x -timeout 60m ./test/chaos/ -args $(SCALE_ARGS); \
+	  go test -count=1 -run '^$$' -bench 'BenchmarkScaleRollout' -benchtime 1x -timeout 30m ./test/chaos/ -args -scale.nodes=100 -scale.pods-per-node=10 -scale.max-parallel=10 -scale.max-unavailable=11 -scale.pdbs=false -scale.open-after-create; \
 	  go test -count=1 -run '^$$' -bench 'BenchmarkNVLinkDomainRollout' -benchtime 1x -timeout 30m ./test/chaos/; \
 	  go test -count=1 -run '^$$' -bench 'BenchmarkNVLinkDomainRollout' -benchtime 1x -timeout 30m ./test/chaos/ -args -domains.held; \
 	  go test -count=1 -run '^$$' -bench 'BenchmarkClusterPolicyScale' -benchtime 1x -timeout 30m ./internal/gpustack/ -args -gpustack.nodes=20; \

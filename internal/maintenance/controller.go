@@ -59,6 +59,9 @@ type Reconciler struct {
 	// (evictions()).
 	evictor     *evictor
 	evictorOnce sync.Once
+	// daemonSets: the DaemonSets the drains found lately (drainDaemonSets()).
+	daemonSets     *daemonSetsSeen
+	daemonSetsOnce sync.Once
 }
 
 // evictions returns the evictor of the drains, made at first use.
@@ -670,4 +673,10 @@ func summarize(names []string, n int) string {
 		return strings.Join(names, ", ")
 	}
 	return fmt.Sprintf("%s and %d more", strings.Join(slices.Clone(names[:n]), ", "), len(names)-n)
+}
+
+// drainDaemonSets returns the memory of the DaemonSets the drains found.
+func (r *Reconciler) drainDaemonSets() *daemonSetsSeen {
+	r.daemonSetsOnce.Do(func() { r.daemonSets = newDaemonSetsSeen(r.Clock) })
+	return r.daemonSets
 }

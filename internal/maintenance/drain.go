@@ -136,7 +136,7 @@ func (r *Reconciler) drainHelper(ctx context.Context, spec *maintenancev1.DrainS
 	}
 	helper := &drain.Helper{
 		Ctx:                 ctx,
-		Client:              podsFrom{Interface: r.Kube, pods: all},
+		Client:              podsFrom{Interface: r.Kube, pods: all, daemonSets: r.drainDaemonSets()},
 		Force:               spec.Force,
 		IgnoreAllDaemonSets: true,
 		DeleteEmptyDirData:  spec.DeleteEmptyDir,

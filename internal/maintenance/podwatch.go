@@ -4,16 +4,20 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	utilcache "k8s.io/apimachinery/pkg/util/cache"
 	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
+	typedappsv1 "k8s.io/client-go/kubernetes/typed/apps/v1"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	toolscache "k8s.io/client-go/tools/cache"
 	"sigs.k8s.io/controller-runtime/pkg/event"
@@ -231,15 +235,73 @@ func podProgressed(o, n *corev1.Pod) bool {
 
 // podsFrom is a clientset whose pod listing is served from a node's
 // watched pods: the drain library lists the node's pods through it at
-// every step, and everything else it does (evictions, DaemonSet lookups)
-// goes to the API server.
+// every step. Its DaemonSet lookups (one per DaemonSet pod of the node at
+// every step, to tell a DaemonSet's pods from orphans) are remembered in
+// daemonSets when given, so a drain asks for each DaemonSet once a
+// minute instead of at each step; everything else (evictions) goes to
+// the API server.
 type podsFrom struct {
 	kubernetes.Interface
-	pods []corev1.Pod
+	pods       []corev1.Pod
+	daemonSets *daemonSetsSeen
 }
 
 func (c podsFrom) CoreV1() typedcorev1.CoreV1Interface {
 	return coreV1From{CoreV1Interface: c.Interface.CoreV1(), pods: c.pods}
+}
+
+func (c podsFrom) AppsV1() typedappsv1.AppsV1Interface {
+	if c.daemonSets == nil {
+		return c.Interface.AppsV1()
+	}
+	return appsV1From{AppsV1Interface: c.Interface.AppsV1(), seen: c.daemonSets}
+}
+
+// daemonSetSeenFor is how long a DaemonSet found by a drain is taken to
+// exist without asking again. A DaemonSet deleted meanwhile has its pods
+// deleted by the garbage collector; until then they are treated as
+// DaemonSet pods (left on the node), as kubectl drain would have a moment
+// earlier.
+const daemonSetSeenFor = time.Minute
+
+// daemonSetsSeen remembers the DaemonSets the drains found, by
+// namespace/name, for daemonSetSeenFor (an LRU of at most 4,096).
+type daemonSetsSeen struct{ found *utilcache.LRUExpireCache }
+
+func newDaemonSetsSeen(c utilcache.Clock) *daemonSetsSeen {
+	return &daemonSetsSeen{found: utilcache.NewLRUExpireCacheWithClock(4096, c)}
+}
+
+type appsV1From struct {
+	typedappsv1.AppsV1Interface
+	seen *daemonSetsSeen
+}
+
+func (c appsV1From) DaemonSets(namespace string) typedappsv1.DaemonSetInterface {
+	return daemonSetsFrom{DaemonSetInterface: c.AppsV1Interface.DaemonSets(namespace), namespace: namespace, seen: c.seen}
+}
+
+type daemonSetsFrom struct {
+	typedappsv1.DaemonSetInterface
+	namespace string
+	seen      *daemonSetsSeen
+}
+
+// Get answers from what was found within daemonSetSeenFor (the drain
+// library only asks whether the DaemonSet exists), else asks the API
+// server and remembers a DaemonSet it finds. Not found is never
+// remembered.
+func (c daemonSetsFrom) Get(ctx context.Context, name string, opts metav1.GetOptions) (*appsv1.DaemonSet, error) {
+	key := c.namespace + "/" + name
+	if ds, ok := c.seen.found.Get(key); ok {
+		return ds.(*appsv1.DaemonSet).DeepCopy(), nil
+	}
+	ds, err := c.DaemonSetInterface.Get(ctx, name, opts)
+	if err != nil {
+		return nil, err
+	}
+	c.seen.found.Add(key, &appsv1.DaemonSet{ObjectMeta: metav1.ObjectMeta{Namespace: ds.Namespace, Name: ds.Name, UID: ds.UID}}, daemonSetSeenFor)
+	return ds, nil
 }
 
 type coreV1From struct {

@@ -6,10 +6,16 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
+	clienttesting "k8s.io/client-go/testing"
+	clocktesting "k8s.io/utils/clock/testing"
+	"k8s.io/utils/ptr"
+
+	maintenancev1 "github.com/gpufleet/gpufleet/api/maintenance/v1alpha1"
 )
 
 // testPod is a running pod on node "a" (the fake clientset ignores the
@@ -153,5 +159,62 @@ func TestPodsFromServesTheDrainListFromTheWatch(t *testing.T) {
 	}
 	if _, err := c.CoreV1().Pods("").List(t.Context(), metav1.ListOptions{LabelSelector: "app in"}); err == nil {
 		t.Error("a malformed selector must be an error")
+	}
+}
+
+// A drain asks the API server for each DaemonSet of its node's pods once
+// within daemonSetSeenFor, not at every step (the drain library looks each
+// DaemonSet pod's owner up every time it lists the pods to evict); a
+// DaemonSet that is not found is asked for again.
+func TestDrainAsksForEachDaemonSetOncePerMinute(t *testing.T) {
+	clk := clocktesting.NewFakeClock(time.Unix(1_800_000_000, 0))
+	ds := &appsv1.DaemonSet{ObjectMeta: metav1.ObjectMeta{Namespace: "kube-system", Name: "gpu-plugin", UID: "ds-1"}}
+	owned := func(name, owner string) corev1.Pod {
+		p := testPod("kube-system", name, nil)
+		p.OwnerReferences = []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "DaemonSet", Name: owner, UID: "ds-1", Controller: ptr.To(true)}}
+		return *p
+	}
+	pods := []corev1.Pod{owned("gpu-plugin-a", "gpu-plugin"), owned("orphan-a", "deleted"), *testPod("default", "train", nil)}
+	kube := fake.NewClientset(ds)
+	r := &Reconciler{Kube: kube, Clock: clk}
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "a"},
+		Status: corev1.NodeStatus{Conditions: []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue}}}}
+	gets := func() map[string]int {
+		out := map[string]int{}
+		for _, a := range kube.Actions() {
+			if g, ok := a.(clienttesting.GetAction); ok && a.GetResource().Resource == "daemonsets" {
+				out[g.GetName()]++
+			}
+		}
+		return out
+	}
+	step := func() []string {
+		t.Helper()
+		helper, err := r.drainHelper(t.Context(), &maintenancev1.DrainSpec{Force: true}, node, pods)
+		if err != nil {
+			t.Fatal(err)
+		}
+		list, errs := helper.GetPodsForDeletion("a")
+		if len(errs) > 0 {
+			t.Fatal(errs)
+		}
+		var names []string
+		for _, p := range list.Pods() {
+			names = append(names, p.Name)
+		}
+		return names
+	}
+	for range 5 {
+		if got, want := step(), []string{"orphan-a", "train"}; !cmp.Equal(got, want) {
+			t.Fatalf("pods to evict %v, want %v (the DaemonSet's pod stays, the orphan goes)", got, want)
+		}
+	}
+	if diff := cmp.Diff(map[string]int{"gpu-plugin": 1, "deleted": 5}, gets()); diff != "" {
+		t.Errorf("DaemonSet lookups in five steps (-want +got):\n%s", diff)
+	}
+	clk.Step(daemonSetSeenFor + time.Second)
+	step()
+	if got := gets()["gpu-plugin"]; got != 2 {
+		t.Errorf("after %s the DaemonSet was asked for %d times in all, want 2", daemonSetSeenFor, got)
 	}
 }
