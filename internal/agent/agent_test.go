@@ -23,6 +23,7 @@ import (
 
 	maintenancev1 "github.com/gpufleet/gpufleet/api/maintenance/v1alpha1"
 	repairv1 "github.com/gpufleet/gpufleet/api/repair/v1alpha1"
+	"github.com/gpufleet/gpufleet/internal/testobj"
 )
 
 // agentNow is the agent's fake clock (whole seconds: the fake client
@@ -83,10 +84,6 @@ func testRepair(node string, pending repairv1.Action, timeline ...repairv1.Timel
 
 func at(step, outcome, msg string) repairv1.TimelineEntry {
 	return repairv1.TimelineEntry{Time: metav1.NewTime(agentNow), Step: step, Outcome: outcome, Message: msg}
-}
-
-func testNode(name string) *corev1.Node {
-	return &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}
 }
 
 // newTestAgent returns an agent of node ("" = every node) on a fake client
@@ -175,7 +172,7 @@ func TestAgentReconcile(t *testing.T) {
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
 			exec := &recordingExecutor{err: tc.execErr}
-			a := newTestAgent(t, tc.agentNode, exec, nil, tc.repair, testNode("gpu-1"), testNode("gpu-2"))
+			a := newTestAgent(t, tc.agentNode, exec, nil, tc.repair, testobj.Node("gpu-1"), testobj.Node("gpu-2"))
 			before := getRepair(t, a)
 			if err := reconcileRepair(t, a, repairName); err != nil {
 				t.Fatal(err)
@@ -213,7 +210,7 @@ func TestAgentReconcile(t *testing.T) {
 
 func TestAgentIgnoresADeletedRepair(t *testing.T) {
 	exec := &recordingExecutor{}
-	a := newTestAgent(t, "gpu-1", exec, nil, testNode("gpu-1"))
+	a := newTestAgent(t, "gpu-1", exec, nil, testobj.Node("gpu-1"))
 	if err := reconcileRepair(t, a, "gone"); err != nil {
 		t.Errorf("a NodeRepair that no longer exists: %v, want no error", err)
 	}
@@ -249,7 +246,7 @@ func TestAgentStatusConflictRunsNothingTwice(t *testing.T) {
 				},
 			}
 			exec := &recordingExecutor{}
-			a := newTestAgent(t, "gpu-1", exec, funcs, testRepair("gpu-1", repairv1.ActionRestartKubelet), testNode("gpu-1"))
+			a := newTestAgent(t, "gpu-1", exec, funcs, testRepair("gpu-1", repairv1.ActionRestartKubelet), testobj.Node("gpu-1"))
 			err := reconcileRepair(t, a, repairName)
 			if !apierrors.IsConflict(err) {
 				t.Fatalf("first pass: %v, want the conflict", err)
@@ -294,7 +291,7 @@ func TestAgentWritesOnTheVersionItRead(t *testing.T) {
 			return nil
 		},
 	}
-	a = newTestAgent(t, "gpu-1", exec, funcs, testRepair("gpu-1", repairv1.ActionRestartKubelet), testNode("gpu-1"))
+	a = newTestAgent(t, "gpu-1", exec, funcs, testRepair("gpu-1", repairv1.ActionRestartKubelet), testobj.Node("gpu-1"))
 	if err := reconcileRepair(t, a, repairName); !apierrors.IsConflict(err) {
 		t.Fatalf("write on a stale version: %v, want a conflict", err)
 	}
@@ -318,7 +315,7 @@ func TestAgentNodeReadFailureIsRetriedNotInterrupted(t *testing.T) {
 		}
 		return c.Get(ctx, key, obj, opts...)
 	}}
-	a := newTestAgent(t, "gpu-1", exec, funcs, testNode("gpu-1"), testRepair("gpu-1", repairv1.ActionRestartKubelet))
+	a := newTestAgent(t, "gpu-1", exec, funcs, testobj.Node("gpu-1"), testRepair("gpu-1", repairv1.ActionRestartKubelet))
 	if err := reconcileRepair(t, a, repairName); err == nil {
 		t.Fatal("a failed node read must be an error (retried)")
 	}
@@ -343,7 +340,7 @@ func TestAgentLeavesEndedRepairsAlone(t *testing.T) {
 			nr := testRepair("gpu-1", repairv1.ActionRestartKubelet)
 			nr.Status.Phase = phase
 			exec := &recordingExecutor{}
-			a := newTestAgent(t, "gpu-1", exec, nil, nr, testNode("gpu-1"))
+			a := newTestAgent(t, "gpu-1", exec, nil, nr, testobj.Node("gpu-1"))
 			if err := reconcileRepair(t, a, repairName); err != nil {
 				t.Fatal(err)
 			}
@@ -365,7 +362,7 @@ func TestAgentStaleReadOfItsOwnStartIsNotAnError(t *testing.T) {
 		},
 	}
 	exec := &recordingExecutor{}
-	a := newTestAgent(t, "gpu-1", exec, funcs, testRepair("gpu-1", repairv1.ActionRestartKubelet, at("RestartKubelet", "Started", "")), testNode("gpu-1"))
+	a := newTestAgent(t, "gpu-1", exec, funcs, testRepair("gpu-1", repairv1.ActionRestartKubelet, at("RestartKubelet", "Started", "")), testobj.Node("gpu-1"))
 	if err := reconcileRepair(t, a, repairName); err != nil {
 		t.Errorf("stale read of the agent's own start: %v, want no error", err)
 	}
@@ -383,7 +380,7 @@ func TestAgentRefusesADisruptiveActionOutsideItsNodeMaintenance(t *testing.T) {
 	nr.Status.MaintenanceName = "repair-r"
 	nm := holding("gpufleet-system", "repair-r", repairv1.RequestorID, "gpu-1", maintenancev1.PhaseDraining)
 	exec := &recordingExecutor{}
-	a := newTestAgent(t, "gpu-1", exec, nil, nr, testNode("gpu-1"), &nm)
+	a := newTestAgent(t, "gpu-1", exec, nil, nr, testobj.Node("gpu-1"), &nm)
 	a.Namespace = "gpufleet-system"
 	if err := reconcileRepair(t, a, repairName); err != nil {
 		t.Fatal(err)

@@ -12,7 +12,6 @@ import (
 	"github.com/google/go-cmp/cmp"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
@@ -24,6 +23,7 @@ import (
 	maintenancev1 "github.com/gpufleet/gpufleet/api/maintenance/v1alpha1"
 	repairv1 "github.com/gpufleet/gpufleet/api/repair/v1alpha1"
 	"github.com/gpufleet/gpufleet/internal/gpufault"
+	"github.com/gpufleet/gpufleet/internal/testobj"
 )
 
 // fakeGPUs is a GPUSource showing obs.
@@ -73,10 +73,9 @@ func (w *writeCounter) funcs(fail func(verb string, obj client.Object) error) in
 	}
 }
 
+// gpuNode is a node with 8 GPUs, booted as gBoot.
 func gpuNode(name string) *corev1.Node {
-	return &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name},
-		Status: corev1.NodeStatus{NodeInfo: corev1.NodeSystemInfo{BootID: gBoot},
-			Capacity: corev1.ResourceList{ResourceGPU: resource.MustParse("8")}}}
+	return testobj.Node(name, testobj.BootID(gBoot), testobj.GPUCapacity(8))
 }
 
 func newFakeClient(t *testing.T, funcs interceptor.Funcs, objs ...client.Object) client.Client {

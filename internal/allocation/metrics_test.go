@@ -16,19 +16,9 @@ import (
 	toolscache "k8s.io/client-go/tools/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
-)
 
-func gpuNode(name, pool string, capacity, allocatable int64) *corev1.Node {
-	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{}}}
-	if pool != "" {
-		n.Labels[DefaultPoolLabel] = pool
-	}
-	if capacity > 0 {
-		n.Status.Capacity = corev1.ResourceList{ResourceGPU: *resource.NewQuantity(capacity, resource.DecimalSI)}
-		n.Status.Allocatable = corev1.ResourceList{ResourceGPU: *resource.NewQuantity(allocatable, resource.DecimalSI)}
-	}
-	return n
-}
+	"github.com/gpufleet/gpufleet/internal/testobj"
+)
 
 // pod builds a pod whose containers request gpus each (0: no request).
 func pod(ns, name, node string, phase corev1.PodPhase, gpus ...int64) *corev1.Pod {
@@ -93,12 +83,14 @@ func TestCollector(t *testing.T) {
 		want    string
 	}{
 		"not synced or not the leader: nothing": {
-			objects: []client.Object{gpuNode("gpu-1", "a", 8, 8), pod("ml", "train", "gpu-1", corev1.PodRunning, 2)},
+			objects: []client.Object{testobj.Node("gpu-1", testobj.Pool("a"), testobj.GPUs(8, 8)), pod("ml", "train", "gpu-1", corev1.PodRunning, 2)},
 			ready:   false, want: "",
 		},
 		"device plugin: per pod and namespace, init containers as the scheduler counts them, terminated and CPU pods left out": {
 			objects: []client.Object{
-				gpuNode("gpu-1", "a", 8, 7), gpuNode("gpu-2", "b", 4, 4), gpuNode("cpu-1", "", 0, 0),
+				testobj.Node("gpu-1", testobj.Pool("a"), testobj.GPUs(8, 7)),
+				testobj.Node("gpu-2", testobj.Pool("b"), testobj.GPUs(4, 4)),
+				testobj.Node("cpu-1"),
 				pod("ml", "train", "gpu-1", corev1.PodRunning, 2, 1),
 				pod("ml", "pending", "", corev1.PodPending, 1),
 				pod("ml", "done", "gpu-1", corev1.PodSucceeded, 4),
@@ -123,7 +115,7 @@ gpufleet_allocation_pod_gpus{namespace="ml",node="gpu-1",pod="train",pool="a",so
 		},
 		"DRA: devices of gpu.nvidia.com in claims reserved for live pods; other drivers, unallocated claims and gone pods left out": {
 			objects: []client.Object{
-				gpuNode("gpu-1", "a", 8, 8),
+				testobj.Node("gpu-1", testobj.Pool("a"), testobj.GPUs(8, 8)),
 				withClaim(pod("ml", "dra", "gpu-1", corev1.PodRunning, 0)),
 				withClaim(pod("ml", "shared", "gpu-1", corev1.PodRunning, 0)),
 				withClaim(pod("ml", "done", "gpu-1", corev1.PodSucceeded, 0)),

@@ -19,6 +19,7 @@ import (
 	maintenancev1 "github.com/gpufleet/gpufleet/api/maintenance/v1alpha1"
 	nvidiav1 "github.com/gpufleet/gpufleet/api/nvidia/v1"
 	repairv1 "github.com/gpufleet/gpufleet/api/repair/v1alpha1"
+	"github.com/gpufleet/gpufleet/internal/testobj"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files")
@@ -29,41 +30,25 @@ func ago(d time.Duration) metav1.Time { return metav1.NewTime(now.Add(-d)) }
 
 // Builders.
 
-type nodeOpt func(*corev1.Node)
-
-func node(name, pool string, opts ...nodeOpt) *corev1.Node {
-	n := &corev1.Node{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{DefaultPoolLabel: pool}, CreationTimestamp: ago(48 * time.Hour)},
-		Status: corev1.NodeStatus{
-			Capacity:    corev1.ResourceList{ResourceGPU: resource.MustParse("8")},
-			Allocatable: corev1.ResourceList{ResourceGPU: resource.MustParse("8")},
-			Conditions:  []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "KubeletReady", LastTransitionTime: ago(47 * time.Hour)}},
-		},
-	}
-	for _, o := range opts {
-		o(n)
-	}
-	return n
+// node is a GPU node of pool, Ready, with 8 GPUs and opts.
+func node(name, pool string, opts ...testobj.NodeOption) *corev1.Node {
+	return testobj.Node(name, append([]testobj.NodeOption{testobj.Pool(pool), testobj.NodeCreated(now.Add(-48 * time.Hour)),
+		testobj.GPUs(8, 8), testobj.Ready(now.Add(-47 * time.Hour))}, opts...)...)
 }
 
-func notReady(n *corev1.Node) {
-	n.Status.Conditions[0].Status = corev1.ConditionFalse
-	n.Status.Conditions[0].Reason = "KubeletNotReady"
-	n.Status.Conditions[0].LastTransitionTime = ago(3 * time.Minute)
-}
-
-func cordoned(n *corev1.Node) { n.Spec.Unschedulable = true }
+var (
+	notReady = testobj.NotReady(now.Add(-3 * time.Minute))
+	cordoned = testobj.Unschedulable()
+)
 
 // stack deploys the first k components of the GPU stack on the node.
-func stack(k int) nodeOpt {
+func stack(k int) testobj.NodeOption {
 	return func(n *corev1.Node) {
 		for _, c := range nvidiav1.Components[:k] {
 			n.Labels[c.DeployLabel] = "true"
 		}
 	}
 }
-
-func label(k, v string) nodeOpt { return func(n *corev1.Node) { n.Labels[k] = v } }
 
 func stackPodOn(node, component string, ready bool, since time.Duration) *corev1.Pod {
 	p := gpuPod("gpufleet-system", node+"-"+component, node, 0)
@@ -106,15 +91,9 @@ func claim(node string, devices int) *resourcev1.ResourceClaim {
 }
 
 func nm(name, node, requestor string, phase maintenancev1.Phase, message string, created time.Duration) *maintenancev1.NodeMaintenance {
-	m := &maintenancev1.NodeMaintenance{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name, CreationTimestamp: ago(created), Finalizers: []string{maintenancev1.Finalizer}},
-		Spec:       maintenancev1.NodeMaintenanceSpec{RequestorID: requestor, NodeName: node, DrainSpec: &maintenancev1.DrainSpec{}},
-	}
-	status := metav1.ConditionFalse
-	if phase == maintenancev1.PhaseReady {
-		status = metav1.ConditionTrue
-	}
-	m.Status.Conditions = []metav1.Condition{{Type: maintenancev1.ConditionTypeReady, Status: status, Reason: string(phase), Message: message, LastTransitionTime: ago(created - time.Minute)}}
+	m := testobj.NodeMaintenance(name, node, testobj.Requestor(requestor), testobj.Created(now.Add(-created)), testobj.Finalizer(),
+		testobj.Drain(maintenancev1.DrainSpec{}), testobj.Phase(phase))
+	m.Status.Conditions[0].Message, m.Status.Conditions[0].LastTransitionTime = message, ago(created-time.Minute)
 	if phase != maintenancev1.PhasePending {
 		m.Status.ScheduledTime = ptr.To(ago(created - 30*time.Second))
 	}
@@ -156,7 +135,7 @@ func fleetSnapshot() *Snapshot {
 			node("gpu-003", "pool-b", stack(4), notReady),
 			node("gpu-004", "pool-b", stack(4), notReady),
 			node("gpu-005", "pool-b", stack(2)),
-			node("gpu-006", "pool-b", stack(4), label(nvidiav1.LabelUpgradeState, "failed")),
+			node("gpu-006", "pool-b", stack(4), testobj.Labels(map[string]string{nvidiav1.LabelUpgradeState: "failed"})),
 			node("gpu-007", "pool-c", notReady),
 			node("gpu-008", "pool-c", stack(4), cordoned),
 			node("cpu-000", "", func(n *corev1.Node) { n.Status.Capacity, n.Status.Allocatable = nil, nil }),

@@ -17,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	maintenancev1 "github.com/gpufleet/gpufleet/api/maintenance/v1alpha1"
+	"github.com/gpufleet/gpufleet/internal/testobj"
 )
 
 const (
@@ -25,9 +26,11 @@ const (
 	evalUID     = "7d0e2c7a-3b9b-4c55-8c0f-6e4d1b1c9f02"
 )
 
-func inDomain(d string) nodeOpt { return label(cliqueLabel, d) }
+func inDomain(d string) testobj.NodeOption { return testobj.Labels(map[string]string{cliqueLabel: d}) }
 
-func runs(uid string) nodeOpt { return label(LabelComputeDomain, uid) }
+func runs(uid string) testobj.NodeOption {
+	return testobj.Labels(map[string]string{LabelComputeDomain: uid})
+}
 
 func domainsConfig() *maintenancev1.MaintenanceOperatorConfig {
 	return &maintenancev1.MaintenanceOperatorConfig{

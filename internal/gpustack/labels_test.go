@@ -9,15 +9,14 @@ import (
 	"k8s.io/utils/ptr"
 
 	nvidiav1 "github.com/gpufleet/gpufleet/api/nvidia/v1"
+	"github.com/gpufleet/gpufleet/internal/testobj"
 )
 
+// gpuNode is node "n", found a GPU on by node feature discovery, with
+// labels (over NFD's) and runtime.
 func gpuNode(labels map[string]string, runtime string) *corev1.Node {
-	l := map[string]string{"feature.node.kubernetes.io/pci-10de.present": "true"}
-	for k, v := range labels {
-		l[k] = v
-	}
-	return &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n", Labels: l},
-		Status: corev1.NodeStatus{NodeInfo: corev1.NodeSystemInfo{ContainerRuntimeVersion: runtime}}}
+	return testobj.Node("n", testobj.Labels(map[string]string{"feature.node.kubernetes.io/pci-10de.present": "true"}),
+		testobj.Labels(labels), testobj.RuntimeVersion(runtime))
 }
 
 // applied returns the labels after applying changes.

@@ -16,20 +16,23 @@ import (
 	maintenancev1 "github.com/gpufleet/gpufleet/api/maintenance/v1alpha1"
 	nvidiav1 "github.com/gpufleet/gpufleet/api/nvidia/v1"
 	repairv1 "github.com/gpufleet/gpufleet/api/repair/v1alpha1"
+	"github.com/gpufleet/gpufleet/internal/testobj"
 )
 
 var t0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 
+// nm is a driver upgrade's NodeMaintenance, Ready or still draining;
+// restartedAt is when the upgrade restarted the node's old driver pod ("":
+// not yet).
 func nm(ready bool, restartedAt string) *maintenancev1.NodeMaintenance {
-	m := &maintenancev1.NodeMaintenance{}
+	phase := maintenancev1.PhaseDraining
+	if ready {
+		phase = maintenancev1.PhaseReady
+	}
+	m := testobj.NodeMaintenance("", "", testobj.Phase(phase))
 	if restartedAt != "" {
 		m.Annotations = map[string]string{annotationRestartedAt: restartedAt}
 	}
-	status := metav1.ConditionFalse
-	if ready {
-		status = metav1.ConditionTrue
-	}
-	m.Status.Conditions = []metav1.Condition{{Type: "Ready", Status: status, Reason: "Ready"}}
 	return m
 }
 

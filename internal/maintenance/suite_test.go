@@ -27,6 +27,7 @@ import (
 	"github.com/gpufleet/gpufleet/internal/devcluster/devtest"
 	"github.com/gpufleet/gpufleet/internal/maintenance"
 	"github.com/gpufleet/gpufleet/internal/operator"
+	"github.com/gpufleet/gpufleet/internal/testobj"
 )
 
 const (
@@ -97,12 +98,9 @@ func setConfig(t *testing.T, maxParallel, maxUnavailable *intstr.IntOrString) {
 
 func ios(v int) *intstr.IntOrString { x := intstr.FromInt32(int32(v)); return &x }
 
-// newNM builds a NodeMaintenance in the default namespace.
+// newNM builds a new NodeMaintenance in the default namespace.
 func newNM(name, node, requestor string) *maintenancev1.NodeMaintenance {
-	return &maintenancev1.NodeMaintenance{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name},
-		Spec:       maintenancev1.NodeMaintenanceSpec{RequestorID: requestor, NodeName: node},
-	}
+	return testobj.NodeMaintenance(name, node, testobj.Requestor(requestor))
 }
 
 func create(t *testing.T, objs ...client.Object) {

@@ -17,13 +17,14 @@ import (
 
 	maintenancev1 "github.com/gpufleet/gpufleet/api/maintenance/v1alpha1"
 	repairv1 "github.com/gpufleet/gpufleet/api/repair/v1alpha1"
+	"github.com/gpufleet/gpufleet/internal/testobj"
 )
 
 // gpuNode is a node of pool "a" whose agent reports GPUProblem=True with
 // reason class, seen by gpufleet since `since`.
 func gpuNode(name string, class repairv1.GPUFaultClass, since time.Time) corev1.Node {
-	n := corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{DefaultPoolLabel: "a"}}}
-	n.Status.Conditions = []corev1.NodeCondition{{Type: repairv1.ConditionGPUProblem, Status: corev1.ConditionTrue, Reason: string(class)}}
+	n := *testobj.Node(name, testobj.Pool("a"),
+		testobj.Condition(corev1.NodeCondition{Type: repairv1.ConditionGPUProblem, Status: corev1.ConditionTrue, Reason: string(class)}))
 	rule := map[repairv1.GPUFaultClass]string{repairv1.GPUClassResetGPU: "gpu-reset", repairv1.GPUClassReboot: "gpu-reboot", repairv1.GPUClassReplace: "gpu-replace"}[class]
 	data, _ := json.Marshal(map[string]string{rule: since.Format(time.RFC3339)})
 	n.Annotations = map[string]string{annotationFaults: string(data)}

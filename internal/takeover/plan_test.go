@@ -26,6 +26,7 @@ import (
 	"github.com/gpufleet/gpufleet/internal/devcluster"
 	"github.com/gpufleet/gpufleet/internal/gpucluster"
 	"github.com/gpufleet/gpufleet/internal/gpustack"
+	"github.com/gpufleet/gpufleet/internal/testobj"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden reports in testdata/")
@@ -49,14 +50,11 @@ func chartDefaultPolicy(t *testing.T) *nvidiav1.ClusterPolicy {
 	return p
 }
 
+// gpuNode is a GPU node of the GPU Operator running osID osVersion.
 func gpuNode(name, osID, osVersion string) corev1.Node {
-	labels := devcluster.GPUOperatorNodeLabels(false)
-	labels["feature.node.kubernetes.io/pci-10de.present"] = "true"
-	labels["feature.node.kubernetes.io/system-os_release.ID"] = osID
-	labels["feature.node.kubernetes.io/system-os_release.VERSION_ID"] = osVersion
-	n := corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels}}
-	n.Status.NodeInfo.ContainerRuntimeVersion = "containerd://1.7.24"
-	return n
+	return *testobj.Node(name, testobj.Labels(devcluster.GPUOperatorNodeLabels(false)), testobj.Labels(map[string]string{"feature.node.kubernetes.io/pci-10de.present": "true",
+		"feature.node.kubernetes.io/system-os_release.ID": osID, "feature.node.kubernetes.io/system-os_release.VERSION_ID": osVersion}),
+		testobj.RuntimeVersion("containerd://1.7.24"))
 }
 
 func deployment(ns, name string, replicas int32, labels map[string]string) appsv1.Deployment {
@@ -229,21 +227,6 @@ func init() {
 	}
 }
 
-func nm(name, node string, phase maintenancev1.Phase, finalizer bool) maintenancev1.NodeMaintenance {
-	o := maintenancev1.NodeMaintenance{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name}}
-	o.Spec.NodeName, o.Spec.RequestorID = node, "nvidia.network-operator"
-	if phase != "" {
-		o.Status.Conditions = []metav1.Condition{{Type: maintenancev1.ConditionTypeReady, Status: metav1.ConditionFalse, Reason: string(phase)}}
-		if phase == maintenancev1.PhaseReady {
-			o.Status.Conditions[0].Status = metav1.ConditionTrue
-		}
-	}
-	if finalizer {
-		o.Finalizers = []string{maintenancev1.Finalizer}
-	}
-	return o
-}
-
 // summary is what a case checks besides its golden report.
 type summary struct {
 	Stop, Start       []string
@@ -308,14 +291,15 @@ func TestMakePlan(t *testing.T) {
 	moStopped := mo
 	moStopped.Spec.Replicas = ptr.To[int32](0)
 	moLease := lease("maintenance-operator", "a9620a8f.nvidia.com", "maintenance-operator-5d9f7c-abcde_1234")
+	netop := testobj.Requestor("nvidia.network-operator")
 	nms := []maintenancev1.NodeMaintenance{
-		nm("ready", "gpu-005", maintenancev1.PhaseReady, true),
-		nm("pending", "gpu-000", "", false),
-		nm("draining", "gpu-004", maintenancev1.PhaseDraining, true),
-		nm("scheduled", "gpu-001", maintenancev1.PhaseScheduled, false),
-		nm("cordon", "gpu-002", maintenancev1.PhaseCordon, true),
-		nm("waiting", "gpu-003", maintenancev1.PhaseWaitForPodCompletion, true),
-		nm("failed", "gpu-006", maintenancev1.PhaseRequestorFailed, true),
+		*testobj.NodeMaintenance("ready", "gpu-005", netop, testobj.Phase(maintenancev1.PhaseReady), testobj.Finalizer()),
+		*testobj.NodeMaintenance("pending", "gpu-000", netop),
+		*testobj.NodeMaintenance("draining", "gpu-004", netop, testobj.Phase(maintenancev1.PhaseDraining), testobj.Finalizer()),
+		*testobj.NodeMaintenance("scheduled", "gpu-001", netop, testobj.Phase(maintenancev1.PhaseScheduled)),
+		*testobj.NodeMaintenance("cordon", "gpu-002", netop, testobj.Phase(maintenancev1.PhaseCordon), testobj.Finalizer()),
+		*testobj.NodeMaintenance("waiting", "gpu-003", netop, testobj.Phase(maintenancev1.PhaseWaitForPodCompletion), testobj.Finalizer()),
+		*testobj.NodeMaintenance("failed", "gpu-006", netop, testobj.Phase(maintenancev1.PhaseRequestorFailed), testobj.Finalizer()),
 	}
 	moOwn := deployment("gpufleet-system", "gpufleet-operator", 2, nil)
 

@@ -15,48 +15,23 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	maintenancev1 "github.com/gpufleet/gpufleet/api/maintenance/v1alpha1"
+	"github.com/gpufleet/gpufleet/internal/testobj"
 )
 
 var t0 = time.Date(2026, 12, 3, 22, 0, 0, 0, time.UTC)
 
-type nmOpt func(*maintenancev1.NodeMaintenance)
-
-func nm(name, node string, opts ...nmOpt) maintenancev1.NodeMaintenance {
-	o := maintenancev1.NodeMaintenance{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name, Finalizers: []string{maintenancev1.Finalizer}},
-		Spec:       maintenancev1.NodeMaintenanceSpec{RequestorID: "test.example", NodeName: node},
-	}
-	for _, f := range opts {
-		f(&o)
-	}
-	return o
-}
-
-// phase sets the Ready condition's reason (Pending has none).
-func phase(p maintenancev1.Phase) nmOpt {
-	return func(o *maintenancev1.NodeMaintenance) {
-		o.Status.Conditions = []metav1.Condition{{Type: maintenancev1.ConditionTypeReady, Status: metav1.ConditionFalse, Reason: string(p)}}
-	}
-}
-
-func before(unschedulable bool) nmOpt {
-	return func(o *maintenancev1.NodeMaintenance) { o.Status.NodeUnschedulableBefore = ptr.To(unschedulable) }
-}
-
-func noFinalizer(o *maintenancev1.NodeMaintenance) { o.Finalizers = nil }
-func deleting(o *maintenancev1.NodeMaintenance)    { o.DeletionTimestamp = ptr.To(metav1.NewTime(t0)) }
-func noCordon(o *maintenancev1.NodeMaintenance)    { o.Spec.Cordon = ptr.To(false) }
-
-func node(name string, unschedulable bool) *corev1.Node {
-	return &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: corev1.NodeSpec{Unschedulable: unschedulable}}
+// nm is a NodeMaintenance that the lifecycle controller has taken over
+// (it has the finalizer), as a value.
+func nm(name, node string, opts ...testobj.NMOption) maintenancev1.NodeMaintenance {
+	return *testobj.NodeMaintenance(name, node, append([]testobj.NMOption{testobj.Finalizer()}, opts...)...)
 }
 
 func key(name string) client.ObjectKey { return client.ObjectKey{Namespace: "default", Name: name} }
 
 func TestMakePlan(t *testing.T) {
 	nodes := map[string]*corev1.Node{
-		"cordoned-1": node("cordoned-1", true), "cordoned-2": node("cordoned-2", true),
-		"cordoned-3": node("cordoned-3", true), "free": node("free", false),
+		"cordoned-1": testobj.Node("cordoned-1", testobj.Unschedulable()), "cordoned-2": testobj.Node("cordoned-2", testobj.Unschedulable()),
+		"cordoned-3": testobj.Node("cordoned-3", testobj.Unschedulable()), "free": testobj.Node("free"),
 	}
 	tests := []struct {
 		name string
@@ -66,59 +41,59 @@ func TestMakePlan(t *testing.T) {
 		{name: "nothing", want: Plan{}},
 		{
 			name: "a drained node is uncordoned, its object deleted and finalized",
-			nms:  []maintenancev1.NodeMaintenance{nm("a", "cordoned-1", phase(maintenancev1.PhaseReady), before(false))},
+			nms:  []maintenancev1.NodeMaintenance{nm("a", "cordoned-1", testobj.Phase(maintenancev1.PhaseReady), testobj.UnschedulableBefore(false))},
 			want: Plan{Delete: []client.ObjectKey{key("a")}, Uncordon: []string{"cordoned-1"}, Finalize: []client.ObjectKey{key("a")}},
 		},
 		{
 			name: "a node cordoned before its maintenance stays cordoned",
-			nms:  []maintenancev1.NodeMaintenance{nm("a", "cordoned-1", phase(maintenancev1.PhaseDraining), before(true))},
+			nms:  []maintenancev1.NodeMaintenance{nm("a", "cordoned-1", testobj.Phase(maintenancev1.PhaseDraining), testobj.UnschedulableBefore(true))},
 			want: Plan{Delete: []client.ObjectKey{key("a")}, Finalize: []client.ObjectKey{key("a")},
 				LeftCordoned: map[string]string{"cordoned-1": "cordoned before its maintenance, or not by one"}},
 		},
 		{
 			name: "the first of two objects cordoned the node: uncordoned once",
 			nms: []maintenancev1.NodeMaintenance{
-				nm("second", "cordoned-1", phase(maintenancev1.PhaseReady), before(true)),
-				nm("first", "cordoned-1", phase(maintenancev1.PhaseReady), before(false)),
+				nm("second", "cordoned-1", testobj.Phase(maintenancev1.PhaseReady), testobj.UnschedulableBefore(true)),
+				nm("first", "cordoned-1", testobj.Phase(maintenancev1.PhaseReady), testobj.UnschedulableBefore(false)),
 			},
 			want: Plan{Delete: []client.ObjectKey{key("first"), key("second")}, Uncordon: []string{"cordoned-1"},
 				Finalize: []client.ObjectKey{key("first"), key("second")}},
 		},
 		{
 			name: "a Pending object holds nothing: deleted only (no finalizer yet)",
-			nms:  []maintenancev1.NodeMaintenance{nm("p", "cordoned-2", noFinalizer)},
+			nms:  []maintenancev1.NodeMaintenance{nm("p", "cordoned-2", testobj.NoFinalizer())},
 			want: Plan{Delete: []client.ObjectKey{key("p")}},
 		},
 		{
 			name: "an object already being deleted is finalized and its node released",
-			nms:  []maintenancev1.NodeMaintenance{nm("d", "cordoned-2", phase(maintenancev1.PhaseDraining), before(false), deleting)},
+			nms:  []maintenancev1.NodeMaintenance{nm("d", "cordoned-2", testobj.Phase(maintenancev1.PhaseDraining), testobj.UnschedulableBefore(false), testobj.Deleting(t0))},
 			want: Plan{Uncordon: []string{"cordoned-2"}, Finalize: []client.ObjectKey{key("d")}},
 		},
 		{
 			name: "a deleted node: nothing to uncordon, the object still goes",
-			nms:  []maintenancev1.NodeMaintenance{nm("g", "gone", phase(maintenancev1.PhaseReady), before(false))},
+			nms:  []maintenancev1.NodeMaintenance{nm("g", "gone", testobj.Phase(maintenancev1.PhaseReady), testobj.UnschedulableBefore(false))},
 			want: Plan{Delete: []client.ObjectKey{key("g")}, Finalize: []client.ObjectKey{key("g")}},
 		},
 		{
 			name: "a node someone already uncordoned is left alone",
-			nms:  []maintenancev1.NodeMaintenance{nm("f", "free", phase(maintenancev1.PhaseReady), before(false))},
+			nms:  []maintenancev1.NodeMaintenance{nm("f", "free", testobj.Phase(maintenancev1.PhaseReady), testobj.UnschedulableBefore(false))},
 			want: Plan{Delete: []client.ObjectKey{key("f")}, Finalize: []client.ObjectKey{key("f")}},
 		},
 		{
 			name: "a maintenance without cordon did not cordon the node",
-			nms:  []maintenancev1.NodeMaintenance{nm("n", "cordoned-3", phase(maintenancev1.PhaseReady), before(false), noCordon)},
+			nms:  []maintenancev1.NodeMaintenance{nm("n", "cordoned-3", testobj.Phase(maintenancev1.PhaseReady), testobj.UnschedulableBefore(false), testobj.NoCordon())},
 			want: Plan{Delete: []client.ObjectKey{key("n")}, Finalize: []client.ObjectKey{key("n")},
 				LeftCordoned: map[string]string{"cordoned-3": "cordoned before its maintenance, or not by one"}},
 		},
 		{
 			name: "a maintenance with additional requestors is released too",
-			nms: []maintenancev1.NodeMaintenance{nm("shared", "cordoned-3", phase(maintenancev1.PhaseReady), before(false),
+			nms: []maintenancev1.NodeMaintenance{nm("shared", "cordoned-3", testobj.Phase(maintenancev1.PhaseReady), testobj.UnschedulableBefore(false),
 				func(o *maintenancev1.NodeMaintenance) { o.Spec.AdditionalRequestors = []string{"other.example"} })},
 			want: Plan{Delete: []client.ObjectKey{key("shared")}, Uncordon: []string{"cordoned-3"}, Finalize: []client.ObjectKey{key("shared")}},
 		},
 		{
 			name: "cordon recorded but the object is Pending again: not a holder",
-			nms:  []maintenancev1.NodeMaintenance{nm("q", "cordoned-1", before(false))},
+			nms:  []maintenancev1.NodeMaintenance{nm("q", "cordoned-1", testobj.UnschedulableBefore(false))},
 			want: Plan{Delete: []client.ObjectKey{key("q")}, Finalize: []client.ObjectKey{key("q")}},
 		},
 	}
@@ -152,20 +127,21 @@ func FuzzMakePlan(f *testing.F) {
 		for i, b := range data {
 			n := string(rune('a' + b%4))
 			if b&0x80 == 0 {
-				nodes[n] = node(n, b&0x40 != 0)
+				nodes[n] = testobj.Node(n)
+				nodes[n].Spec.Unschedulable = b&0x40 != 0
 			}
 			o := nm(strconv.Itoa(i), n)
 			if p := phases[b>>2&3]; p != maintenancev1.PhasePending {
-				phase(p)(&o)
+				testobj.Phase(p)(&o)
 			}
 			if b&0x10 != 0 {
-				before(b&0x20 != 0)(&o)
+				testobj.UnschedulableBefore(b&0x20 != 0)(&o)
 			}
 			if b&0x01 != 0 && b&0x02 != 0 {
-				noFinalizer(&o)
+				testobj.NoFinalizer()(&o)
 			}
 			if b&0x08 != 0 {
-				deleting(&o)
+				testobj.Deleting(t0)(&o)
 			}
 			nms = append(nms, o)
 		}
