@@ -22,11 +22,16 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/metadata"
 	"k8s.io/client-go/rest"
+	"k8s.io/utils/ptr"
 
+	maintenancev1 "github.com/gpufleet/gpufleet/api/maintenance/v1alpha1"
+	repairv1 "github.com/gpufleet/gpufleet/api/repair/v1alpha1"
 	"github.com/gpufleet/gpufleet/internal/devcluster"
 	"github.com/gpufleet/gpufleet/internal/operator"
 )
@@ -50,6 +55,8 @@ var (
 	memoryPools       = flag.Int("memory.pools", 16, "node pools (BenchmarkOperatorMemory)")
 	memorySettle      = flag.Duration("memory.settle", 30*time.Second, "wait after the caches are synced before measuring (BenchmarkOperatorMemory)")
 	memoryIdle        = flag.Duration("memory.idle", time.Minute, "window at rest for the API requests per minute (BenchmarkOperatorMemory)")
+	memoryObjects     = flag.Bool("memory.objects", true, "give the controllers work at rest: a MaintenanceOperatorConfig with maxParallelOperations 0, a pending NodeMaintenance on 1% of the nodes and a NodeRepairPolicy with the default rules (BenchmarkOperatorMemory)")
+	memoryHeartbeats  = flag.Bool("memory.heartbeats", true, "during the window at rest, write one kubelet-style status heartbeat on every node and count the reconciles it causes (BenchmarkOperatorMemory)")
 	memoryReport      = flag.String("memory.report", "", "directory for rest-<nodes>.{json,md}, scale-rest.{json,md} and heap-<nodes>.pprof (default: results/ in the source tree)")
 )
 
@@ -73,6 +80,14 @@ type restRun struct {
 	RestRequests          map[string]int `json:"restRequests"`
 	RestPerMinute         float64        `json:"restRequestsPerMinute"`
 	RestPerMinuteNoLeases float64        `json:"restRequestsPerMinuteWithoutLeases"`
+	// Heartbeats: node status heartbeats written during the idle window
+	// (one per node); RestReconciles: every controller's reconciles in
+	// that window, by controller; ReconcilesPerHeartbeat their sum over
+	// Heartbeats.
+	StartupReconciles      map[string]int `json:"startupReconciles"`
+	Heartbeats             int            `json:"nodeHeartbeats"`
+	RestReconciles         map[string]int `json:"restReconciles"`
+	ReconcilesPerHeartbeat float64        `json:"reconcilesPerHeartbeat"`
 	HeapProfile           string         `json:"heapProfile,omitempty"`
 	TopInuse              []string       `json:"topInuseSites,omitempty"`
 }
@@ -131,6 +146,10 @@ func BenchmarkOperatorMemory(b *testing.B) {
 	setup["podsRunningSeconds"] = time.Since(began).Seconds()
 	b.Logf("%d pods (%d per node) running after %s (created at %.0f/s)", nodes*perNode, perNode, time.Since(began).Round(time.Second), float64(nodes*perNode)/created.Seconds())
 
+	if *memoryObjects {
+		setup["pendingMaintenances"] = createRestObjects(ctx, b, env, specs)
+	}
+
 	r := restReport{Commit: gitCommit(), Date: time.Now().UTC().Format(time.RFC3339), Nodes: nodes, Pools: pools, Setup: setup,
 		Objects: clusterObjects(ctx, b, env)}
 	r.Pods = r.Objects["pods"]
@@ -165,19 +184,34 @@ func BenchmarkOperatorMemory(b *testing.B) {
 			b.Fatal(err)
 		}
 		run.StartupRequests = apiRequests(atRest)
+		run.StartupReconciles = countsByLabel(atRest, "controller_runtime_reconcile_total", "controller")
 		time.Sleep(*memorySettle)
 		before, err := scrape(addr)
 		if err != nil {
 			op.kill()
 			b.Fatal(err)
 		}
-		time.Sleep(*memoryIdle)
+		idleEnds := time.Now().Add(*memoryIdle)
+		if *memoryHeartbeats {
+			n, err := heartbeatAll(ctx, cs, specs)
+			if err != nil {
+				op.kill()
+				b.Fatal(err)
+			}
+			run.Heartbeats = n
+		}
+		time.Sleep(time.Until(idleEnds))
 		after, err := scrape(addr)
 		if err != nil {
 			op.kill()
 			b.Fatal(err)
 		}
 		run.RestRequests = diffCounts(apiRequests(before), apiRequests(after))
+		run.RestReconciles = diffCounts(countsByLabel(before, "controller_runtime_reconcile_total", "controller"),
+			countsByLabel(after, "controller_runtime_reconcile_total", "controller"))
+		if run.Heartbeats > 0 {
+			run.ReconcilesPerHeartbeat = float64(sum(run.RestReconciles)) / float64(run.Heartbeats)
+		}
 		leases := 0
 		for k, v := range run.RestRequests {
 			if strings.Contains(k, "leases") {
@@ -239,11 +273,76 @@ func BenchmarkOperatorMemory(b *testing.B) {
 			name, nodes, r.Pods, run.RestSeconds, run.RSSMB, run.PeakRSSMB, run.HeapInuseMB, run.BytesPerNode, run.BytesPerPod,
 			run.RestPerMinute, formatCounts(run.RestRequests), run.CPUSeconds)
 		b.Logf("top in-use sites:\n%s", strings.Join(run.TopInuse, "\n"))
+		if run.Heartbeats > 0 {
+			b.ReportMetric(run.ReconcilesPerHeartbeat, unit("reconciles/heartbeat"))
+			b.Logf("%d node heartbeats at rest: %d reconciles (%s), %.3f per heartbeat", run.Heartbeats, sum(run.RestReconciles),
+				formatCounts(run.RestReconciles), run.ReconcilesPerHeartbeat)
+		}
 	}
 	r.LoadAfter = loadAverage()
 	r.EtcdDBMB = etcdDBMB(env.Dir)
 	r.MemAvailMB = memAvailableMB()
 	writeRestReport(b, dir, r)
+}
+
+// createRestObjects gives every controller something to hold at rest: the
+// maintenance limits closed (maxParallelOperations 0), a pending
+// NodeMaintenance with a drain on every hundredth node, and a
+// NodeRepairPolicy with the default rules over every node. It returns the
+// number of NodeMaintenance objects. (A ClusterPolicy is left out: its
+// DaemonSets would put a pod per component on every node.)
+func createRestObjects(ctx context.Context, b *testing.B, env *devcluster.Env, specs []devcluster.NodeSpec) int {
+	if err := env.Kube.Create(ctx, &maintenancev1.MaintenanceOperatorConfig{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "default"},
+		Spec:       maintenancev1.MaintenanceOperatorConfigSpec{MaxParallelOperations: ptr.To(intstr.FromInt32(0))},
+	}); err != nil {
+		b.Fatal(err)
+	}
+	if err := env.Kube.Create(ctx, &repairv1.NodeRepairPolicy{ObjectMeta: metav1.ObjectMeta{Name: "default"},
+		Spec: repairv1.NodeRepairPolicySpec{GPU: repairv1.GPUSpec{DRADriver: devcluster.DRADriver}}}); err != nil {
+		b.Fatal(err)
+	}
+	n := 0
+	for i := 0; i < len(specs); i += 100 {
+		nm := &maintenancev1.NodeMaintenance{
+			ObjectMeta: metav1.ObjectMeta{Namespace: workloadNamespace, Name: "rest-" + specs[i].Name},
+			Spec: maintenancev1.NodeMaintenanceSpec{RequestorID: "rest.example.com", NodeName: specs[i].Name,
+				DrainSpec: &maintenancev1.DrainSpec{DeleteEmptyDir: true}},
+		}
+		if err := env.Kube.Create(ctx, nm); err != nil {
+			b.Fatal(err)
+		}
+		n++
+	}
+	return n
+}
+
+// heartbeatAll writes one status heartbeat on every node, as a kubelet
+// does every 5 minutes when nothing changed (the Ready condition's
+// lastHeartbeatTime), 32 at a time; it returns how many it wrote.
+func heartbeatAll(ctx context.Context, cs kubernetes.Interface, specs []devcluster.NodeSpec) (int, error) {
+	var next, written atomic.Int64
+	var wg sync.WaitGroup
+	errs := make(chan error, 32)
+	for range 32 {
+		wg.Go(func() {
+			for {
+				i := int(next.Add(1)) - 1
+				if i >= len(specs) {
+					return
+				}
+				patch := fmt.Sprintf(`{"status":{"conditions":[{"type":"Ready","lastHeartbeatTime":%q}]}}`, time.Now().UTC().Format(time.RFC3339))
+				if _, err := cs.CoreV1().Nodes().Patch(ctx, specs[i].Name, types.StrategicMergePatchType, []byte(patch), metav1.PatchOptions{}, "status"); err != nil {
+					errs <- fmt.Errorf("heartbeat of %s: %w", specs[i].Name, err)
+					return
+				}
+				written.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	return int(written.Load()), errors.Join(slices.Collect(chanValues(errs))...)
 }
 
 // createNodes creates the nodes and their ResourceSlices, 32 at a time.
@@ -545,6 +644,11 @@ func restMarkdown(sizes []restReport) string {
 			r.Nodes, formatCounts(r.Objects), formatAny(r.Setup), r.EtcdDBMB, r.LoadAfter, r.MemAvailMB)
 		for _, run := range r.Runs {
 			fmt.Fprintf(&s, "\n%s: startup requests %s; at rest %s.\n", run.Setting, formatCounts(run.StartupRequests), formatCounts(run.RestRequests))
+			fmt.Fprintf(&s, "\nReconciles up to rest, by controller: %s.\n", formatCounts(run.StartupReconciles))
+			if run.Heartbeats > 0 {
+				fmt.Fprintf(&s, "\nOne status heartbeat on every node at rest (%d): %d reconciles (%s), %.3f per heartbeat.\n",
+					run.Heartbeats, sum(run.RestReconciles), formatCounts(run.RestReconciles), run.ReconcilesPerHeartbeat)
+			}
 			if len(run.TopInuse) > 0 {
 				fmt.Fprintf(&s, "\nTop in-use allocation sites (`go tool pprof -top -sample_index=inuse_space %s`):\n\n```\n%s\n```\n",
 					filepath.Base(run.HeapProfile), strings.Join(run.TopInuse, "\n"))
