@@ -88,8 +88,8 @@ type restRun struct {
 	Heartbeats             int            `json:"nodeHeartbeats"`
 	RestReconciles         map[string]int `json:"restReconciles"`
 	ReconcilesPerHeartbeat float64        `json:"reconcilesPerHeartbeat"`
-	HeapProfile           string         `json:"heapProfile,omitempty"`
-	TopInuse              []string       `json:"topInuseSites,omitempty"`
+	HeapProfile            string         `json:"heapProfile,omitempty"`
+	TopInuse               []string       `json:"topInuseSites,omitempty"`
 }
 
 // restReport is one fleet size.
