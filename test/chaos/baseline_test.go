@@ -41,14 +41,14 @@ type kubectlBaseline struct {
 // "Response" verb="GET" url="https://…/api/v1/nodes/gpu-001" status="200 OK".
 var kubectlRequest = regexp.MustCompile(`verb="([A-Z]+)" url="([^"]+)"`)
 
-func runKubectlBaseline(b *testing.B, env *devcluster.Env, nodes, parallel int, adminCordoned string) kubectlBaseline {
+func runKubectlBaseline(b *testing.B, env *devcluster.Env, nodes []string, parallel int, adminCordoned string) kubectlBaseline {
 	dir, err := devcluster.BinDir()
 	if err != nil {
 		b.Fatal(err)
 	}
 	kubectl := filepath.Join(dir, "kubectl")
 	cacheDir := b.TempDir()
-	res := kubectlBaseline{Parallel: parallel, Nodes: nodes, Requests: map[string]int{}}
+	res := kubectlBaseline{Parallel: parallel, Nodes: len(nodes), Requests: map[string]int{}}
 	var mu sync.Mutex
 	run := func(args ...string) error {
 		args = append([]string{"--kubeconfig", env.Kubeconfig, "--cache-dir", cacheDir, "-v=6"}, args...)
@@ -96,7 +96,7 @@ func runKubectlBaseline(b *testing.B, env *devcluster.Env, nodes, parallel int, 
 		return err
 	}
 	work := make(chan string)
-	errs := make(chan error, nodes)
+	errs := make(chan error, len(nodes))
 	var wg sync.WaitGroup
 	began := time.Now()
 	for range parallel {
@@ -115,8 +115,8 @@ func runKubectlBaseline(b *testing.B, env *devcluster.Env, nodes, parallel int, 
 			}
 		})
 	}
-	for i := range nodes {
-		work <- fmt.Sprintf("gpu-%03d", i)
+	for _, node := range nodes {
+		work <- node
 	}
 	close(work)
 	wg.Wait()

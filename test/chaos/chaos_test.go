@@ -8,10 +8,12 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -26,6 +28,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -331,4 +335,50 @@ func (o *operatorProcess) kill() {
 		_ = o.cmd.Wait()
 		o.cmd = nil
 	}
+}
+
+// startLargeEnv starts a cluster for thousands of GPU nodes in pools
+// (devcluster.GPUNodes): the first of each pool as startEnv does, the
+// others created 32 at a time with their ResourceSlices, the kubelet lease
+// scaled with the fleet (its renewals are the control plane's load at
+// rest). It returns the cluster, the operator's kubeconfig, a client
+// without client-side rate limits and the set-up times.
+func startLargeEnv(b *testing.B, nodes, pools int) (*devcluster.Env, string, kubernetes.Interface, map[string]any) {
+	ctx := context.Background()
+	first := min(nodes, max(pools, 1))
+	opts := largeCluster
+	if lease := time.Duration(nodes/25) * time.Second; lease > opts.NodeLeaseDuration {
+		opts.NodeLeaseDuration, opts.NodeMonitorGracePeriod = lease, lease*3/2
+	}
+	setup := map[string]any{"nodeLeaseSeconds": opts.NodeLeaseDuration.Seconds()}
+	began := time.Now()
+	env, kubeconfig := startEnv(b, opts, first, pools)
+	setup["clusterStartSeconds"] = time.Since(began).Seconds()
+	cfg := rest.CopyConfig(env.Config)
+	cfg.QPS, cfg.Burst = 2000, 2000
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	specs := devcluster.GPUNodes(nodes, pools)
+	began = time.Now()
+	createNodes(ctx, b, cs, specs[first:])
+	created := time.Since(began)
+	setup["nodeCreateSeconds"] = created.Seconds()
+	setup["nodesCreatedPerSecond"] = float64(nodes-first) / created.Seconds()
+	waitNodesReady(ctx, b, cs, nodes)
+	setup["nodesReadySeconds"] = time.Since(began).Seconds()
+	b.Logf("%d nodes (%d pools) Ready after %s (created at %.0f/s)", nodes, pools, time.Since(began).Round(time.Second), float64(nodes-first)/created.Seconds())
+	return env, kubeconfig, cs, setup
+}
+
+// poolsOf returns the pools of specs, sorted.
+func poolsOf(specs []devcluster.NodeSpec) []string {
+	seen := map[string]bool{}
+	for _, s := range specs {
+		if s.Pool != "" {
+			seen[s.Pool] = true
+		}
+	}
+	return slices.Sorted(maps.Keys(seen))
 }

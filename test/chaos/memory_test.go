@@ -27,7 +27,6 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/metadata"
-	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 
 	maintenancev1 "github.com/gpufleet/gpufleet/api/maintenance/v1alpha1"
@@ -110,36 +109,12 @@ type restReport struct {
 func BenchmarkOperatorMemory(b *testing.B) {
 	ctx := context.Background()
 	nodes, perNode, pools := *memoryNodes, *memoryPodsPerNode, *memoryPools
-	first := min(nodes, pools)
-	// Kubelet lease renewals (a quarter of the lease duration) are the
-	// control plane's load at rest: scale the lease with the fleet.
-	opts := largeCluster
-	if lease := time.Duration(nodes/25) * time.Second; lease > opts.NodeLeaseDuration {
-		opts.NodeLeaseDuration, opts.NodeMonitorGracePeriod = lease, lease*3/2
-	}
-	setup := map[string]any{"nodeLeaseSeconds": opts.NodeLeaseDuration.Seconds()}
-	began := time.Now()
-	env, kubeconfig := startEnv(b, opts, first, pools)
-	setup["clusterStartSeconds"] = time.Since(began).Seconds()
-	cfg := rest.CopyConfig(env.Config)
-	cfg.QPS, cfg.Burst = 2000, 2000
-	cs, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		b.Fatal(err)
-	}
+	env, kubeconfig, cs, setup := startLargeEnv(b, nodes, pools)
 	specs := devcluster.GPUNodes(nodes, pools)
-	began = time.Now()
-	createNodes(ctx, b, cs, specs[first:])
-	created := time.Since(began)
-	setup["nodeCreateSeconds"] = created.Seconds()
-	setup["nodesCreatedPerSecond"] = float64(nodes-first) / created.Seconds()
-	waitNodesReady(ctx, b, cs, nodes)
-	setup["nodesReadySeconds"] = time.Since(began).Seconds()
-	b.Logf("%d nodes (%d pools) Ready after %s (created at %.0f/s)", nodes, pools, time.Since(began).Round(time.Second), float64(nodes-first)/created.Seconds())
 
-	began = time.Now()
+	began := time.Now()
 	createPods(ctx, b, cs, specs, perNode)
-	created = time.Since(began)
+	created := time.Since(began)
 	setup["podCreateSeconds"] = created.Seconds()
 	setup["podsCreatedPerSecond"] = float64(nodes*perNode) / created.Seconds()
 	waitPodsRunning(ctx, b, cs)

@@ -36,6 +36,10 @@ var (
 	scaleReport         = flag.String("scale.report", "", "directory for scale-<nodes>.json and .md (default: results/ in the source tree)")
 	scaleBaseline       = flag.Bool("scale.baseline", true, "first time a parallel kubectl drain + uncordon of every node on the same cluster (the baseline)")
 	scalePDBs           = flag.Bool("scale.pdbs", true, "put two of the three Deployments behind PodDisruptionBudgets (false: no budgets, the engine's own speed)")
+	scaleObjects        = flag.Int("scale.objects", 0, "NodeMaintenance objects, on every (nodes/objects)th node (0: one per node)")
+	scalePools          = flag.Int("scale.pools", 10, "node pools (label "+devcluster.LabelPool+")")
+	scalePoolMax        = flag.String("scale.pool-max-parallel", "", "give each pool its own maxParallelOperations in the MaintenanceOperatorConfig (empty: no pools in the config)")
+	scaleWindow         = flag.Bool("scale.window", false, "add a maintenance window that is open the whole run (the window check on every decision)")
 	scaleOpenAfter      = flag.Bool("scale.open-after-create", false, "create every NodeMaintenance while maxParallelOperations is 0, then open the limit and start the clock")
 )
 
@@ -118,6 +122,16 @@ type scaleReportData struct {
 func BenchmarkScaleRollout(b *testing.B) {
 	ctx := context.Background()
 	nodes, perNode := *scaleNodes, *scalePodsPerNode
+	objectCount := *scaleObjects
+	if objectCount <= 0 || objectCount > nodes {
+		objectCount = nodes
+	}
+	// The nodes that get a NodeMaintenance: every step-th, from gpu-000.
+	step := nodes / objectCount
+	targets := make([]string, objectCount)
+	for i := range targets {
+		targets[i] = fmt.Sprintf("gpu-%03d", i*step)
+	}
 	mpo, mu := intstr.Parse(*scaleMaxParallel), intstr.Parse(*scaleMaxUnavailable)
 	limitParallel, err := intstr.GetScaledValueFromIntOrPercent(&mpo, nodes, true)
 	if err != nil {
@@ -129,7 +143,7 @@ func BenchmarkScaleRollout(b *testing.B) {
 	}
 	// Built first: the source tree may change while the scenario runs.
 	bin := buildOperator(b)
-	env, kubeconfig := startEnv(b, largeCluster, nodes, 10)
+	env, kubeconfig, _, _ := startLargeEnv(b, nodes, *scalePools)
 	adminCordoned := "gpu-000"
 	if _, err := env.Client.CoreV1().Nodes().Patch(ctx, adminCordoned, "application/merge-patch+json",
 		[]byte(`{"spec":{"unschedulable":true}}`), metav1.PatchOptions{}); err != nil {
@@ -146,9 +160,9 @@ func BenchmarkScaleRollout(b *testing.B) {
 		parallel := max(min(limitParallel, limitUnavailable-1), 1)
 		lo, hi := podSpread(b, env)
 		spread["baseline"] = [2]int{lo, hi}
-		bl := runKubectlBaseline(b, env, nodes, parallel, adminCordoned)
+		bl := runKubectlBaseline(b, env, targets, parallel, adminCordoned)
 		baseline = &bl
-		b.Logf("baseline: kubectl drain + uncordon of %d nodes, %d at a time: %.1f s, %d requests", nodes, parallel, bl.Seconds, sum(bl.Requests))
+		b.Logf("baseline: kubectl drain + uncordon of %d nodes, %d at a time: %.1f s, %d requests", objectCount, parallel, bl.Seconds, sum(bl.Requests))
 		respreadWorkloads(b, env, nodes*perNode)
 	}
 	lo, hi := podSpread(b, env)
@@ -167,6 +181,16 @@ func BenchmarkScaleRollout(b *testing.B) {
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "default"},
 		Spec:       maintenancev1.MaintenanceOperatorConfigSpec{MaxParallelOperations: &mpo, MaxUnavailable: &mu},
 	}
+	if *scalePoolMax != "" {
+		pm := intstr.Parse(*scalePoolMax)
+		for _, pool := range poolsOf(devcluster.GPUNodes(nodes, *scalePools)) {
+			mocfg.Spec.Pools = append(mocfg.Spec.Pools, maintenancev1.MaintenancePool{Name: pool, MaxParallelOperations: &pm,
+				NodeSelector: metav1.LabelSelector{MatchLabels: map[string]string{devcluster.LabelPool: pool}}})
+		}
+	}
+	if *scaleWindow {
+		mocfg.Spec.MaintenanceWindows = []maintenancev1.MaintenanceWindow{{Name: "daily", Schedule: "0 0 * * *", Duration: metav1.Duration{Duration: 24 * time.Hour}}}
+	}
 	if *scaleOpenAfter {
 		// Closed until every object exists: the clock then measures the
 		// engine working through a full queue, not the creation.
@@ -176,7 +200,7 @@ func BenchmarkScaleRollout(b *testing.B) {
 		b.Fatal(err)
 	}
 	chk := newChecker(env.Cluster, env.Kube, adminCordoned, limitParallel, limitUnavailable)
-	ready := make(chan string, nodes)
+	ready := make(chan string, objectCount)
 	chk.onReady = func(key string) { ready <- key }
 	checkCtx, stopChecker := context.WithCancel(ctx)
 	defer stopChecker()
@@ -197,25 +221,25 @@ func BenchmarkScaleRollout(b *testing.B) {
 	defer func() { close(ready); deleters.Wait() }()
 
 	began := time.Now()
-	for i := range nodes {
+	for i, node := range targets {
 		r := scaleRequestors[i%len(scaleRequestors)]
 		nm := &maintenancev1.NodeMaintenance{
-			ObjectMeta: metav1.ObjectMeta{Namespace: workloadNamespace, Name: fmt.Sprintf("%s-gpu-%03d", strings.Split(r, ".")[0], i)},
-			Spec: maintenancev1.NodeMaintenanceSpec{RequestorID: r, NodeName: fmt.Sprintf("gpu-%03d", i),
+			ObjectMeta: metav1.ObjectMeta{Namespace: workloadNamespace, Name: strings.Split(r, ".")[0] + "-" + node},
+			Spec: maintenancev1.NodeMaintenanceSpec{RequestorID: r, NodeName: node,
 				DrainSpec: &maintenancev1.DrainSpec{TimeoutSeconds: ptr.To[int32](0), DeleteEmptyDir: true}},
 		}
 		if err := env.Kube.Create(ctx, nm); err != nil {
 			b.Fatal(err)
 		}
 	}
-	b.Logf("%d NodeMaintenance objects created in %s", nodes, time.Since(began).Round(time.Millisecond))
+	b.Logf("%d NodeMaintenance objectCount created in %s", objectCount, time.Since(began).Round(time.Millisecond))
 	if *scaleOpenAfter {
 		// Every object seen Pending with its wait reason, then the limit opens.
 		err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 5*time.Minute, true, func(context.Context) (bool, error) {
-			return chk.pendingWithReason() == nodes, nil
+			return chk.pendingWithReason() == objectCount, nil
 		})
 		if err != nil {
-			b.Fatalf("not every NodeMaintenance was seen Pending with a wait reason: %d/%d", chk.pendingWithReason(), nodes)
+			b.Fatalf("not every NodeMaintenance was seen Pending with a wait reason: %d/%d", chk.pendingWithReason(), objectCount)
 		}
 		patch := client.MergeFrom(mocfg.DeepCopy())
 		mocfg.Spec.MaxParallelOperations = &mpo
@@ -226,15 +250,15 @@ func BenchmarkScaleRollout(b *testing.B) {
 		chk.opened(began)
 		b.Logf("maxParallelOperations opened to %s", mpo.String())
 	}
-	bound := 10*time.Minute + time.Duration(nodes)*2*time.Second
+	bound := 10*time.Minute + time.Duration(objectCount)*2*time.Second
 	err = wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, bound, false, func(context.Context) (bool, error) {
 		chk.mu.Lock()
 		defer chk.mu.Unlock()
-		return len(chk.readySeen) == nodes && len(chk.nms) == 0, nil
+		return len(chk.readySeen) == objectCount && len(chk.nms) == 0, nil
 	})
 	rollout := time.Since(began)
 	if err != nil {
-		b.Fatalf("rollout not done within %s: %d/%d objects Ready once, %d still exist", bound, chk.readyCount(), nodes, func() int {
+		b.Fatalf("rollout not done within %s: %d/%d objectCount Ready once, %d still exist", bound, chk.readyCount(), objectCount, func() int {
 			chk.mu.Lock()
 			defer chk.mu.Unlock()
 			return len(chk.nms)
@@ -259,17 +283,17 @@ func BenchmarkScaleRollout(b *testing.B) {
 	afterIdle := mustRequests(b, addr)
 	rss, hwm := memoryOf(op.pid())
 	stopChecker()
-	chk.final(ctx, b, nodes)
+	chk.final(ctx, b, objectCount)
 
 	idle := diffCounts(afterRollout, afterIdle)
 	rep := scaleReportData{
 		Commit: gitCommit(), Date: time.Now().UTC().Format(time.RFC3339),
 		Parameters: map[string]any{"nodes": nodes, "podsPerNode": perNode, "pods": nodes * perNode,
-			"objects": nodes, "requestors": scaleRequestors, "maxParallelOperations": mpo.String(), "maxUnavailable": mu.String(),
+			"objects": objectCount, "pools": *scalePools, "poolMaxParallel": *scalePoolMax, "window": *scaleWindow, "requestors": scaleRequestors, "maxParallelOperations": mpo.String(), "maxUnavailable": mu.String(),
 			"resolvedMaxParallel": limitParallel, "resolvedMaxUnavailable": limitUnavailable,
 			"pdbs": pdbParameter(*scalePDBs), "openAfterCreate": *scaleOpenAfter, "adminCordonedNodes": 1,
 			"podTerminationSeconds": 1, "idleWindow": scaleIdle.String(), "capabilities": operator.CapabilityNames()},
-		RolloutSeconds: rollout.Seconds(), ObjectsPerMin: float64(nodes) / rollout.Minutes(),
+		RolloutSeconds: rollout.Seconds(), ObjectsPerMin: float64(objectCount) / rollout.Minutes(),
 		LatencyMs:     percentiles(chk.latencies()),
 		PhaseMs:       map[string]map[string]float64{},
 		MaxInProgress: chk.maxInProgress, MaxUnavailable: chk.maxUnavailable, CheckedEvents: chk.events, WaitRewrites: chk.waitRewrites,
@@ -281,7 +305,7 @@ func BenchmarkScaleRollout(b *testing.B) {
 		EvictionMs: evictionMs, Turns: turns,
 		SlowBudgetedEvictions: slowBudgeted, BudgetedEvictions: budgeted, StatusRewrites: chk.rewrites(),
 	}
-	rep.RequestsPerObject = float64(sum(rep.RolloutRequests)) / float64(nodes)
+	rep.RequestsPerObject = float64(sum(rep.RolloutRequests)) / float64(objectCount)
 	for k, v := range rep.RolloutRequests {
 		if strings.HasPrefix(k, "POST pods/eviction") {
 			rep.EvictionRequests += v
@@ -293,7 +317,7 @@ func BenchmarkScaleRollout(b *testing.B) {
 	}
 	chk.mu.Unlock()
 	if rep.PodsEvicted > 0 {
-		rep.RequestsPerObjectAtPodsPerNode = float64(sum(rep.RolloutRequests)-rep.EvictionRequests)/float64(nodes) +
+		rep.RequestsPerObjectAtPodsPerNode = float64(sum(rep.RolloutRequests)-rep.EvictionRequests)/float64(objectCount) +
 			float64(perNode)*float64(rep.EvictionRequests)/float64(rep.PodsEvicted)
 	}
 	if baseline != nil {
@@ -477,6 +501,12 @@ func (r scaleReportData) markdown() string {
 		"maxParallelOperations %v (= %v), maxUnavailable %v (= %v), 1 node cordoned by an admin, capabilities %v; the operator is the real binary in its own process.\n\n",
 		p["nodes"], p["pods"], p["podsPerNode"], "budgets: "+fmt.Sprint(p["pdbs"]), p["objects"], len(scaleRequestors),
 		p["maxParallelOperations"], p["resolvedMaxParallel"], p["maxUnavailable"], p["resolvedMaxUnavailable"], p["capabilities"])
+	if pm, _ := p["poolMaxParallel"].(string); pm != "" {
+		fmt.Fprintf(&s, "The config gives each of the %v pools maxParallelOperations %s.\n\n", p["pools"], pm)
+	}
+	if p["window"] == true {
+		fmt.Fprintf(&s, "A maintenance window (daily, 24 h) is open the whole run.\n\n")
+	}
 	if p["openAfterCreate"] == true {
 		fmt.Fprintf(&s, "Every object was created while maxParallelOperations was 0; the clock starts when it opens.\n\n")
 	}
