@@ -371,11 +371,19 @@ func TestTableGolden(t *testing.T) {
 	})
 }
 
-// BenchmarkBuild1000 builds and prints the view of 1,000 GPU nodes with
-// 8,000 pods, 100 NodeMaintenance, 20 repairs and 50 GPU faults.
-func BenchmarkBuild1000(b *testing.B) {
+// BenchmarkBuild builds and prints the view of 1,000, 3,000 and 10,000
+// GPU nodes with 8 pods each (4 GPU stack, 4 workload), a NodeMaintenance
+// on a tenth, a repair on a fiftieth and a GPU fault on a twentieth of
+// them: the time should grow linearly with the nodes.
+func BenchmarkBuild(b *testing.B) {
+	for _, n := range []int{1000, 3000, 10000} {
+		b.Run(fmt.Sprintf("nodes=%d", n), func(b *testing.B) { benchmarkBuild(b, n) })
+	}
+}
+
+func benchmarkBuild(b *testing.B, n int) {
 	s := &Snapshot{Unavailable: map[Kind]string{}}
-	for i := range 1000 {
+	for i := range n {
 		name := fmt.Sprintf("gpu-%03d", i)
 		s.Nodes = append(s.Nodes, node(name, fmt.Sprintf("pool-%d", i%8), stack(4)))
 		for _, c := range nvidiav1.Components[:4] {

@@ -529,13 +529,16 @@ func randomSnapshot(nNodes, nObjects, nInProgress int, seed uint64) Snapshot {
 }
 
 func BenchmarkMakePlan(b *testing.B) {
-	for _, n := range []int{1000, 10000, 50000} {
+	for _, n := range []int{1000, 3000, 10000, 50000} {
 		b.Run(fmt.Sprintf("nodes=%d", n), func(b *testing.B) { benchmarkMakePlan(b, n, false) })
 	}
-	// The issue-30 shape: 10,000 nodes in 16 pools with their own
-	// limits, NVLink domains of 18 nodes (a third of them running a
-	// ComputeDomain), a pending request for every node.
-	b.Run("nodes=10000/pools=16/domains=556", func(b *testing.B) { benchmarkMakePlan(b, 10000, true) })
+	// A large fleet's shape: 16 pools with their own limits, NVLink
+	// domains of 18 nodes (a third of them running a ComputeDomain), a
+	// pending request for every node; 1,000 to 10,000 nodes, to show the
+	// time per plan grows linearly.
+	for _, n := range []int{1000, 3000, 10000} {
+		b.Run(fmt.Sprintf("nodes=%d/pools=16/domains=%d", n, (n+17)/18), func(b *testing.B) { benchmarkMakePlan(b, n, true) })
+	}
 }
 
 func benchmarkMakePlan(b *testing.B, n int, pooled bool) {
