@@ -22,10 +22,10 @@ func BenchmarkPlanUpgrades(b *testing.B) {
 					if byDomain {
 						u.Domain = fmt.Sprintf("rack-%03d", i/18)
 					}
-					switch {
-					case i%10 == 0: // upgraded
+					switch i % 10 {
+					case 0: // upgraded
 						u.Current = true
-					case i%10 == 1: // in flight: its NodeMaintenance is Ready, the driver restarted
+					case 1: // in flight: its NodeMaintenance is Ready, the driver restarted
 						u.Maintenance, u.MaintenanceIsOurs = nm(true, t0.Add(-time.Minute).Format(time.RFC3339)), true
 						u.Ready, u.ValidatorReady = false, false
 					}
