@@ -2,6 +2,7 @@ package chaos
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -10,11 +11,13 @@ import (
 	"io/fs"
 	"maps"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -55,6 +58,7 @@ var (
 	memorySettle      = flag.Duration("memory.settle", 30*time.Second, "wait after the caches are synced before measuring (BenchmarkOperatorMemory)")
 	memoryIdle        = flag.Duration("memory.idle", time.Minute, "window at rest for the API requests per minute (BenchmarkOperatorMemory)")
 	memoryObjects     = flag.Bool("memory.objects", true, "give the controllers work at rest: a MaintenanceOperatorConfig with maxParallelOperations 0, a pending NodeMaintenance on 1% of the nodes and a NodeRepairPolicy with the default rules (BenchmarkOperatorMemory)")
+	memoryStatus      = flag.Bool("memory.status", true, "after the operator runs, time `gpufleet status` (three runs) and read its peak memory (BenchmarkOperatorMemory)")
 	memoryHeartbeats  = flag.Bool("memory.heartbeats", true, "during the window at rest, write one kubelet-style status heartbeat on every node and count the reconciles it causes (BenchmarkOperatorMemory)")
 	memoryReport      = flag.String("memory.report", "", "directory for rest-<nodes>.{json,md}, scale-rest.{json,md} and heap-<nodes>.pprof (default: results/ in the source tree)")
 )
@@ -104,6 +108,16 @@ type restReport struct {
 	LoadAfter  string         `json:"loadAverageAfter"`
 	EtcdDBMB   float64        `json:"etcdDbMB"`
 	MemAvailMB float64        `json:"machineMemAvailableMB"`
+	// Status: `gpufleet status` against the same cluster, each run.
+	Status []statusRun `json:"gpufleetStatus,omitempty"`
+}
+
+// statusRun is one `gpufleet status` run: its wall time, peak RSS and
+// output size.
+type statusRun struct {
+	Seconds     float64 `json:"seconds"`
+	MaxRSSMB    float64 `json:"maxRssMB"`
+	OutputBytes int     `json:"outputBytes"`
 }
 
 func BenchmarkOperatorMemory(b *testing.B) {
@@ -254,6 +268,14 @@ func BenchmarkOperatorMemory(b *testing.B) {
 				formatCounts(run.RestReconciles), run.ReconcilesPerHeartbeat)
 		}
 	}
+	if *memoryStatus {
+		for range 3 {
+			r.Status = append(r.Status, measureStatus(b, bin, env.Kubeconfig))
+		}
+		for _, st := range r.Status {
+			b.Logf("gpufleet status: %.2f s, peak RSS %.0f MB, %d bytes of output", st.Seconds, st.MaxRSSMB, st.OutputBytes)
+		}
+	}
 	r.LoadAfter = loadAverage()
 	r.EtcdDBMB = etcdDBMB(env.Dir)
 	r.MemAvailMB = memAvailableMB()
@@ -290,6 +312,23 @@ func createRestObjects(ctx context.Context, b *testing.B, env *devcluster.Env, s
 		n++
 	}
 	return n
+}
+
+// measureStatus runs `gpufleet status` as the cluster's admin and reads its
+// wall time and peak RSS (the kernel's maxrss of the child).
+func measureStatus(b *testing.B, bin, kubeconfig string) statusRun {
+	cmd := exec.Command(bin, "status", "--kubeconfig", kubeconfig)
+	var out, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &stderr
+	began := time.Now()
+	if err := cmd.Run(); err != nil {
+		b.Fatalf("gpufleet status: %v\n%s", err, tail(stderr.String(), 2000))
+	}
+	run := statusRun{Seconds: time.Since(began).Seconds(), OutputBytes: out.Len()}
+	if ru, ok := cmd.ProcessState.SysUsage().(*syscall.Rusage); ok {
+		run.MaxRSSMB = float64(ru.Maxrss) / 1024 // KiB on Linux
+	}
+	return run
 }
 
 // heartbeatAll writes one status heartbeat on every node, as a kubelet
@@ -617,6 +656,9 @@ func restMarkdown(sizes []restReport) string {
 	for _, r := range sizes {
 		fmt.Fprintf(&s, "\n## %d nodes\n\nCluster objects: %s. Setup: %s. etcd db %.0f MB; load after %s; machine memory available %.0f MB.\n",
 			r.Nodes, formatCounts(r.Objects), formatAny(r.Setup), r.EtcdDBMB, r.LoadAfter, r.MemAvailMB)
+		for i, st := range r.Status {
+			fmt.Fprintf(&s, "\n`gpufleet status` run %d: %.2f s, peak RSS %.0f MB, %d bytes of output.\n", i+1, st.Seconds, st.MaxRSSMB, st.OutputBytes)
+		}
 		for _, run := range r.Runs {
 			fmt.Fprintf(&s, "\n%s: startup requests %s; at rest %s.\n", run.Setting, formatCounts(run.StartupRequests), formatCounts(run.RestRequests))
 			fmt.Fprintf(&s, "\nReconciles up to rest, by controller: %s.\n", formatCounts(run.StartupReconciles))
