@@ -186,8 +186,9 @@ func isRefusal(err error) bool {
 // labelNodes applies NodeLabels to every node (a merge patch per node
 // that needs one).
 func (r *Reconciler) labelNodes(ctx context.Context, gc *nvidiav1alpha1.GPUCluster, obs *Observed) error {
+	// Read only: the labels are written by patches built apart.
 	var nodes corev1.NodeList
-	if err := r.Client.List(ctx, &nodes); err != nil {
+	if err := r.Client.List(ctx, &nodes, client.UnsafeDisableDeepCopy); err != nil {
 		return fmt.Errorf("listing nodes: %w", err)
 	}
 	for i := range nodes.Items {

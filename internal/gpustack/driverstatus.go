@@ -60,7 +60,7 @@ func (r *DriverStatusReconciler) Reconcile(ctx context.Context, req reconcile.Re
 	if err := r.Client.List(ctx, &drivers); err != nil {
 		return reconcile.Result{}, fmt.Errorf("listing NVIDIADrivers: %w", err)
 	}
-	if err := r.Client.List(ctx, &nodes); err != nil {
+	if err := r.Client.List(ctx, &nodes, client.UnsafeDisableDeepCopy); err != nil { // read only
 		return reconcile.Result{}, fmt.Errorf("listing nodes: %w", err)
 	}
 	own := client.MatchingLabels{LabelComponent: Driver, LabelNVIDIADriver: d.Name}
