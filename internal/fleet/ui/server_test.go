@@ -139,3 +139,49 @@ func resourceQuantity(s string) *resource.Quantity {
 	q := resource.MustParse(s)
 	return &q
 }
+
+// TestHeartbeatRebuildsNothing: a node's status heartbeat, or a resync,
+// does not mark the view dirty (each rebuild reads every node and pod);
+// a change the view shows does.
+func TestHeartbeatRebuildsNothing(t *testing.T) {
+	t0 := metav1.NewTime(time.Date(2026, 12, 6, 12, 0, 0, 0, time.UTC))
+	node := func(rv string, heartbeat metav1.Time, ready corev1.ConditionStatus, unschedulable bool) any {
+		n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "gpu-000", ResourceVersion: rv,
+			Annotations: map[string]string{"node.alpha.kubernetes.io/ttl": "0"}},
+			Spec: corev1.NodeSpec{Unschedulable: unschedulable},
+			Status: corev1.NodeStatus{Conditions: []corev1.NodeCondition{{Type: corev1.NodeReady, Status: ready,
+				LastHeartbeatTime: heartbeat, LastTransitionTime: t0}}}}
+		out, err := trim(n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+	later := metav1.NewTime(t0.Add(5 * time.Minute))
+	before := node("1", t0, corev1.ConditionTrue, false)
+	tests := map[string]struct {
+		cur   any
+		dirty bool
+	}{
+		"status heartbeat":  {node("2", later, corev1.ConditionTrue, false), false},
+		"resync":            {node("1", t0, corev1.ConditionTrue, false), false},
+		"node not Ready":    {node("2", later, corev1.ConditionFalse, false), true},
+		"node cordoned":     {node("2", t0, corev1.ConditionTrue, true), true},
+		"not a Kube object": {"x", true},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			s := &Server{dirty: make(chan struct{}, 1)}
+			s.updated(before, tc.cur)
+			if got := len(s.dirty) == 1; got != tc.dirty {
+				t.Errorf("view marked dirty: %v, want %v", got, tc.dirty)
+			}
+		})
+	}
+	// trim leaves the cache's object as the view reads it: the heartbeat
+	// time is gone, the condition stays.
+	n := node("3", later, corev1.ConditionTrue, false).(*corev1.Node)
+	if c := n.Status.Conditions[0]; !c.LastHeartbeatTime.IsZero() || c.Status != corev1.ConditionTrue || !c.LastTransitionTime.Equal(&t0) {
+		t.Errorf("trimmed condition %+v", c)
+	}
+}

@@ -4,11 +4,13 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	resourcev1 "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
 // trim drops from watched objects what the view never reads, before they
 // enter the cache: managed fields everywhere; of a node its annotations and
-// all of its status but conditions, capacity and allocatable; of a
+// all of its status but conditions (without their heartbeat times),
+// capacity and allocatable; of a
 // ResourceSlice all but its driver, node, pool and device names; of a pod
 // all but its node, labels, container requests, phase and conditions. It
 // keeps the process small with thousands of nodes and pods.
@@ -20,6 +22,11 @@ func trim(obj any) (any, error) {
 	case *corev1.Node:
 		o.Annotations = nil
 		o.OwnerReferences = nil
+		// The kubelet rewrites every condition's heartbeat time; with
+		// them gone a heartbeat changes nothing here (viewChanged).
+		for i := range o.Status.Conditions {
+			o.Status.Conditions[i].LastHeartbeatTime = metav1.Time{}
+		}
 		o.Status = corev1.NodeStatus{Capacity: o.Status.Capacity, Allocatable: o.Status.Allocatable, Conditions: o.Status.Conditions}
 	case *resourcev1.ResourceSlice:
 		// Only the number of devices counts.
