@@ -108,7 +108,8 @@ type Plan struct {
 	InProgressNodes int
 	// Unavailable counts unavailable nodes, before this plan.
 	Unavailable int
-	// AvailableSlots and CanBecomeUnavailable are M4 steps 1 and 2
+	// AvailableSlots and CanBecomeUnavailable are steps 1 and 2 of the
+	// scheduling algorithm, requirement M4 in docs/requirements.md
 	// (CanBecomeUnavailable is -1 when unlimited).
 	AvailableSlots, CanBecomeUnavailable int
 	// Pools: each configured pool, in the config's order.
@@ -163,13 +164,16 @@ func scaled(v intstr.IntOrString, total int, roundUp bool) (int, error) {
 	return n, nil
 }
 
-// MakePlan runs the scheduling algorithm (docs/maintenance.md, docs/concepts.md) on a snapshot at now,
-// with gpufleet's additions: maintenance windows (a closed calendar holds
-// back everything but urgent objects of unavailable nodes), per-pool limits
-// (on top of the cluster-wide ones) and urgency (urgent objects rank first).
+// MakePlan runs the scheduling algorithm (requirement M4 in
+// docs/requirements.md; for users, docs/maintenance.md and
+// docs/concepts.md) on a snapshot at now, with gpufleet's additions:
+// maintenance windows (a closed calendar holds back everything but urgent
+// objects of unavailable nodes), per-pool limits (on top of the
+// cluster-wide ones) and urgency (urgent objects rank first).
 // With domains (Limits.Domains), the domain budget applies and the pending
 // requests of a disrupted domain are co-scheduled (domains.go).
-// Without windows, pools, domains and urgent objects it is exactly M4.
+// Without windows, pools, domains and urgent objects it is exactly the
+// algorithm of requirement M4 in docs/requirements.md.
 func MakePlan(s Snapshot, l Limits, now time.Time) (Plan, error) {
 	nodes := make(map[string]PlanNode, len(s.Nodes))
 	for _, n := range s.Nodes {
