@@ -68,7 +68,7 @@ func daemonSetNames(objs []client.Object) map[string]string {
 }
 
 func TestAdoptTheGPUOperatorsStack(t *testing.T) {
-	p := seedPolicy(t)
+	p := v16Policy(t)
 	objs := render(t, p, oneFlavour)
 	live := previousStack(t, p, renderedImages(objs))
 	out, adoptions, blocked := Adopt(objs, live)
@@ -141,7 +141,7 @@ func takenOver(want, have *appsv1.DaemonSet) *appsv1.DaemonSet {
 }
 
 func TestTakeOverKeepsARunningTemplateUntilThePolicyChanges(t *testing.T) {
-	p := seedPolicy(t)
+	p := v16Policy(t)
 	objs := render(t, p, oneFlavour)
 	live := previousStack(t, p, renderedImages(objs))
 	out, _, _ := Adopt(objs, live)
@@ -216,7 +216,7 @@ func adoptedList(m map[string]*appsv1.DaemonSet) []appsv1.DaemonSet {
 }
 
 func TestTakeOverADifferentImageReplacesTheTemplate(t *testing.T) {
-	p := seedPolicy(t)
+	p := v16Policy(t)
 	objs := render(t, p, oneFlavour)
 	images := renderedImages(objs)
 	images[Driver] = "nvcr.io/nvidia/driver:550.0-ubuntu22.04" // the GPU Operator ran an older driver
@@ -241,7 +241,7 @@ func TestTakeOverADifferentImageReplacesTheTemplate(t *testing.T) {
 }
 
 func TestAdoptEdgeCases(t *testing.T) {
-	p := seedPolicy(t)
+	p := v16Policy(t)
 	twoOS := Facts{Namespace: "gpu-operator", OSFlavours: []OSFlavour{{"ubuntu", "22.04"}, {"ubuntu", "20.04"}}, Runtimes: []string{"containerd"}}
 	cases := map[string]struct {
 		facts       Facts

@@ -69,9 +69,9 @@ func startOperator(t *testing.T, cfg *rest.Config) {
 		GPUStackDegradedAfter: 3 * time.Second, DriverUpgradeTimeout: 5 * time.Second})
 }
 
-func seedYAML(tb testing.TB) []byte {
+func v16YAML(tb testing.TB) []byte {
 	tb.Helper()
-	data, err := os.ReadFile("testdata/seed-clusterpolicy.yaml")
+	data, err := os.ReadFile("testdata/gpu-operator-1.6-clusterpolicy.yaml")
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -88,10 +88,10 @@ func yamlUnmarshal(data []byte, p *nvidiav1.ClusterPolicy) error {
 
 func keyOf(name string) types.NamespacedName { return types.NamespacedName{Name: name} }
 
-func seedPolicy(t *testing.T) *nvidiav1.ClusterPolicy {
+func v16Policy(t *testing.T) *nvidiav1.ClusterPolicy {
 	t.Helper()
 	p := &nvidiav1.ClusterPolicy{}
-	if err := yamlUnmarshal(seedYAML(t), p); err != nil {
+	if err := yamlUnmarshal(v16YAML(t), p); err != nil {
 		t.Fatal(err)
 	}
 	return p
@@ -129,15 +129,15 @@ func component(p *nvidiav1.ClusterPolicy, name string) nvidiav1.ComponentStatus 
 	return nvidiav1.ComponentStatus{}
 }
 
-// TestSeedPolicyDeploysTheStack is the main GPU stack scenario; the
+// TestV16PolicyDeploysTheStack is the main GPU stack scenario; the
 // sub-steps share the deployed stack.
-func TestSeedPolicyDeploysTheStack(t *testing.T) {
+func TestV16PolicyDeploysTheStack(t *testing.T) {
 	devtest.NeedCluster(t)
 	cfg, counter := devcluster.CountRequests(operatorCfg)
 	startOperator(t, cfg)
-	policy := seedPolicy(t)
+	policy := v16Policy(t)
 	if err := k8s.Create(t.Context(), policy); err != nil {
-		t.Fatalf("the seed ClusterPolicy was rejected: %v", err)
+		t.Fatalf("the GPU Operator 1.6 ClusterPolicy was rejected: %v", err)
 	}
 	t.Cleanup(func() { _ = k8s.Delete(context.Background(), policy) })
 
@@ -204,7 +204,7 @@ func TestSeedPolicyDeploysTheStack(t *testing.T) {
 		// validation init containers wait for it).
 		for _, c := range nvidiav1.Components {
 			if created[c.Key].IsZero() {
-				continue // not enabled by the seed policy
+				continue // not enabled by the 1.6 policy
 			}
 			for _, dep := range c.After {
 				if readyAt[c.Key].IsZero() || readyAt[dep].IsZero() {
@@ -357,7 +357,7 @@ func TestSeedPolicyDeploysTheStack(t *testing.T) {
 	})
 
 	t.Run("a second ClusterPolicy is ignored", func(t *testing.T) {
-		second := seedPolicy(t)
+		second := v16Policy(t)
 		second.Name = "second-policy"
 		if err := k8s.Create(t.Context(), second); err != nil {
 			t.Fatal(err)

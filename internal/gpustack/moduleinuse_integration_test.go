@@ -25,11 +25,12 @@ import (
 )
 
 // A driver upgrade whose new driver cannot load because the old kernel
-// module is still in use (seed shortcoming, issue 14 item 8a) finishes
-// through the reboot path: the repair engine reboots the node inside the
-// upgrade's NodeMaintenance (the node stays cordoned throughout), the new
-// driver loads after the reboot, and only then is the node released. Other
-// nodes upgrade without a reboot.
+// module is still in use (the driver manager cannot unload it while
+// something on the host holds the GPUs; requirement G6,
+// docs/requirements.md) finishes through the reboot path: the repair
+// engine reboots the node inside the upgrade's NodeMaintenance (the node
+// stays cordoned throughout), the new driver loads after the reboot, and
+// only then is the node released. Other nodes upgrade without a reboot.
 func TestDriverModuleInUseFinishesTheUpgradeThroughAReboot(t *testing.T) {
 	devtest.NeedCluster(t)
 	const target = "gpu-001"
@@ -38,7 +39,7 @@ func TestDriverModuleInUseFinishesTheUpgradeThroughAReboot(t *testing.T) {
 		func(mgr manager.Manager) error {
 			return devcluster.AddInProcessAgent(mgr, devcluster.SimExecutor{Cluster: cluster, RebootDowntime: time.Second}, nil)
 		})
-	policy := seedPolicy(t)
+	policy := v16Policy(t)
 	if err := k8s.Create(t.Context(), policy); err != nil {
 		t.Fatal(err)
 	}

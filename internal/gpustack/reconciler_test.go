@@ -332,10 +332,10 @@ func (d *direct) reconcileWith(r *gpustack.Reconciler, name string) pass {
 	return p
 }
 
-// createPolicy creates the seed ClusterPolicy under name, changed by change.
+// createPolicy creates the GPU Operator 1.6 ClusterPolicy under name, changed by change.
 func createPolicy(t *testing.T, name string, change func(*nvidiav1.ClusterPolicy)) *nvidiav1.ClusterPolicy {
 	t.Helper()
-	p := seedPolicy(t)
+	p := v16Policy(t)
 	p.Name = name
 	if change != nil {
 		change(p)
@@ -600,10 +600,10 @@ func uids(t *testing.T, p pass) map[string]types.UID {
 	return out
 }
 
-func TestReconcileSeedPolicyCreatesTheStackAndConvergedCostsNothing(t *testing.T) {
+func TestReconcileV16PolicyCreatesTheStackAndConvergedCostsNothing(t *testing.T) {
 	d := newDirect(t)
 	nodes := listNodes(t)
-	// The seed's components have no RBAC of their own; MIG manager (off by
+	// The 1.6 policy's components have no RBAC of their own; MIG manager (off by
 	// default) brings a ClusterRole and its binding.
 	p := createPolicy(t, "cluster-policy", func(p *nvidiav1.ClusterPolicy) { p.Spec.MIGManager.Enabled = ptr.To(true) })
 	began := time.Now()
@@ -976,7 +976,7 @@ func TestReconcileMalformedAssetReportsRenderFailed(t *testing.T) {
 func waitGarbageCollector(t *testing.T, node string) {
 	t.Helper()
 	ctx := t.Context()
-	probe := seedPolicy(t)
+	probe := v16Policy(t)
 	probe.Name = "gc-probe"
 	if err := k8s.Create(ctx, probe); err != nil {
 		t.Fatal(err)

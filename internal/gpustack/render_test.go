@@ -21,15 +21,15 @@ import (
 
 var update = flag.Bool("update", false, "rewrite the golden files")
 
-func seedPolicy(t *testing.T) *nvidiav1.ClusterPolicy {
+func v16Policy(t *testing.T) *nvidiav1.ClusterPolicy {
 	t.Helper()
-	data, err := os.ReadFile("testdata/seed-clusterpolicy.yaml")
+	data, err := os.ReadFile("testdata/gpu-operator-1.6-clusterpolicy.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}
 	p := &nvidiav1.ClusterPolicy{}
 	if err := yaml.UnmarshalStrict(data, p); err != nil {
-		t.Fatalf("the seed ClusterPolicy does not fit the API types: %v", err)
+		t.Fatalf("the GPU Operator 1.6 ClusterPolicy does not fit the API types: %v", err)
 	}
 	return p
 }
@@ -71,8 +71,8 @@ func TestRenderGolden(t *testing.T) {
 		policy func(t *testing.T) *nvidiav1.ClusterPolicy
 		facts  Facts
 	}{
-		"seed":                       {policy: seedPolicy, facts: Facts{Namespace: "gpu-operator", OSFlavours: []OSFlavour{{"ubuntu", "22.04"}}, Runtimes: []string{"containerd"}}},
-		"seed-mixed-os-and-runtimes": {policy: seedPolicy, facts: mixed},
+		"v1.6":                       {policy: v16Policy, facts: Facts{Namespace: "gpu-operator", OSFlavours: []OSFlavour{{"ubuntu", "22.04"}}, Runtimes: []string{"containerd"}}},
+		"v1.6-mixed-os-and-runtimes": {policy: v16Policy, facts: mixed},
 		"chart-default":              {policy: chartDefaultPolicy, facts: mixed},
 		"common-options":             {policy: commonOptionsPolicy, facts: Facts{Namespace: "gpu-operator", OSFlavours: []OSFlavour{{"ubuntu", "22.04"}}, Runtimes: []string{"containerd"}}},
 		"defaults-all-optional-on": {policy: func(*testing.T) *nvidiav1.ClusterPolicy {
@@ -108,7 +108,7 @@ func TestRenderGolden(t *testing.T) {
 }
 
 func TestRenderPerOSAndRuntime(t *testing.T) {
-	p := seedPolicy(t)
+	p := v16Policy(t)
 	objs, err := Render(p, Facts{Namespace: "ns", OSFlavours: []OSFlavour{{"ubuntu", "22.04"}, {"rhel", "9.4"}}, Runtimes: []string{"docker", "containerd"}}, Assets)
 	if err != nil {
 		t.Fatal(err)

@@ -26,7 +26,7 @@ var (
 	scaleReadyAfter = flag.Duration("gpustack.ready-after", 0, "BenchmarkClusterPolicyScale: every stack pod becomes Ready this long after its init containers completed (sim.gpufleet.dev/ready-after; 0: the simulation's 0.1-0.3 s)")
 )
 
-// BenchmarkClusterPolicyScale deploys the seed ClusterPolicy on
+// BenchmarkClusterPolicyScale deploys the GPU Operator 1.6 ClusterPolicy on
 // -gpustack.nodes healthy simulated GPU nodes (two OS versions, two
 // runtimes; plus the 2 CPU nodes of the test cluster) and reports: the
 // time to state ready, the operator's API requests to get there, its
@@ -69,7 +69,7 @@ func BenchmarkClusterPolicyScale(b *testing.B) {
 	time.Sleep(2 * time.Second) // caches synced
 
 	policy := &nvidiav1.ClusterPolicy{}
-	if err := yamlUnmarshal(seedYAML(b), policy); err != nil {
+	if err := yamlUnmarshal(v16YAML(b), policy); err != nil {
 		b.Fatal(err)
 	}
 	policy.Name = "bench-policy"
@@ -125,7 +125,7 @@ func BenchmarkClusterPolicyScale(b *testing.B) {
 	b.ReportMetric(cpu.Seconds(), "cpu-s/to-ready")
 	b.ReportMetric(perMin(idle), "requests/min-converged")
 	b.ReportMetric(perMin(stuckIdle), "requests/min-stuck")
-	b.Logf("seed ClusterPolicy on %d GPU nodes (pods ready %s after start): ready after %s; %d requests (%d writes), %.0f reconcile passes, %.1f CPU s:\n%s",
+	b.Logf("GPU Operator 1.6 ClusterPolicy on %d GPU nodes (pods ready %s after start): ready after %s; %d requests (%d writes), %.0f reconcile passes, %.1f CPU s:\n%s",
 		gpuNodes, *scaleReadyAfter, elapsed.Round(100*time.Millisecond), total, writes, passes, cpu.Seconds(), devcluster.FormatCounts(rollout))
 	b.Logf("requests in %s converged:\n%s", idleFor, devcluster.FormatCounts(idle))
 	b.Logf("requests in %s with %s stuck:\n%s", idleFor, stuck, devcluster.FormatCounts(stuckIdle))

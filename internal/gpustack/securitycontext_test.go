@@ -28,7 +28,7 @@ func TestComponentSecurityContext(t *testing.T) {
 			daemonSet: "nvidia-dcgm-exporter",
 			want:      &corev1.SecurityContext{Capabilities: &corev1.Capabilities{Add: []corev1.Capability{"SYS_ADMIN"}}},
 		},
-		"the seed's driver context (1.x chart)": {
+		"the 1.6 example's driver context (1.x chart)": {
 			spec: func(s *nvidiav1.ClusterPolicySpec) {
 				s.Driver.SecurityContext = &corev1.SecurityContext{Privileged: ptr.To(true), SELinuxOptions: &corev1.SELinuxOptions{Level: "s0"}}
 			},

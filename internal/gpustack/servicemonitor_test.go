@@ -152,7 +152,7 @@ metadata:
 // dcgm-exporter, by its labels and port name, and that Service selects the
 // exporter's pods.
 func TestServiceMonitorSelectsTheExporterService(t *testing.T) {
-	p := seedPolicy(t)
+	p := v16Policy(t)
 	p.Spec.DCGMExporter.ServiceMonitor = &nvidiav1.ServiceMonitorSpec{Enabled: ptr.To(true)}
 	sm := RenderServiceMonitor(p, "ns")
 	objs, err := Render(p, Facts{Namespace: "ns", OSFlavours: []OSFlavour{{"ubuntu", "22.04"}}, Runtimes: []string{"containerd"}}, Assets)

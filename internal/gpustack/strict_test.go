@@ -36,11 +36,11 @@ func strictDryRunCreate(t *testing.T, doc []byte) error {
 }
 
 // The ClusterPolicy of the gpu-operator chart's defaults, one with the
-// options its users commonly set, the seed's and the examples apply under
+// options its users commonly set, GPU Operator 1.6's and the examples apply under
 // kubectl's strict field validation.
 func TestClusterPolicyStrictFieldValidation(t *testing.T) {
 	devtest.NeedCluster(t)
-	files := []string{"testdata/clusterpolicy-chart-default.yaml", "testdata/clusterpolicy-common-options.yaml", "testdata/seed-clusterpolicy.yaml"}
+	files := []string{"testdata/clusterpolicy-chart-default.yaml", "testdata/clusterpolicy-common-options.yaml", "testdata/gpu-operator-1.6-clusterpolicy.yaml"}
 	examples, err := filepath.Glob("../../examples/clusterpolicy*.yaml")
 	if err != nil || len(examples) == 0 {
 		t.Fatalf("examples: %v %v", examples, err)

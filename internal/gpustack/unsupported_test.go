@@ -206,7 +206,7 @@ func TestUnsupportedFieldsOfThePolicyFiles(t *testing.T) {
 		policy  func(*testing.T) *nvidiav1.ClusterPolicy
 		wantMsg string
 	}{
-		"seed":           {policy: seedPolicy, wantMsg: ""},
+		"v1.6":           {policy: v16Policy, wantMsg: ""},
 		"chart defaults": {policy: chartDefaultPolicy, wantMsg: ""},
 		"common options": {policy: commonOptionsPolicy, wantMsg: CommonOptionsUnsupported},
 		"chart defaults with vGPU": {policy: func(t *testing.T) *nvidiav1.ClusterPolicy {

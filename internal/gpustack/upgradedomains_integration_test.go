@@ -53,7 +53,7 @@ func TestDriverUpgradeByDomainRequestsWholeDomains(t *testing.T) {
 		Domains: &maintenancev1.MaintenanceDomains{NodeLabel: devcluster.LabelGPUClique, UpgradeByDomain: true}})
 
 	startOperator(t, operatorCfg)
-	policy := seedPolicy(t)
+	policy := v16Policy(t)
 	if err := k8s.Create(ctx, policy); err != nil {
 		t.Fatal(err)
 	}

@@ -73,8 +73,9 @@ func TestMakePlan(t *testing.T) {
 		wantSlots   int
 		wantBudget  int
 	}{
-		// The three scheduling examples of NVIDIA's Maintenance Operator.
-		"seed: 3 slots, budget 1, two requests on unavailable nodes and one on an available node": {
+		// The worked examples of requirement M4 (docs/requirements.md), in the
+		// order of its table.
+		"M4 example 1: 3 slots, budget 1, two requests on unavailable nodes and one on an available node": {
 			nodes:  withNotReady(withUnavailable(nodes(10), 0), 1),
 			limits: Limits{MaxParallelOperations: num(3), MaxUnavailable: num(3)},
 			objects: []PlanObject{
@@ -83,7 +84,7 @@ func TestMakePlan(t *testing.T) {
 			wantScheduled: []string{"a", "b", "c"},
 			wantSlots:     3, wantBudget: 1,
 		},
-		"seed: 3 slots, budget 1, three requests on available nodes": {
+		"M4 example 2: 3 slots, budget 1, three requests on available nodes": {
 			nodes:  withUnavailable(nodes(10), 8, 9),
 			limits: Limits{MaxParallelOperations: num(3), MaxUnavailable: num(3)},
 			objects: []PlanObject{
@@ -96,7 +97,7 @@ func TestMakePlan(t *testing.T) {
 			},
 			wantSlots: 3, wantBudget: 1,
 		},
-		"seed example 1: 10 available nodes, maxParallel 2, maxUnavailable 5, 5 pending": {
+		"M4 example 3: 10 available nodes, maxParallel 2, maxUnavailable 5, 5 pending": {
 			nodes:  nodes(10),
 			limits: Limits{MaxParallelOperations: num(2), MaxUnavailable: num(5)},
 			objects: []PlanObject{
@@ -107,7 +108,7 @@ func TestMakePlan(t *testing.T) {
 			wantWaiting:   map[string]string{"c": "maxParallelOperations reached: 2/2 nodes in maintenance"},
 			wantSlots:     2, wantBudget: 5,
 		},
-		"seed example 2: 2 of 10 unavailable, maxParallel 5, maxUnavailable 3, 3 pending on available nodes": {
+		"M4 example 4: 2 of 10 unavailable, maxParallel 5, maxUnavailable 3, 3 pending on available nodes": {
 			nodes:  withNotReady(withUnavailable(nodes(10), 8), 9),
 			limits: Limits{MaxParallelOperations: num(5), MaxUnavailable: num(3)},
 			objects: []PlanObject{

@@ -64,7 +64,9 @@ func inProgressOf(t *testing.T, names []string) []string {
 	return out
 }
 
-func TestSeedExampleParallelLimit(t *testing.T) {
+// TestM4ExampleParallelLimit runs the third worked example of requirement
+// M4 (docs/requirements.md) on the test cluster.
+func TestM4ExampleParallelLimit(t *testing.T) {
 	devtest.NeedCluster(t)
 	defer uncordonAll(t)
 	startOperator(t)
@@ -75,7 +77,7 @@ func TestSeedExampleParallelLimit(t *testing.T) {
 	for i := range 5 {
 		n := fmt.Sprintf("par-%d", i)
 		names = append(names, n)
-		nm := newNM(n, fmt.Sprintf("gpu-%03d", i), "seed.example")
+		nm := newNM(n, fmt.Sprintf("gpu-%03d", i), "m4.example")
 		nm.Spec.Cordon = ptr.To(false)
 		create(t, nm)
 	}
@@ -105,7 +107,9 @@ func TestSeedExampleParallelLimit(t *testing.T) {
 	}
 }
 
-func TestSeedExampleUnavailableLimit(t *testing.T) {
+// TestM4ExampleUnavailableLimit runs the fourth worked example of
+// requirement M4 (docs/requirements.md) on the test cluster.
+func TestM4ExampleUnavailableLimit(t *testing.T) {
 	devtest.NeedCluster(t)
 	defer uncordonAll(t)
 	startOperator(t)
@@ -117,7 +121,7 @@ func TestSeedExampleUnavailableLimit(t *testing.T) {
 	setConfig(t, ios(5), ios(3))
 	names := []string{"un-0", "un-1", "un-2"}
 	for i, n := range names {
-		create(t, newNM(n, fmt.Sprintf("gpu-%03d", i), "seed.example"))
+		create(t, newNM(n, fmt.Sprintf("gpu-%03d", i), "m4.example"))
 	}
 	got := settle(t, names...)
 	if len(got) != 1 {

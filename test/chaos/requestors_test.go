@@ -64,8 +64,8 @@ func TestHumansUpgradesAndRepairsShareTheLimits(t *testing.T) {
 	op.startWith(t, "maintenance,gpustack,repair")
 	t.Cleanup(op.kill)
 
-	// The GPU stack first (the seed ClusterPolicy), then the disruptions.
-	policy := seedClusterPolicy(t)
+	// The GPU stack first (examples/clusterpolicy.yaml), then the disruptions.
+	policy := exampleClusterPolicy(t)
 	if err := env.Kube.Create(ctx, policy); err != nil {
 		t.Fatal(err)
 	}
@@ -260,7 +260,9 @@ func gpuWorkload(t *testing.T, env *devcluster.Env, replicas int) {
 	})
 }
 
-func seedClusterPolicy(t *testing.T) *nvidiav1.ClusterPolicy {
+// exampleClusterPolicy reads examples/clusterpolicy.yaml, a ClusterPolicy in
+// NVIDIA GPU Operator 1.6's documented format.
+func exampleClusterPolicy(t *testing.T) *nvidiav1.ClusterPolicy {
 	t.Helper()
 	root, err := devcluster.SourceRoot()
 	if err != nil {

@@ -1,20 +1,25 @@
-// Package docs checks the documentation: README.md, docs/*.md and the
-// generated references in docs/reference/ (make docs). Every
+// Package docs checks the documentation: README.md, docs/*.md, the design
+// notes docs/design/*.md and the generated references in docs/reference/
+// (make docs). Every
 // relative link resolves to a file of the repository (and, with a
 // #fragment, to a heading of that file by GitHub's anchor rules), nothing
 // points outside the repository, every `make <target>` named exists in the
 // Makefile, and every gpufleet command line in a code block or code span
 // names commands and flags that the built binary's --help lists. No
-// cluster is needed.
+// tracked file speaks of the documents gpufleet was first specified from:
+// the repository says what gpufleet does in its own words
+// (docs/requirements.md). No cluster is needed.
 package docs
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"io/fs"
 	"os"
 	"os/exec"
+	"path"
 	"path/filepath"
 	"regexp"
 	"sort"
@@ -80,19 +85,24 @@ func readPage(t *testing.T, root, rel string) *page {
 	return p
 }
 
-// pages are README.md, every docs/*.md and every page of the generated
-// references, docs/reference/**/*.md (make docs).
+// pages are README.md, every docs/*.md, every design note
+// docs/design/*.md and every page of the generated references,
+// docs/reference/**/*.md (make docs).
 func pages(t *testing.T, root string) []*page {
 	t.Helper()
 	rels := []string{"README.md"}
-	docs, err := filepath.Glob(filepath.Join(root, "docs", "*.md"))
-	if err != nil {
-		t.Fatal(err)
+	var docs []string
+	for _, glob := range []string{"*.md", filepath.Join("design", "*.md")} {
+		found, err := filepath.Glob(filepath.Join(root, "docs", glob))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(found) == 0 {
+			t.Fatalf("no docs/%s", filepath.ToSlash(glob))
+		}
+		docs = append(docs, found...)
 	}
-	if len(docs) == 0 {
-		t.Fatal("no docs/*.md")
-	}
-	err = filepath.WalkDir(filepath.Join(root, "docs", "reference"), func(path string, d fs.DirEntry, err error) error {
+	err := filepath.WalkDir(filepath.Join(root, "docs", "reference"), func(path string, d fs.DirEntry, err error) error {
 		if err == nil && !d.IsDir() && strings.HasSuffix(path, ".md") {
 			docs = append(docs, path)
 		}
@@ -264,6 +274,119 @@ func TestNothingPointsOutside(t *testing.T) {
 			if outside.MatchString(l) {
 				t.Errorf("%s:%d refers to something outside the repository: %s", p.rel, i+1, strings.TrimSpace(l))
 			}
+		}
+	}
+}
+
+// originWording matches the phrases that named the documents gpufleet was
+// first specified from, and the names built from them (a test, a helper, a
+// test data file); TestOriginWording shows which. The [d] keeps this file
+// from matching itself. A random seed (chaos.seed, "the same seed", fuzz
+// seeds) is no such reference.
+var originWording = regexp.MustCompile(`(?i)\bthe see[d]'s\b|see[d][ _.-]?(document|shortcoming|policy|clusterpolicy|example)`)
+
+// trackedTextFiles are the repository's tracked files (git ls-files; every
+// file under root but .git and bin/ when git is not at hand) that are
+// text, without the tools' own modules (hack/tools) and the go.sum files.
+func trackedTextFiles(t *testing.T, root string) map[string][]byte {
+	t.Helper()
+	var rels []string
+	cmd := exec.Command("git", "ls-files", "-z")
+	cmd.Dir = root
+	if out, err := cmd.Output(); err == nil {
+		for _, rel := range strings.Split(string(out), "\x00") {
+			if rel != "" {
+				rels = append(rels, rel)
+			}
+		}
+	} else {
+		t.Logf("git ls-files: %v; reading every file under %s", err, root)
+		err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+			if err != nil {
+				return err
+			}
+			rel, _ := filepath.Rel(root, p)
+			rel = filepath.ToSlash(rel)
+			if d.IsDir() && (rel == ".git" || rel == "bin") {
+				return filepath.SkipDir
+			}
+			if !d.IsDir() {
+				rels = append(rels, rel)
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	files := map[string][]byte{}
+	for _, rel := range rels {
+		if strings.HasPrefix(rel, "hack/tools/") || path.Base(rel) == "go.sum" {
+			continue
+		}
+		data, err := os.ReadFile(filepath.Join(root, filepath.FromSlash(rel)))
+		if errors.Is(err, fs.ErrNotExist) {
+			continue // deleted in the work tree, not yet in the index
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if bytes.IndexByte(data[:min(len(data), 8000)], 0) >= 0 {
+			continue // binary
+		}
+		files[rel] = data
+	}
+	if len(files) == 0 {
+		t.Fatal("no tracked text files found")
+	}
+	return files
+}
+
+// TestNoOriginDocumentWording: no tracked file refers to the documents
+// gpufleet was first specified from; the requirements are
+// docs/requirements.md, and the code, tests and docs say what gpufleet
+// does in their own words.
+func TestNoOriginDocumentWording(t *testing.T) {
+	root := repoRoot(t)
+	files := trackedTextFiles(t, root)
+	rels := make([]string, 0, len(files))
+	for rel := range files {
+		rels = append(rels, rel)
+	}
+	sort.Strings(rels)
+	for _, rel := range rels {
+		if originWording.MatchString(rel) {
+			t.Errorf("%s: the file's name refers to the origin documents; name it after what it holds", rel)
+		}
+		for i, l := range strings.Split(string(files[rel]), "\n") {
+			if m := originWording.FindString(l); m != "" {
+				t.Errorf("%s:%d: %q refers to the origin documents; say what gpufleet does (docs/requirements.md): %s", rel, i+1, m, strings.TrimSpace(l))
+			}
+		}
+	}
+}
+
+// TestOriginWording pins what originWording matches; each phrase is split
+// in two so that this file does not match it.
+func TestOriginWording(t *testing.T) {
+	for text, want := range map[string]bool{
+		"the se" + "ed's 1.x shape":                       true,
+		"The ClusterPolicy of the se" + "ed document":     true,
+		"(se" + "ed shortcoming, issue 14)":               true,
+		"not enabled by the se" + "ed policy":             true,
+		"the se" + "ed ClusterPolicy":                     true,
+		"testdata/se" + "ed-clusterpolicy.yaml":           true,
+		"func TestSe" + "edPolicyDeploysTheStack(":        true,
+		"\"se" + "ed example 1: 10 available nodes\"":     true,
+		"newNM(n, node, \"se" + "ed.example\")":           true,
+		"-chaos.seed=42":                                  false,
+		"the same seed before and after":                  false,
+		"simGPUNamespace seeds the simulated GPUs' UUIDs": false,
+		"randomSnapshot(30, 40, 5, seed)":                 false,
+		"// Seeds: the samples in pieces":                 false,
+	} {
+		if got := originWording.MatchString(text); got != want {
+			t.Errorf("originWording.MatchString(%q) = %t, want %t", text, got, want)
 		}
 	}
 }
@@ -559,9 +682,11 @@ func TestAnchorRules(t *testing.T) {
 
 // TestPagesAreListed: every docs page is reachable from the index by
 // links between docs pages, so none is orphaned: the hand-written pages
-// are linked from docs/README.md itself, the generated references of
-// docs/reference/ from it or from one another (a command's page from its
-// parent's).
+// are linked from their directory's index (docs/*.md from docs/README.md,
+// the design notes docs/design/*.md from docs/design/README.md, and
+// docs/design/README.md from docs/README.md), the generated references of
+// docs/reference/ from docs/README.md or from one another (a command's page
+// from its parent's).
 func TestPagesAreListed(t *testing.T) {
 	root := repoRoot(t)
 	byRel := map[string]*page{}
@@ -599,22 +724,62 @@ func TestPagesAreListed(t *testing.T) {
 	if len(missing) > 0 {
 		t.Errorf("no links lead from docs/README.md to %v", missing)
 	}
-	// The hand-written pages are in the index itself.
-	index := byRel["docs/README.md"]
-	linked := map[string]bool{}
-	targets, _ := index.links()
-	for _, target := range targets {
-		file, _, _ := strings.Cut(target, "#")
-		linked[filepath.ToSlash(filepath.Clean(filepath.Join("docs", file)))] = true
-	}
-	missing = missing[:0]
+	// The hand-written pages are in their directory's index itself.
+	linkedFrom := map[string]map[string]bool{} // index page -> pages it links
+	notLinked := map[string][]string{}         // index page -> pages it misses
 	for rel := range byRel {
-		if strings.HasPrefix(rel, "docs/") && !strings.HasPrefix(rel, "docs/reference/") && rel != "docs/README.md" && !linked[rel] {
-			missing = append(missing, rel)
+		if !strings.HasPrefix(rel, "docs/") || strings.HasPrefix(rel, "docs/reference/") || rel == "docs/README.md" {
+			continue
+		}
+		index := indexOf(rel)
+		linked, ok := linkedFrom[index]
+		if !ok {
+			linked = map[string]bool{}
+			if p := byRel[index]; p != nil {
+				targets, _ := p.links()
+				for _, target := range targets {
+					file, _, _ := strings.Cut(target, "#")
+					if file != "" && !strings.Contains(file, "://") {
+						linked[path.Clean(path.Join(path.Dir(index), file))] = true
+					}
+				}
+			}
+			linkedFrom[index] = linked
+		}
+		if !linked[rel] {
+			notLinked[index] = append(notLinked[index], rel)
 		}
 	}
-	sort.Strings(missing)
-	if len(missing) > 0 {
-		t.Errorf("docs/README.md does not link %v", missing)
+	for index, missing := range notLinked {
+		sort.Strings(missing)
+		if byRel[index] == nil {
+			t.Errorf("%v need an index page %s", missing, index)
+			continue
+		}
+		t.Errorf("%s does not link %v", index, missing)
+	}
+}
+
+// indexOf is the index page that must link a hand-written docs page: the
+// README.md of its directory, or for a directory's README.md, the
+// README.md of the directory above.
+func indexOf(rel string) string {
+	dir := path.Dir(rel)
+	if path.Base(rel) == "README.md" {
+		dir = path.Dir(dir)
+	}
+	return path.Join(dir, "README.md")
+}
+
+func TestIndexOf(t *testing.T) {
+	for rel, want := range map[string]string{
+		"docs/gpu-stack.md":         "docs/README.md",
+		"docs/design/evictor.md":    "docs/design/README.md",
+		"docs/design/README.md":     "docs/README.md",
+		"docs/design/sub/README.md": "docs/design/README.md",
+	} {
+		if got := indexOf(rel); got != want {
+			t.Errorf("indexOf(%q) = %q, want %q", rel, got, want)
+		}
 	}
 }

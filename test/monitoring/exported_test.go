@@ -193,12 +193,12 @@ func TestEveryQueriedMetricIsExported(t *testing.T) {
 	}
 
 	// The GPU stack.
-	seed, err := os.ReadFile("../../examples/clusterpolicy.yaml")
+	policyYAML, err := os.ReadFile("../../examples/clusterpolicy.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}
 	cp := &nvidiav1.ClusterPolicy{}
-	if err := yaml.Unmarshal(seed, cp); err != nil {
+	if err := yaml.Unmarshal(policyYAML, cp); err != nil {
 		t.Fatal(err)
 	}
 	create(cp)

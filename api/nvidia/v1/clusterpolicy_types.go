@@ -718,7 +718,8 @@ type KataArtifacts struct {
 }
 
 // ClusterPolicySpec is the desired GPU software stack. It accepts both the
-// NVIDIA GPU Operator 1.x shape (the seed's) and the current one (v26.x).
+// NVIDIA GPU Operator 1.x shape (the GPU Operator 1.6 example's) and the
+// current one (v26.x).
 type ClusterPolicySpec struct {
 	// +optional
 	Operator OperatorSpec `json:"operator,omitempty"`
