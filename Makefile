@@ -126,7 +126,7 @@ bench: tools ## Planner micro-benchmarks and scale scenarios on the local cluste
 
 SCALE_NODES ?= 10000
 .PHONY: bench-scale
-bench-scale: tools ## Every capability at SCALE_NODES simulated nodes (default 10,000; about an hour on 2 cores): operator memory, heartbeats and gpufleet status at rest, a 1,000-object maintenance rollout with pools and a window against kubectl, the node agents' API load, the decision cores at 1k/3k/10k; reports in results/.
+bench-scale: tools ## Every capability at SCALE_NODES simulated nodes (default 10,000; about an hour on 2 cores): operator memory, heartbeats and gpufleet status at rest, a 1,000-object maintenance rollout with pools and a window against kubectl, the node agents' API load, the decision cores at 1k/3k/10k; reports in results/, gathered in results/scale-<N/1000>k.{json,md}.
 	mkdir -p results
 	{ echo "# gpufleet bench-scale $$(date -u +%FT%TZ) $$(git rev-parse --short HEAD) SCALE_NODES=$(SCALE_NODES)"; \
 	  go test -count=1 -run '^$$' -bench 'BenchmarkMakePlan' -benchmem -benchtime 5x ./internal/maintenance/; \
@@ -136,6 +136,7 @@ bench-scale: tools ## Every capability at SCALE_NODES simulated nodes (default 1
 	  go test -count=1 -run '^$$' -bench 'BenchmarkScaleRollout' -benchtime 1x -timeout 120m ./test/chaos/ -args -scale.nodes=$(SCALE_NODES) -scale.objects=1000 -scale.pods-per-node=0 -scale.max-parallel=50 -scale.max-unavailable=51 -scale.pools=16 -scale.pool-max-parallel=4 -scale.window -scale.idle=30s; \
 	  go test -count=1 -run '^$$' -bench 'BenchmarkAgentAPILoad' -benchtime 1x -timeout 30m ./test/chaos/ -args -agentload.agents=200 -agentload.scale-to=$(SCALE_NODES); \
 	} 2>&1 | grep -v '^\s*>' | tee results/bench-scale.txt
+	go run ./hack/scalereport -dir results -nodes $(SCALE_NODES)
 
 .PHONY: chaos
 chaos: tools ## NodeMaintenance rollout of 50 objects with 15 operator SIGKILLs and a kube-apiserver restart.
