@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 
 	corev1 "k8s.io/api/core/v1"
@@ -75,13 +76,19 @@ func Load(ctx context.Context, c client.Reader, opts LoadOptions) (*Snapshot, er
 	case opts.NodeSelector != nil:
 		nodeOpts = append(nodeOpts, client.MatchingLabelsSelector{Selector: opts.NodeSelector})
 	}
+	// Nodes and pods (and ResourceSlices below), the largest lists, come
+	// in pages, each trimmed to what the view reads before the next: at
+	// 10,000 nodes and 90,000 pods one list of every pod held 2.5 GB.
 	lists := []listing{
-		{KindNode, &nodes, nodeOpts},
-		{KindPod, &pods, []client.ListOption{client.MatchingFieldsSelector{Selector: podFields}}},
-		{KindResourceClaim, &claims, nil},
-		{KindNodeMaintenance, &maintenances, nil},
-		{KindNodeRepair, &repairs, nil},
-		{KindGPUFault, &faults, nil},
+		{KindNode, &nodes, nodeOpts, trimmedPages[*corev1.NodeList](func(l *corev1.NodeList) []corev1.Node { return l.Items },
+			func(l *corev1.NodeList, items []corev1.Node) { l.Items = items })},
+		{KindPod, &pods, []client.ListOption{client.MatchingFieldsSelector{Selector: podFields}},
+			trimmedPages[*corev1.PodList](func(l *corev1.PodList) []corev1.Pod { return l.Items },
+				func(l *corev1.PodList, items []corev1.Pod) { l.Items = items })},
+		{KindResourceClaim, &claims, nil, nil},
+		{KindNodeMaintenance, &maintenances, nil, nil},
+		{KindNodeRepair, &repairs, nil, nil},
+		{KindGPUFault, &faults, nil, nil},
 	}
 	errs := make([]error, len(lists))
 	var (
@@ -90,7 +97,7 @@ func Load(ctx context.Context, c client.Reader, opts LoadOptions) (*Snapshot, er
 		configErr error
 	)
 	for i, l := range lists {
-		wg.Go(func() { errs[i] = c.List(ctx, l.list, l.opts...) })
+		wg.Go(func() { errs[i] = l.run(ctx, c) })
 	}
 	if opts.ConfigNamespace != "" {
 		wg.Go(func() {
@@ -112,9 +119,11 @@ func Load(ctx context.Context, c client.Reader, opts LoadOptions) (*Snapshot, er
 		// Only GPUs published through DRA alone need their ResourceSlices
 		// counted (the largest objects of all: skipped when the device
 		// plugin's nvidia.com/gpu capacity is there).
-		l := listing{KindResourceSlice, &slices, []client.ListOption{client.MatchingFields{"spec.driver": DRADriver}}}
+		l := listing{KindResourceSlice, &slices, []client.ListOption{client.MatchingFields{"spec.driver": DRADriver}},
+			trimmedPages[*resourcev1.ResourceSliceList](func(l *resourcev1.ResourceSliceList) []resourcev1.ResourceSlice { return l.Items },
+				func(l *resourcev1.ResourceSliceList, items []resourcev1.ResourceSlice) { l.Items = items })}
 		lists = append(lists, l)
-		errs = append(errs, c.List(ctx, l.list, l.opts...))
+		errs = append(errs, l.run(ctx, c))
 	}
 	for i, l := range lists {
 		err := errs[i]
@@ -193,6 +202,49 @@ type listing struct {
 	kind Kind
 	list client.ObjectList
 	opts []client.ListOption
+	// paged, when set, lists in pages (trimmedPages).
+	paged func(ctx context.Context, c client.Reader, list client.ObjectList, opts []client.ListOption) error
+}
+
+func (l listing) run(ctx context.Context, c client.Reader) error {
+	if l.paged != nil {
+		return l.paged(ctx, c, l.list, l.opts)
+	}
+	return c.List(ctx, l.list, l.opts...)
+}
+
+// listPage is how many objects one page of a large list holds.
+const listPage = 500
+
+// trimmedPages lists in pages of listPage, each page into a new list (a
+// decoder may reuse a list's items), trims every object (Trim) and
+// gathers them into the list given.
+func trimmedPages[L client.ObjectList, T any](items func(L) []T, setItems func(L, []T)) func(context.Context, client.Reader, client.ObjectList, []client.ListOption) error {
+	return func(ctx context.Context, c client.Reader, into client.ObjectList, opts []client.ListOption) error {
+		var all []T
+		cont := ""
+		for {
+			page, ok := into.DeepCopyObject().(L) // an empty list of the same type
+			if !ok {
+				return fmt.Errorf("listing %T in pages", into)
+			}
+			if err := c.List(ctx, page, append(slices.Clone(opts), client.Limit(listPage), client.Continue(cont))...); err != nil {
+				return err
+			}
+			got := items(page)
+			for i := range got {
+				if _, err := Trim(&got[i]); err != nil {
+					return err
+				}
+			}
+			all = append(all, got...) // copies: the page's own items go with it
+			if cont = page.GetContinue(); cont == "" {
+				into.SetResourceVersion(page.GetResourceVersion())
+				setItems(into.(L), all)
+				return nil
+			}
+		}
+	}
 }
 
 // Unreadable says why a kind cannot be read when err means it is not

@@ -127,7 +127,7 @@ func New(cfg *rest.Config, opts Options) (*Server, error) {
 			kindInfo{kind: fleet.KindComputeDomain, obj: cd, list: cds, optional: true})
 	}
 	c, err := cache.New(cfg, cache.Options{
-		Scheme: scheme, DefaultTransform: trim, ByObject: byObject,
+		Scheme: scheme, DefaultTransform: fleet.Trim, ByObject: byObject,
 		// The view lists from the cache without copying; Build only reads.
 		DefaultUnsafeDisableDeepCopy: ptrTo(true),
 	})
@@ -209,7 +209,7 @@ func (s *Server) Start(ctx context.Context) error {
 
 // updated marks the view dirty when an update changed what it reads: a
 // node's status heartbeat (its conditions' heartbeat times, dropped by
-// trim), or any change trim drops, rebuilds nothing. At 10,000 nodes the
+// fleet.Trim), or any change it drops, rebuilds nothing. At 10,000 nodes the
 // kubelets' heartbeats alone are ~30 updates a second, and each rebuild
 // reads every node and pod.
 func (s *Server) updated(old, cur any) {

@@ -118,7 +118,7 @@ func TestTrim(t *testing.T) {
 			Resources: corev1.ResourceRequirements{Requests: corev1.ResourceList{fleet.ResourceGPU: *resourceQuantity("2")}}}}},
 		Status: corev1.PodStatus{Phase: corev1.PodRunning, Message: "m", ContainerStatuses: []corev1.ContainerStatus{{Name: "c"}}},
 	}
-	out, err := trim(p)
+	out, err := fleet.Trim(p)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -151,7 +151,7 @@ func TestHeartbeatRebuildsNothing(t *testing.T) {
 			Spec: corev1.NodeSpec{Unschedulable: unschedulable},
 			Status: corev1.NodeStatus{Conditions: []corev1.NodeCondition{{Type: corev1.NodeReady, Status: ready,
 				LastHeartbeatTime: heartbeat, LastTransitionTime: t0}}}}
-		out, err := trim(n)
+		out, err := fleet.Trim(n)
 		if err != nil {
 			t.Fatal(err)
 		}

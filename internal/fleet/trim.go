@@ -1,4 +1,4 @@
-package ui
+package fleet
 
 import (
 	corev1 "k8s.io/api/core/v1"
@@ -7,14 +7,15 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
-// trim drops from watched objects what the view never reads, before they
-// enter the cache: managed fields everywhere; of a node its annotations and
+// Trim drops from an object what the view never reads, in place, before
+// the view keeps it (the browser view's cache transform; the pages of
+// Load's largest lists): managed fields everywhere; of a node its annotations and
 // all of its status but conditions (without their heartbeat times),
 // capacity and allocatable; of a
 // ResourceSlice all but its driver, node, pool and device names; of a pod
 // all but its node, labels, container requests, phase and conditions. It
 // keeps the process small with thousands of nodes and pods.
-func trim(obj any) (any, error) {
+func Trim(obj any) (any, error) {
 	if m, err := meta.Accessor(obj); err == nil {
 		m.SetManagedFields(nil)
 	}
@@ -23,7 +24,7 @@ func trim(obj any) (any, error) {
 		o.Annotations = nil
 		o.OwnerReferences = nil
 		// The kubelet rewrites every condition's heartbeat time; with
-		// them gone a heartbeat changes nothing here (viewChanged).
+		// them gone a heartbeat changes nothing the browser view keeps.
 		for i := range o.Status.Conditions {
 			o.Status.Conditions[i].LastHeartbeatTime = metav1.Time{}
 		}
