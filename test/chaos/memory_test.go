@@ -60,6 +60,7 @@ var (
 	memoryWaitRunning = flag.Bool("memory.wait-running", true, "wait until kwok has made every pod Running before starting the operator (false: start once they exist; at 10,000 nodes kwok on 2 cores runs ~35 pods a second)")
 	memoryObjects     = flag.Bool("memory.objects", true, "give the controllers work at rest: a MaintenanceOperatorConfig with maxParallelOperations 0, a pending NodeMaintenance on 1% of the nodes and a NodeRepairPolicy with the default rules (BenchmarkOperatorMemory)")
 	memoryStatus      = flag.Bool("memory.status", true, "after the operator runs, time `gpufleet status` (three runs) and read its peak memory (BenchmarkOperatorMemory)")
+	memoryStatusAlso  = flag.String("memory.status-also", "", "another gpufleet binary whose `gpufleet status` is measured the same way on the same cluster (e.g. an older build, for a before/after)")
 	memoryHeartbeats  = flag.Bool("memory.heartbeats", true, "during the window at rest, write one kubelet-style status heartbeat on every node and count the reconciles it causes (BenchmarkOperatorMemory)")
 	memoryReport      = flag.String("memory.report", "", "directory for rest-<nodes>.{json,md}, scale-rest.{json,md} and heap-<nodes>.pprof (default: results/ in the source tree)")
 )
@@ -109,8 +110,10 @@ type restReport struct {
 	LoadAfter  string         `json:"loadAverageAfter"`
 	EtcdDBMB   float64        `json:"etcdDbMB"`
 	MemAvailMB float64        `json:"machineMemAvailableMB"`
-	// Status: `gpufleet status` against the same cluster, each run.
-	Status []statusRun `json:"gpufleetStatus,omitempty"`
+	// Status: `gpufleet status` against the same cluster, each run;
+	// StatusAlso: the same with -memory.status-also's binary.
+	Status     []statusRun `json:"gpufleetStatus,omitempty"`
+	StatusAlso []statusRun `json:"gpufleetStatusOtherBinary,omitempty"`
 }
 
 // statusRun is one `gpufleet status` run: its wall time, peak RSS and
@@ -279,6 +282,14 @@ func BenchmarkOperatorMemory(b *testing.B) {
 		}
 		for _, st := range r.Status {
 			b.Logf("gpufleet status: %.2f s, peak RSS %.0f MB, %d bytes of output", st.Seconds, st.MaxRSSMB, st.OutputBytes)
+		}
+		if other := *memoryStatusAlso; other != "" {
+			for range 3 {
+				r.StatusAlso = append(r.StatusAlso, measureStatus(b, other, env.Kubeconfig))
+			}
+			for _, st := range r.StatusAlso {
+				b.Logf("%s status: %.2f s, peak RSS %.0f MB, %d bytes of output", other, st.Seconds, st.MaxRSSMB, st.OutputBytes)
+			}
 		}
 	}
 	r.LoadAfter = loadAverage()
@@ -672,6 +683,9 @@ func restMarkdown(sizes []restReport) string {
 			r.Nodes, formatCounts(r.Objects), formatAny(r.Setup), r.EtcdDBMB, r.LoadAfter, r.MemAvailMB)
 		for i, st := range r.Status {
 			fmt.Fprintf(&s, "\n`gpufleet status` run %d: %.2f s, peak RSS %.0f MB, %d bytes of output.\n", i+1, st.Seconds, st.MaxRSSMB, st.OutputBytes)
+		}
+		for i, st := range r.StatusAlso {
+			fmt.Fprintf(&s, "\n`gpufleet status` of the other binary, run %d: %.2f s, peak RSS %.0f MB, %d bytes of output.\n", i+1, st.Seconds, st.MaxRSSMB, st.OutputBytes)
 		}
 		for _, run := range r.Runs {
 			fmt.Fprintf(&s, "\n%s: startup requests %s; at rest %s.\n", run.Setting, formatCounts(run.StartupRequests), formatCounts(run.RestRequests))
