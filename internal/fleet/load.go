@@ -78,7 +78,8 @@ func Load(ctx context.Context, c client.Reader, opts LoadOptions) (*Snapshot, er
 	}
 	// Nodes and pods (and ResourceSlices below), the largest lists, come
 	// in pages, each trimmed to what the view reads before the next: at
-	// 10,000 nodes and 90,000 pods one list of every pod held 2.5 GB.
+	// 3,000 nodes and 27,000 pods the peak memory of `gpufleet status`
+	// went from ~395 MB to ~255 MB (and its time from ~2.5 s to ~4 s).
 	lists := []listing{
 		{KindNode, &nodes, nodeOpts, trimmedPages[*corev1.NodeList](func(l *corev1.NodeList) []corev1.Node { return l.Items },
 			func(l *corev1.NodeList, items []corev1.Node) { l.Items = items })},
