@@ -1,7 +1,6 @@
 package gpucluster
 
 import (
-	"context"
 	"fmt"
 	"testing"
 
@@ -13,22 +12,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
 	nvidiav1alpha1 "github.com/gpufleet/gpufleet/api/nvidia/v1alpha1"
+	"github.com/gpufleet/gpufleet/internal/testobj"
 )
-
-// copyingLists counts the node lists that ask the cache for copies.
-type copyingLists struct {
-	client.Client
-	nodeLists int
-}
-
-func (c *copyingLists) List(ctx context.Context, list client.ObjectList, opts ...client.ListOption) error {
-	o := &client.ListOptions{}
-	o.ApplyOptions(opts)
-	if _, nodes := list.(*corev1.NodeList); nodes && (o.UnsafeDisableDeepCopy == nil || !*o.UnsafeDisableDeepCopy) {
-		c.nodeLists++
-	}
-	return c.Client.List(ctx, list, opts...)
-}
 
 // TestLabellingCopiesNoNode: labelling the GPU nodes reads every cached
 // node without copying it (the labels go out as patches built apart).
@@ -45,12 +30,12 @@ func TestLabellingCopiesNoNode(t *testing.T) {
 		objs = append(objs, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("gpu-%d", i),
 			Labels: map[string]string{"feature.node.kubernetes.io/pci-10de.present": "true"}}})
 	}
-	c := &copyingLists{Client: fake.NewClientBuilder().WithScheme(scheme).WithObjects(objs...).Build()}
+	c := &testobj.ListCopies{Client: fake.NewClientBuilder().WithScheme(scheme).WithObjects(objs...).Build()}
 	r := &Reconciler{Client: c}
 	if err := r.labelNodes(t.Context(), &nvidiav1alpha1.GPUCluster{ObjectMeta: metav1.ObjectMeta{Name: "gpus"}}, &Observed{}); err != nil {
 		t.Fatal(err)
 	}
-	if c.nodeLists > 0 {
-		t.Errorf("labelling listed the nodes with copies %d times", c.nodeLists)
+	if copying := c.Copying(); copying[fmt.Sprintf("%T", &corev1.NodeList{})] > 0 {
+		t.Errorf("labelling listed the nodes with copies (lists with copies: %v)", copying)
 	}
 }

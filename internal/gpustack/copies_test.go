@@ -1,7 +1,6 @@
 package gpustack
 
 import (
-	"context"
 	"fmt"
 	"testing"
 	"time"
@@ -22,22 +21,8 @@ import (
 	nvidiav1 "github.com/gpufleet/gpufleet/api/nvidia/v1"
 	nvidiav1alpha1 "github.com/gpufleet/gpufleet/api/nvidia/v1alpha1"
 	repairv1 "github.com/gpufleet/gpufleet/api/repair/v1alpha1"
+	"github.com/gpufleet/gpufleet/internal/testobj"
 )
-
-// listCopies records the lists that ask the cache for copies, by type.
-type listCopies struct {
-	client.Client
-	copying map[string]int
-}
-
-func (c *listCopies) List(ctx context.Context, list client.ObjectList, opts ...client.ListOption) error {
-	o := &client.ListOptions{}
-	o.ApplyOptions(opts)
-	if o.UnsafeDisableDeepCopy == nil || !*o.UnsafeDisableDeepCopy {
-		c.copying[fmt.Sprintf("%T", list)]++
-	}
-	return c.Client.List(ctx, list, opts...)
-}
 
 // TestPolicyPassCopiesNoNode: a ClusterPolicy pass and an NVIDIADriver
 // pass read the cached nodes without copying them. Each pass read every
@@ -62,21 +47,20 @@ func TestPolicyPassCopiesNoNode(t *testing.T) {
 	}
 	api := fake.NewClientBuilder().WithScheme(scheme).WithObjects(objs...).
 		WithStatusSubresource(&nvidiav1.ClusterPolicy{}, &nvidiav1alpha1.NVIDIADriver{}).Build()
-	c := &listCopies{Client: api, copying: map[string]int{}}
+	c := &testobj.ListCopies{Client: api}
 	r := &Reconciler{Client: c, Live: api, Leases: api, Namespace: "gpu-operator", Assets: Assets,
 		Clock: clocktesting.NewFakePassiveClock(time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)), Recorder: events.NewFakeRecorder(100)}
 	if _, err := r.Reconcile(t.Context(), reconcile.Request{NamespacedName: types.NamespacedName{Name: policy.Name}}); err != nil {
 		t.Fatal(err)
 	}
-	if n := c.copying[fmt.Sprintf("%T", &corev1.NodeList{})]; n > 0 {
-		t.Errorf("a ClusterPolicy pass listed the nodes with copies %d times (lists with copies: %v)", n, c.copying)
+	if copying := c.Copying(); copying[fmt.Sprintf("%T", &corev1.NodeList{})] > 0 {
+		t.Errorf("a ClusterPolicy pass listed the nodes with copies (lists with copies: %v)", copying)
 	}
-	clear(c.copying)
 	d := &DriverStatusReconciler{Client: c, Namespace: "gpu-operator", Clock: r.Clock, Recorder: events.NewFakeRecorder(100)}
 	if _, err := d.Reconcile(t.Context(), reconcile.Request{NamespacedName: types.NamespacedName{Name: driver.Name}}); err != nil {
 		t.Fatal(err)
 	}
-	if n := c.copying[fmt.Sprintf("%T", &corev1.NodeList{})]; n > 0 {
-		t.Errorf("an NVIDIADriver pass listed the nodes with copies %d times (lists with copies: %v)", n, c.copying)
+	if copying := c.Copying(); copying[fmt.Sprintf("%T", &corev1.NodeList{})] > 0 {
+		t.Errorf("an NVIDIADriver pass listed the nodes with copies (lists with copies: %v)", copying)
 	}
 }

@@ -19,6 +19,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	maintenancev1 "github.com/gpufleet/gpufleet/api/maintenance/v1alpha1"
+	"github.com/gpufleet/gpufleet/internal/testobj"
 )
 
 // laggingCache serves NodeMaintenance lists from a frozen copy, like an
@@ -137,7 +138,7 @@ func TestSchedulerWritesNothingWhenNothingChanged(t *testing.T) {
 	waiting := busy.DeepCopy()
 	waiting.Name = "b"
 	api := fake.NewClientBuilder().WithScheme(scheme).WithObjects(node, busy, waiting).WithStatusSubresource(&maintenancev1.NodeMaintenance{}, &maintenancev1.MaintenanceOperatorConfig{}).Build()
-	counting := &countingClient{Client: api}
+	counting := &countingClient{ListCopies: testobj.ListCopies{Client: api}}
 	s := &Scheduler{Client: counting, Namespace: "ops", Clock: clocktesting.NewFakeClock(t0), Recorder: events.NewFakeRecorder(100),
 		Reasons: &WaitReasons{Client: counting, Clock: clocktesting.NewFakeClock(t0)}}
 	for range 2 {
@@ -159,22 +160,8 @@ func TestSchedulerWritesNothingWhenNothingChanged(t *testing.T) {
 }
 
 type countingClient struct {
-	client.Client
+	testobj.ListCopies
 	writes int
-	// copyingLists counts lists that ask the cache for copies, by type.
-	copyingLists map[string]int
-}
-
-func (c *countingClient) List(ctx context.Context, list client.ObjectList, opts ...client.ListOption) error {
-	o := &client.ListOptions{}
-	o.ApplyOptions(opts)
-	if o.UnsafeDisableDeepCopy == nil || !*o.UnsafeDisableDeepCopy {
-		if c.copyingLists == nil {
-			c.copyingLists = map[string]int{}
-		}
-		c.copyingLists[fmt.Sprintf("%T", list)]++
-	}
-	return c.Client.List(ctx, list, opts...)
 }
 
 // TestSchedulerPassCopiesNoCachedObject: a scheduling pass reads the
@@ -194,14 +181,14 @@ func TestSchedulerPassCopiesNoCachedObject(t *testing.T) {
 			})
 	}
 	api := fake.NewClientBuilder().WithScheme(scheme).WithObjects(objs...).WithStatusSubresource(&maintenancev1.NodeMaintenance{}, &maintenancev1.MaintenanceOperatorConfig{}).Build()
-	counting := &countingClient{Client: api}
+	counting := &countingClient{ListCopies: testobj.ListCopies{Client: api}}
 	s := &Scheduler{Client: counting, Namespace: "ops", Clock: clocktesting.NewFakeClock(t0), Recorder: events.NewFakeRecorder(100),
 		Reasons: &WaitReasons{Client: api, Clock: clocktesting.NewFakeClock(t0)}}
 	if _, err := s.Reconcile(context.Background(), reconcile.Request{}); err != nil {
 		t.Fatal(err)
 	}
-	if len(counting.copyingLists) != 0 {
-		t.Errorf("lists that copy every cached object: %v", counting.copyingLists)
+	if copying := counting.Copying(); len(copying) != 0 {
+		t.Errorf("lists that copy every cached object: %v", copying)
 	}
 }
 

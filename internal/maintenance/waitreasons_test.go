@@ -14,6 +14,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
 	maintenancev1 "github.com/gpufleet/gpufleet/api/maintenance/v1alpha1"
+	"github.com/gpufleet/gpufleet/internal/testobj"
 )
 
 // drain processes the queued objects in the test's goroutine.
@@ -37,7 +38,7 @@ func TestWaitReasonsWriteLatestReasonOnceAndNeverOverAScheduledObject(t *testing
 	a, b, fresh := mk("a"), mk("b"), mk("fresh")
 	fresh.Finalizers = nil // not yet initialised by the lifecycle controller
 	api := fake.NewClientBuilder().WithScheme(scheme).WithObjects(a, b, fresh).WithStatusSubresource(&maintenancev1.NodeMaintenance{}).Build()
-	counting := &countingClient{Client: api}
+	counting := &countingClient{ListCopies: testobj.ListCopies{Client: api}}
 	w := &WaitReasons{Client: counting, Clock: clocktesting.NewFakeClock(t0)}
 	ctx := context.Background()
 	run := func() { w.drain(ctx) }
@@ -136,7 +137,7 @@ func TestWaitReasonsWaitForTheCacheToShowTheirOwnWrite(t *testing.T) {
 		t.Fatal(err)
 	}
 	cache := &staleGet{Client: api}
-	counting := &countingClient{Client: cache}
+	counting := &countingClient{ListCopies: testobj.ListCopies{Client: cache}}
 	w := &WaitReasons{Client: counting, Clock: clocktesting.NewFakeClock(t0)}
 
 	w.Set(map[string]string{"default/a": "slots"}, map[string]*maintenancev1.NodeMaintenance{"default/a": old})

@@ -5,7 +5,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"io/fs"
@@ -15,11 +14,11 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"golang.org/x/sync/errgroup"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -361,74 +360,52 @@ func measureStatus(b *testing.B, bin, kubeconfig string) statusRun {
 	}
 }
 
+// inParallel calls f(ctx, 0) … f(ctx, n-1), at most workers at once, and
+// returns the first error (what was not started then is not).
+func inParallel(ctx context.Context, n, workers int, f func(ctx context.Context, i int) error) error {
+	g, ctx := errgroup.WithContext(ctx)
+	g.SetLimit(workers)
+	for i := range n {
+		if ctx.Err() != nil {
+			break
+		}
+		g.Go(func() error { return f(ctx, i) })
+	}
+	return g.Wait()
+}
+
 // heartbeatAll writes one status heartbeat on every node, as a kubelet
 // does every 5 minutes when nothing changed (the Ready condition's
 // lastHeartbeatTime), 32 at a time; it returns how many it wrote.
 func heartbeatAll(ctx context.Context, cs kubernetes.Interface, specs []devcluster.NodeSpec) (int, error) {
-	var next, written atomic.Int64
-	var wg sync.WaitGroup
-	errs := make(chan error, 32)
-	for range 32 {
-		wg.Go(func() {
-			for {
-				i := int(next.Add(1)) - 1
-				if i >= len(specs) {
-					return
-				}
-				patch := fmt.Sprintf(`{"status":{"conditions":[{"type":"Ready","lastHeartbeatTime":%q}]}}`, time.Now().UTC().Format(time.RFC3339))
-				if _, err := cs.CoreV1().Nodes().Patch(ctx, specs[i].Name, types.StrategicMergePatchType, []byte(patch), metav1.PatchOptions{}, "status"); err != nil {
-					errs <- fmt.Errorf("heartbeat of %s: %w", specs[i].Name, err)
-					return
-				}
-				written.Add(1)
-			}
-		})
-	}
-	wg.Wait()
-	close(errs)
-	return int(written.Load()), errors.Join(slices.Collect(chanValues(errs))...)
+	var written atomic.Int64
+	err := inParallel(ctx, len(specs), 32, func(ctx context.Context, i int) error {
+		patch := fmt.Sprintf(`{"status":{"conditions":[{"type":"Ready","lastHeartbeatTime":%q}]}}`, time.Now().UTC().Format(time.RFC3339))
+		if _, err := cs.CoreV1().Nodes().Patch(ctx, specs[i].Name, types.StrategicMergePatchType, []byte(patch), metav1.PatchOptions{}, "status"); err != nil {
+			return fmt.Errorf("heartbeat of %s: %w", specs[i].Name, err)
+		}
+		written.Add(1)
+		return nil
+	})
+	return int(written.Load()), err
 }
 
 // createNodes creates the nodes and their ResourceSlices, 32 at a time.
 func createNodes(ctx context.Context, b *testing.B, cs kubernetes.Interface, specs []devcluster.NodeSpec) {
-	var next atomic.Int64
-	var wg sync.WaitGroup
-	errs := make(chan error, 32)
-	for range 32 {
-		wg.Go(func() {
-			for {
-				i := int(next.Add(1)) - 1
-				if i >= len(specs) {
-					return
-				}
-				node, err := cs.CoreV1().Nodes().Create(ctx, specs[i].Node(), metav1.CreateOptions{})
-				if err != nil {
-					errs <- err
-					return
-				}
-				if s := specs[i].ResourceSlice(node.UID); s != nil {
-					if _, err := cs.ResourceV1().ResourceSlices().Create(ctx, s, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-						errs <- err
-						return
-					}
-				}
-			}
-		})
-	}
-	wg.Wait()
-	close(errs)
-	if err := errors.Join(slices.Collect(chanValues(errs))...); err != nil {
-		b.Fatal(err)
-	}
-}
-
-func chanValues[T any](c <-chan T) func(func(T) bool) {
-	return func(yield func(T) bool) {
-		for v := range c {
-			if !yield(v) {
-				return
+	err := inParallel(ctx, len(specs), 32, func(ctx context.Context, i int) error {
+		node, err := cs.CoreV1().Nodes().Create(ctx, specs[i].Node(), metav1.CreateOptions{})
+		if err != nil {
+			return err
+		}
+		if s := specs[i].ResourceSlice(node.UID); s != nil {
+			if _, err := cs.ResourceV1().ResourceSlices().Create(ctx, s, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+				return err
 			}
 		}
+		return nil
+	})
+	if err != nil {
+		b.Fatal(err)
 	}
 }
 
@@ -455,37 +432,23 @@ func waitNodesReady(ctx context.Context, b *testing.B, cs kubernetes.Interface, 
 
 // createPods creates perNode pods bound to each node, 64 at a time.
 func createPods(ctx context.Context, b *testing.B, cs kubernetes.Interface, specs []devcluster.NodeSpec, perNode int) {
-	var next atomic.Int64
-	var wg sync.WaitGroup
-	errs := make(chan error, 64)
-	total := len(specs) * perNode
-	for range 64 {
-		wg.Go(func() {
-			for {
-				i := int(next.Add(1)) - 1
-				if i >= total {
-					return
-				}
-				node := specs[i/perNode].Name
-				pod := &corev1.Pod{
-					ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: fmt.Sprintf("fleet-%s-%d", node, i%perNode),
-						Labels:      map[string]string{"app": "fleet", "shard": fmt.Sprint(i % perNode)},
-						Annotations: map[string]string{"example.com/owner": "team-a"}},
-					Spec: corev1.PodSpec{NodeName: node, Containers: []corev1.Container{{
-						Name: "main", Image: "registry.example/fleet:1", Args: []string{"--serve", "--port=8080"},
-						Env: []corev1.EnvVar{{Name: "MODE", Value: "training"}, {Name: "SHARD", Value: fmt.Sprint(i % perNode)}},
-					}}},
-				}
-				if _, err := cs.CoreV1().Pods("default").Create(ctx, pod, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-					errs <- err
-					return
-				}
-			}
-		})
-	}
-	wg.Wait()
-	close(errs)
-	if err := errors.Join(slices.Collect(chanValues(errs))...); err != nil {
+	err := inParallel(ctx, len(specs)*perNode, 64, func(ctx context.Context, i int) error {
+		node := specs[i/perNode].Name
+		pod := &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: fmt.Sprintf("fleet-%s-%d", node, i%perNode),
+				Labels:      map[string]string{"app": "fleet", "shard": fmt.Sprint(i % perNode)},
+				Annotations: map[string]string{"example.com/owner": "team-a"}},
+			Spec: corev1.PodSpec{NodeName: node, Containers: []corev1.Container{{
+				Name: "main", Image: "registry.example/fleet:1", Args: []string{"--serve", "--port=8080"},
+				Env: []corev1.EnvVar{{Name: "MODE", Value: "training"}, {Name: "SHARD", Value: fmt.Sprint(i % perNode)}},
+			}}},
+		}
+		if _, err := cs.CoreV1().Pods("default").Create(ctx, pod, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+			return err
+		}
+		return nil
+	})
+	if err != nil {
 		b.Fatal(err)
 	}
 }
