@@ -108,6 +108,11 @@ type scaleReportData struct {
 	// DrainStepMs splits the Draining phase by what the node's pods did.
 	DrainStepMs map[string]map[string]float64 `json:"drainStepsMs"`
 	CPUSeconds  float64                       `json:"operatorCPUSeconds"`
+	// Reconciles and ReconcileMeanMs: every controller's passes during
+	// the start-up and rollout and their mean duration (controller-runtime's
+	// reconcile metrics), by controller.
+	Reconciles      map[string]int     `json:"reconciles"`
+	ReconcileMeanMs map[string]float64 `json:"reconcileMeanMs"`
 	PeakRSSMB   float64                       `json:"operatorPeakRSSMB"`
 	RSSMB       float64                       `json:"operatorRSSMBAtEnd"`
 }
@@ -269,6 +274,7 @@ func BenchmarkScaleRollout(b *testing.B) {
 	evictionMs := map[string]float64{}
 	slowBudgeted, budgeted := 0, 0
 	turns := map[string]int{}
+	reconciles, reconcileMs := map[string]int{}, map[string]float64{}
 	if fams, err := scrape(addr); err == nil {
 		conflicts = countsByLabel(fams, "gpufleet_maintenance_status_conflicts_total", "writer")
 		evictionMs = histogramMeansMs(fams, "gpufleet_maintenance_eviction_duration_seconds", "budget")
@@ -276,6 +282,8 @@ func BenchmarkScaleRollout(b *testing.B) {
 			evictionMs["turn wait"] = w[""]
 		}
 		turns = countsByLabel(fams, "gpufleet_maintenance_eviction_turns_total", "passed")
+		reconciles = countsByLabel(fams, "controller_runtime_reconcile_total", "controller")
+		reconcileMs = histogramMeansMs(fams, "controller_runtime_reconcile_time_seconds", "controller")
 		slowBudgeted, budgeted = slowSamples(fams, "gpufleet_maintenance_eviction_duration_seconds", "budget", "true", 0.45)
 	}
 	cpu := cpuSecondsOf(op.pid())
@@ -302,7 +310,7 @@ func BenchmarkScaleRollout(b *testing.B) {
 		IdlePerMinute: float64(sum(idle)) / scaleIdle.Minutes(), StatusConflicts: conflicts,
 		CPUSeconds: cpu, PeakRSSMB: float64(hwm) / 1024, RSSMB: float64(rss) / 1024,
 		Baseline: baseline, PodSpread: spread, DrainStepMs: map[string]map[string]float64{},
-		EvictionMs: evictionMs, Turns: turns,
+		EvictionMs: evictionMs, Turns: turns, Reconciles: reconciles, ReconcileMeanMs: reconcileMs,
 		SlowBudgetedEvictions: slowBudgeted, BudgetedEvictions: budgeted, StatusRewrites: chk.rewrites(),
 	}
 	rep.RequestsPerObject = float64(sum(rep.RolloutRequests)) / float64(objectCount)
@@ -535,6 +543,10 @@ func (r scaleReportData) markdown() string {
 		r.Turns["counted"], r.Turns["bound"], r.Turns["refused"])
 	fmt.Fprintf(&s, "| operator requests per minute after the rollout (%v window) | %.1f (%d writes, %d lists) |\n", p["idleWindow"], r.IdlePerMinute, r.IdleWrites, r.IdleLists)
 	fmt.Fprintf(&s, "| operator CPU during start-up and rollout | %.1f s |\n", r.CPUSeconds)
+	fmt.Fprintf(&s, "| scheduling passes (nodemaintenance-scheduler reconciles) / mean pass | %d / %.1f ms |\n",
+		r.Reconciles["nodemaintenance-scheduler"], r.ReconcileMeanMs["nodemaintenance-scheduler"])
+	fmt.Fprintf(&s, "| lifecycle steps (nodemaintenance reconciles) / mean step | %d / %.1f ms |\n",
+		r.Reconciles["nodemaintenance"], r.ReconcileMeanMs["nodemaintenance"])
 	fmt.Fprintf(&s, "| operator peak RSS / RSS at the end | %.0f / %.0f MB |\n\n", r.PeakRSSMB, r.RSSMB)
 	fmt.Fprintf(&s, "Time in each phase, as the checker saw it (p50 / p90 / max; Ready lasts until the requestor deletes, Deleting is the release):\n\n| phase | objects | p50 | p90 | max |\n|---|---|---|---|---|\n")
 	for _, phase := range []string{"Pending", "Scheduled", "Cordon", "WaitForPodCompletion", "Draining", "Ready", "Deleting"} {
