@@ -113,8 +113,8 @@ type scaleReportData struct {
 	// reconcile metrics), by controller.
 	Reconciles      map[string]int     `json:"reconciles"`
 	ReconcileMeanMs map[string]float64 `json:"reconcileMeanMs"`
-	PeakRSSMB   float64                       `json:"operatorPeakRSSMB"`
-	RSSMB       float64                       `json:"operatorRSSMBAtEnd"`
+	PeakRSSMB       float64            `json:"operatorPeakRSSMB"`
+	RSSMB           float64            `json:"operatorRSSMBAtEnd"`
 }
 
 // BenchmarkScaleRollout is the default scale scenario of `make bench`: N
