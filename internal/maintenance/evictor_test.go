@@ -484,32 +484,26 @@ func TestEvictorBoundsTheTurnsOnItsClock(t *testing.T) {
 	api := newEvictionAPI(func(string) error { return nil })
 	e := api.evictorOn(t, clk)
 	start := clk.Now()
-	e.evict(testDrain, evictionPod("a0"), "ns/pdb-a", start, time.Second)
-	waitFor(t, "a0's eviction", func() bool { return api.asked("a0") })
-	a1 := evictionPod("a1")
-	e.evict(testDrain, a1, "ns/pdb-a", start.Add(time.Second), time.Second)
-	waitFor(t, "a1 in the budget's line", func() bool { return e.inLine(a1) })
-	clk.Step(maxCountedWait - time.Millisecond)
-	time.Sleep(20 * time.Millisecond)
-	if api.asked("a1") {
-		t.Fatal("a1 was asked for before the bound passed a0's turn on")
+	// first holds budget's turn; second waits in line until just before
+	// bound (nothing asked), then goes within one more step.
+	holdsUntil := func(budget, first, second string, bound, step time.Duration, what string) {
+		t.Helper()
+		e.evict(testDrain, evictionPod(first), budget, start, time.Second)
+		waitFor(t, first+"'s eviction", func() bool { return api.asked(first) })
+		p := evictionPod(second)
+		e.evict(testDrain, p, budget, start.Add(time.Second), time.Second)
+		waitFor(t, second+" in the budget's line", func() bool { return e.inLine(p) })
+		clk.Step(bound - step)
+		time.Sleep(20 * time.Millisecond)
+		if api.asked(second) {
+			t.Fatalf("%s was asked for before %s", second, what)
+		}
+		stepUntil(t, clk, step, second+"'s eviction after "+what, func() bool { return api.asked(second) })
+		e.wait()
 	}
-	stepUntil(t, clk, time.Millisecond, "a1's eviction after the bound", func() bool { return api.asked("a1") })
-	e.wait()
-
+	holdsUntil("ns/pdb-a", "a0", "a1", maxCountedWait, time.Millisecond, "the bound passed a0's turn on")
 	e.countedWait = time.Hour // from now on a granted eviction holds the turn for an hour
-	e.evict(testDrain, evictionPod("b0"), "ns/pdb-b", start, time.Second)
-	waitFor(t, "b0's eviction", func() bool { return api.asked("b0") })
-	b1 := evictionPod("b1")
-	e.evict(testDrain, b1, "ns/pdb-b", start.Add(time.Second), time.Second)
-	waitFor(t, "b1 in the budget's line", func() bool { return e.inLine(b1) })
-	clk.Step(maxTurnWait - time.Second)
-	time.Sleep(20 * time.Millisecond)
-	if api.asked("b1") {
-		t.Fatal("b1 went out of turn before maxTurnWait")
-	}
-	stepUntil(t, clk, time.Second, "b1's eviction out of turn", func() bool { return api.asked("b1") })
-	e.wait()
+	holdsUntil("ns/pdb-b", "b0", "b1", maxTurnWait, time.Second, "maxTurnWait (out of turn)")
 }
 
 // Each ask for a turn has its own bound: a pod asking again soon after an
