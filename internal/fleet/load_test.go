@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"sync"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
@@ -18,6 +19,7 @@ import (
 // server does, and records the limits asked for, by list type.
 type pagingReader struct {
 	client.Reader
+	mu     sync.Mutex // Load lists its types in parallel
 	limits map[string][]int64
 }
 
@@ -25,7 +27,9 @@ func (p *pagingReader) List(ctx context.Context, list client.ObjectList, opts ..
 	o := &client.ListOptions{}
 	o.ApplyOptions(opts)
 	kind := fmt.Sprintf("%T", list)
+	p.mu.Lock()
 	p.limits[kind] = append(p.limits[kind], o.Limit)
+	p.mu.Unlock()
 	// (The fake client cannot filter by the phase selectors Load asks
 	// for: every pod here is running.)
 	if err := p.Reader.List(ctx, list, &client.ListOptions{Namespace: o.Namespace, LabelSelector: o.LabelSelector}); err != nil || o.Limit == 0 {
