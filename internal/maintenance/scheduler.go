@@ -2,6 +2,7 @@ package maintenance
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -10,6 +11,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
+	"k8s.io/client-go/util/workqueue"
 	"k8s.io/utils/clock"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -20,6 +22,9 @@ import (
 
 	"github.com/gpufleet/gpufleet/internal/ownwrites"
 )
+
+// scheduleWriters bounds the status writes one pass sends at once.
+const scheduleWriters = 32
 
 // schedulerKey is the one request the scheduler works on: every relevant
 // change maps to it, so the work queue collapses bursts into one pass.
@@ -136,16 +141,34 @@ func (s *Scheduler) Reconcile(ctx context.Context, _ reconcile.Request) (reconci
 	domainOf := snap.domainOf()
 	disrupted := disruptedDomains(snap, domainOf)
 	defer func() { recordDomains(plan.TotalDomains, len(disrupted)) }()
+	// The writes of a pass go out together (a pass that opens many slots
+	// at 10,000 nodes would otherwise wait for each write in turn, and
+	// every release behind it).
+	unschedulable := make(map[string]*bool, len(plan.Schedule))
 	for _, o := range plan.Schedule {
-		if err := s.schedule(ctx, byKey[o.Key()], &nodes); err != nil {
-			if apierrors.IsConflict(err) {
-				// Our copy is stale: its watch event brings a new pass
-				// (the requeue is a safety net, without error backoff).
-				// The objects scheduled so far were all in the plan.
-				log.V(1).Info("conflict while scheduling; planning again", "error", err.Error())
-				return reconcile.Result{RequeueAfter: 100 * time.Millisecond}, nil
+		unschedulable[o.NodeName] = nil
+	}
+	for i := 0; len(plan.Schedule) > 0 && i < len(nodes.Items); i++ {
+		if n := &nodes.Items[i]; unschedulable[n.Name] == nil {
+			if _, ok := unschedulable[n.Name]; ok {
+				unschedulable[n.Name] = ptr.To(n.Spec.Unschedulable)
 			}
-			return reconcile.Result{}, err
+		}
+	}
+	errs := make([]error, len(plan.Schedule))
+	workqueue.ParallelizeUntil(ctx, scheduleWriters, len(plan.Schedule), func(i int) {
+		o := plan.Schedule[i]
+		errs[i] = s.schedule(ctx, byKey[o.Key()], unschedulable[o.NodeName])
+	})
+	var failed []error
+	conflict := false
+	for i, o := range plan.Schedule {
+		if err := errs[i]; err != nil {
+			conflict = conflict || apierrors.IsConflict(err)
+			if !apierrors.IsConflict(err) {
+				failed = append(failed, err)
+			}
+			continue
 		}
 		// A domain's interruption begins with the first of its nodes to
 		// go into maintenance while none of them is.
@@ -153,6 +176,16 @@ func (s *Scheduler) Reconcile(ctx context.Context, _ reconcile.Request) (reconci
 			disrupted[d] = true
 			domainInterruptions.Inc()
 		}
+	}
+	if err := errors.Join(failed...); err != nil {
+		return reconcile.Result{}, err
+	}
+	if conflict {
+		// A copy was stale: its watch event brings a new pass (the
+		// requeue is a safety net, without error backoff). The objects
+		// scheduled were all in the plan.
+		log.V(1).Info("conflict while scheduling; planning again")
+		return reconcile.Result{RequeueAfter: 100 * time.Millisecond}, nil
 	}
 	if len(plan.Schedule) > 0 {
 		log.Info("scheduled NodeMaintenance", "count", len(plan.Schedule), "availableSlots", plan.AvailableSlots,
@@ -229,7 +262,7 @@ func (s *Scheduler) cacheBehind(list *maintenancev1.NodeMaintenanceList) bool {
 // the record must precede the cordon). The update carries the cached
 // resourceVersion: if the object changed meanwhile, the write fails with a
 // conflict and the pass is retried from fresh data.
-func (s *Scheduler) schedule(ctx context.Context, nm *maintenancev1.NodeMaintenance, nodes *corev1.NodeList) error {
+func (s *Scheduler) schedule(ctx context.Context, nm *maintenancev1.NodeMaintenance, nodeUnschedulable *bool) error {
 	now := s.Clock.Now()
 	orig := nm
 	nm = nm.DeepCopy()
@@ -237,11 +270,7 @@ func (s *Scheduler) schedule(ctx context.Context, nm *maintenancev1.NodeMaintena
 	t := metav1.NewTime(now)
 	nm.Status.ScheduledTime = &t
 	nm.Status.ObservedGeneration = nm.Generation
-	for i := range nodes.Items {
-		if n := &nodes.Items[i]; n.Name == nm.Spec.NodeName {
-			nm.Status.NodeUnschedulableBefore = ptr.To(n.Spec.Unschedulable)
-		}
-	}
+	nm.Status.NodeUnschedulableBefore = nodeUnschedulable // nil: the node is gone
 	key := client.ObjectKeyFromObject(nm)
 	if err := patchStatus(ctx, s.Client, orig, nm); err != nil {
 		if apierrors.IsConflict(err) {

@@ -3,6 +3,7 @@ package maintenance
 import (
 	"context"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -209,4 +210,97 @@ func (s *countingStatus) Update(ctx context.Context, obj client.Object, opts ...
 func (s *countingStatus) Patch(ctx context.Context, obj client.Object, patch client.Patch, opts ...client.SubResourcePatchOption) error {
 	s.c.writes++
 	return s.SubResourceWriter.Patch(ctx, obj, patch, opts...)
+}
+
+// heldWrites holds every status patch until want of them are in flight
+// at once (or the first has waited two seconds: then all go on), and
+// records the most in flight.
+type heldWrites struct {
+	client.Client
+	want    int
+	mu      sync.Mutex
+	flight  int
+	most    int
+	release chan struct{}
+	once    sync.Once
+}
+
+func (h *heldWrites) Status() client.SubResourceWriter {
+	return &heldStatus{SubResourceWriter: h.Client.Status(), h: h}
+}
+
+type heldStatus struct {
+	client.SubResourceWriter
+	h *heldWrites
+}
+
+func (s *heldStatus) Patch(ctx context.Context, obj client.Object, patch client.Patch, opts ...client.SubResourcePatchOption) error {
+	h := s.h
+	h.mu.Lock()
+	h.flight++
+	h.most = max(h.most, h.flight)
+	if h.flight >= h.want {
+		h.once.Do(func() { close(h.release) })
+	}
+	h.mu.Unlock()
+	select {
+	case <-h.release:
+	case <-time.After(2 * time.Second):
+		h.once.Do(func() { close(h.release) })
+	}
+	err := s.SubResourceWriter.Patch(ctx, obj, patch, opts...)
+	h.mu.Lock()
+	h.flight--
+	h.mu.Unlock()
+	return err
+}
+
+// TestSchedulerSendsThePassWritesTogether: the objects one pass schedules
+// are written in parallel, up to scheduleWriters at once (at 10,000 nodes
+// a pass wrote them one after the other, ~100 ms each on a busy API
+// server, and every release waited behind it), and each is Scheduled with
+// its node's unschedulable state recorded.
+func TestSchedulerSendsThePassWritesTogether(t *testing.T) {
+	scheme := runtime.NewScheme()
+	_ = clientgoscheme.AddToScheme(scheme)
+	_ = maintenancev1.AddToScheme(scheme)
+	const n = scheduleWriters + 8
+	var objs []client.Object
+	for i := range n {
+		objs = append(objs, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("n%02d", i)}, Spec: corev1.NodeSpec{Unschedulable: i == 3},
+			Status: corev1.NodeStatus{Conditions: []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue}}}},
+			&maintenancev1.NodeMaintenance{
+				ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: fmt.Sprintf("m%02d", i), Finalizers: []string{maintenancev1.Finalizer}},
+				Spec:       maintenancev1.NodeMaintenanceSpec{RequestorID: "r", NodeName: fmt.Sprintf("n%02d", i)},
+			})
+	}
+	mpo, mu := intstr.FromInt32(n), intstr.FromInt32(n)
+	objs = append(objs, &maintenancev1.MaintenanceOperatorConfig{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "ops", Name: "default"},
+		Spec:       maintenancev1.MaintenanceOperatorConfigSpec{MaxParallelOperations: &mpo, MaxUnavailable: &mu},
+	})
+	api := fake.NewClientBuilder().WithScheme(scheme).WithObjects(objs...).WithStatusSubresource(&maintenancev1.NodeMaintenance{}, &maintenancev1.MaintenanceOperatorConfig{}).Build()
+	held := &heldWrites{Client: api, want: scheduleWriters, release: make(chan struct{})}
+	s := &Scheduler{Client: held, Namespace: "ops", Clock: clocktesting.NewFakeClock(t0), Recorder: events.NewFakeRecorder(100),
+		Reasons: &WaitReasons{Client: api, Clock: clocktesting.NewFakeClock(t0)}}
+	if _, err := s.Reconcile(context.Background(), reconcile.Request{}); err != nil {
+		t.Fatal(err)
+	}
+	if held.most != scheduleWriters {
+		t.Errorf("at most %d scheduling writes in flight at once, want %d", held.most, scheduleWriters)
+	}
+	var l maintenancev1.NodeMaintenanceList
+	if err := api.List(context.Background(), &l); err != nil {
+		t.Fatal(err)
+	}
+	for i := range l.Items {
+		nm := &l.Items[i]
+		if nm.Phase() != maintenancev1.PhaseScheduled {
+			t.Errorf("%s is %s, want Scheduled", nm.Name, nm.Phase())
+			continue
+		}
+		if want := nm.Spec.NodeName == "n03"; nm.Status.NodeUnschedulableBefore == nil || *nm.Status.NodeUnschedulableBefore != want {
+			t.Errorf("%s: nodeUnschedulableBefore %v, want %v", nm.Name, nm.Status.NodeUnschedulableBefore, want)
+		}
+	}
 }
