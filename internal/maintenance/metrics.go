@@ -13,10 +13,6 @@ import (
 )
 
 var (
-	objectsByPhase = prometheus.NewGaugeVec(prometheus.GaugeOpts{
-		Name: "gpufleet_maintenance_objects",
-		Help: "NodeMaintenance objects by phase, as of the last scheduling pass.",
-	}, []string{"phase"})
 	schedulingDecisions = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "gpufleet_maintenance_scheduling_decisions_total",
 		Help: "NodeMaintenance objects scheduled by the scheduler.",
@@ -72,7 +68,7 @@ var (
 )
 
 func init() {
-	metrics.Registry.MustRegister(objects, objectsByPhase, schedulingDecisions, planDuration, drainDuration, evictions, watchedNodes, statusConflicts,
+	metrics.Registry.MustRegister(objects, schedulingDecisions, planDuration, drainDuration, evictions, watchedNodes, statusConflicts,
 		evictionDuration, evictionTurnWait, evictionTurns, domainsGauge, domainInterruptions)
 	// Every writer and result from the start, at 0: a dashboard or alert
 	// on a rare event sees a series before the first one.
@@ -90,6 +86,8 @@ func init() {
 // Series read from the cached NodeMaintenance objects at scrape time (no
 // writes, no polling), for dashboards and alerts.
 var (
+	objectsByPhaseDesc = prometheus.NewDesc("gpufleet_maintenance_objects",
+		"NodeMaintenance objects by phase.", []string{"phase"}, nil)
 	pendingByReasonDesc = prometheus.NewDesc("gpufleet_maintenance_pending_objects",
 		"Pending NodeMaintenance objects by why they wait (max_parallel, max_unavailable: the cluster's or a pool's limit; window: outside a maintenance window or in an exclusion; node_busy, node_missing, other; none: no reason written yet).",
 		[]string{"reason"}, nil)
@@ -114,6 +112,7 @@ func ServeObjectMetrics(reader client.Reader, elected <-chan struct{}) {
 }
 
 func (c *objectCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- objectsByPhaseDesc
 	ch <- pendingByReasonDesc
 	ch <- drainStartDesc
 	ch <- drainBlockedDesc
@@ -130,9 +129,11 @@ func (c *objectCollector) Collect(ch chan<- prometheus.Metric) {
 		return
 	}
 	pending := map[string]int{}
+	byPhase := make(map[maintenancev1.Phase]int, len(allPhases))
 	for i := range list.Items {
 		nm := &list.Items[i]
 		phase := nm.Phase()
+		byPhase[phase]++
 		if phase == maintenancev1.PhasePending && nm.DeletionTimestamp == nil {
 			pending[waitReasonClass(nm)]++
 		}
@@ -146,6 +147,10 @@ func (c *objectCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	for reason, n := range pending {
 		ch <- prometheus.MustNewConstMetric(pendingByReasonDesc, prometheus.GaugeValue, float64(n), reason)
+	}
+	// Every phase, at 0 too.
+	for _, p := range allPhases {
+		ch <- prometheus.MustNewConstMetric(objectsByPhaseDesc, prometheus.GaugeValue, float64(byPhase[p]), string(p))
 	}
 }
 

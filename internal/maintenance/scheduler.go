@@ -116,7 +116,6 @@ func (s *Scheduler) Reconcile(ctx context.Context, _ reconcile.Request) (reconci
 		err = cfgErr
 	}
 	planDuration.Observe(s.Clock.Since(began).Seconds())
-	recordPhases(&list)
 	if err != nil {
 		// No config that can be read has applied since the start (or the
 		// limits do not resolve, which the schema prevents): schedule
@@ -316,16 +315,6 @@ func snapshot(nodes *corev1.NodeList, list *maintenancev1.NodeMaintenanceList, c
 		})
 	}
 	return s
-}
-
-func recordPhases(list *maintenancev1.NodeMaintenanceList) {
-	counts := map[maintenancev1.Phase]int{}
-	for i := range list.Items {
-		counts[list.Items[i].Phase()]++
-	}
-	for _, p := range allPhases {
-		objectsByPhase.WithLabelValues(string(p)).Set(float64(counts[p]))
-	}
 }
 
 var allPhases = []maintenancev1.Phase{

@@ -17,6 +17,7 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	maintenancev1 "github.com/gpufleet/gpufleet/api/maintenance/v1alpha1"
@@ -302,5 +303,53 @@ func TestSchedulerSendsThePassWritesTogether(t *testing.T) {
 		if want := nm.Spec.NodeName == "n03"; nm.Status.NodeUnschedulableBefore == nil || *nm.Status.NodeUnschedulableBefore != want {
 			t.Errorf("%s: nodeUnschedulableBefore %v, want %v", nm.Name, nm.Status.NodeUnschedulableBefore, want)
 		}
+	}
+}
+
+// TestSchedulingRelevantNMSkipsTheStepsOfAMaintenance: the steps of a
+// maintenance in progress bring no scheduling pass (at 10,000 nodes they
+// kept the scheduler busy the whole rollout); what a plan reads does.
+func TestSchedulingRelevantNMSkipsTheStepsOfAMaintenance(t *testing.T) {
+	at := func(phase maintenancev1.Phase, edit ...func(*maintenancev1.NodeMaintenance)) *maintenancev1.NodeMaintenance {
+		nm := &maintenancev1.NodeMaintenance{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "m"},
+			Spec: maintenancev1.NodeMaintenanceSpec{RequestorID: "r", NodeName: "n"}}
+		setPhase(nm, phase, "", t0)
+		for _, e := range edit {
+			e(nm)
+		}
+		return nm
+	}
+	deleting := func(nm *maintenancev1.NodeMaintenance) { nm.DeletionTimestamp = &metav1.Time{Time: t0} }
+	finalizer := func(nm *maintenancev1.NodeMaintenance) { nm.Finalizers = []string{maintenancev1.Finalizer} }
+	urgent := func(nm *maintenancev1.NodeMaintenance) {
+		nm.Annotations = map[string]string{maintenancev1.AnnotationUrgent: "true"}
+	}
+	reason := func(nm *maintenancev1.NodeMaintenance) {
+		setPhase(nm, maintenancev1.PhasePending, "waiting: maxParallelOperations 1 reached", t0)
+	}
+	uninitialised := &maintenancev1.NodeMaintenance{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "m"},
+		Spec: maintenancev1.NodeMaintenanceSpec{RequestorID: "r", NodeName: "n"}}
+	for name, tc := range map[string]struct {
+		old, cur *maintenancev1.NodeMaintenance
+		want     bool
+	}{
+		"initialised":                {uninitialised, at(maintenancev1.PhasePending), true},
+		"scheduled":                  {at(maintenancev1.PhasePending), at(maintenancev1.PhaseScheduled), true},
+		"made urgent":                {at(maintenancev1.PhasePending), at(maintenancev1.PhasePending, urgent), true},
+		"deletion starts":            {at(maintenancev1.PhaseReady, finalizer), at(maintenancev1.PhaseReady, finalizer, deleting), true},
+		"a pending object withdrawn": {at(maintenancev1.PhasePending), at(maintenancev1.PhasePending, deleting), true},
+		"Scheduled to Cordon":        {at(maintenancev1.PhaseScheduled), at(maintenancev1.PhaseCordon, finalizer), false},
+		"Cordon to WaitForPodCompletion": {at(maintenancev1.PhaseCordon, finalizer),
+			at(maintenancev1.PhaseWaitForPodCompletion, finalizer), false},
+		"WaitForPodCompletion to Draining": {at(maintenancev1.PhaseWaitForPodCompletion, finalizer), at(maintenancev1.PhaseDraining, finalizer), false},
+		"Draining to Ready":                {at(maintenancev1.PhaseDraining, finalizer), at(maintenancev1.PhaseReady, finalizer), false},
+		"finalizer gone while deleting":    {at(maintenancev1.PhaseReady, finalizer, deleting), at(maintenancev1.PhaseReady, deleting), false},
+		"a wait reason written":            {at(maintenancev1.PhasePending), at(maintenancev1.PhasePending, reason), false},
+	} {
+		t.Run(name, func(t *testing.T) {
+			if got := schedulingRelevantNM.Update(event.UpdateEvent{ObjectOld: tc.old, ObjectNew: tc.cur}); got != tc.want {
+				t.Errorf("a scheduling pass: %v, want %v", got, tc.want)
+			}
+		})
 	}
 }
