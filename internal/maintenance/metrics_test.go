@@ -59,6 +59,15 @@ gpufleet_maintenance_drain_blocked{name="stuck",namespace="default",node="node-s
 # TYPE gpufleet_maintenance_drain_start_time_seconds gauge
 gpufleet_maintenance_drain_start_time_seconds{name="draining",namespace="default",node="node-draining"} 1.8e+09
 gpufleet_maintenance_drain_start_time_seconds{name="stuck",namespace="default",node="node-stuck"} 1.8e+09
+# HELP gpufleet_maintenance_objects NodeMaintenance objects by phase.
+# TYPE gpufleet_maintenance_objects gauge
+gpufleet_maintenance_objects{phase="Cordon"} 0
+gpufleet_maintenance_objects{phase="Draining"} 2
+gpufleet_maintenance_objects{phase="Pending"} 11
+gpufleet_maintenance_objects{phase="Ready"} 1
+gpufleet_maintenance_objects{phase="RequestorFailed"} 0
+gpufleet_maintenance_objects{phase="Scheduled"} 0
+gpufleet_maintenance_objects{phase="WaitForPodCompletion"} 0
 # HELP gpufleet_maintenance_pending_objects Pending NodeMaintenance objects by why they wait (max_parallel, max_unavailable: the cluster's or a pool's limit; window: outside a maintenance window or in an exclusion; node_busy, node_missing, other; none: no reason written yet).
 # TYPE gpufleet_maintenance_pending_objects gauge
 gpufleet_maintenance_pending_objects{reason="max_parallel"} 2
