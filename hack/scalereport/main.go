@@ -1,8 +1,9 @@
 // Command scalereport gathers what `make bench-scale` measured into one
 // report, results/scale-<N/1000>k.{json,md}: the operator at rest
-// (rest-<N>.json), the maintenance rollout (scale-<N>.json), the node
-// agents' load (agentload-*.json) and the decision cores' benchmark lines
-// (bench-scale.txt). A part that did not run is left out and named.
+// (rest-<N>.json), the maintenance rollout (scale-<N>.json), the GPU stack
+// (gpustack-<N>.json: the ClusterPolicy to ready and a driver upgrade), the
+// node agents' load (agentload-*.json) and the decision cores' benchmark
+// lines (bench-scale.txt). A part that did not run is left out and named.
 package main
 
 import (
@@ -31,6 +32,7 @@ type report struct {
 	Nodes       int               `json:"nodes"`
 	Rest        json.RawMessage   `json:"operatorAtRest,omitempty"`
 	Maintenance json.RawMessage   `json:"maintenanceRollout,omitempty"`
+	GPUStack    json.RawMessage   `json:"gpuStack,omitempty"`
 	Agents      json.RawMessage   `json:"agentLoad,omitempty"`
 	Cores       map[string]string `json:"decisionCores,omitempty"`
 	Missing     []string          `json:"missing,omitempty"`
@@ -48,6 +50,7 @@ func run(dir string, nodes int) error {
 	}
 	r.Rest = read("operator at rest", fmt.Sprintf("rest-%d.json", nodes))
 	r.Maintenance = read("maintenance rollout", fmt.Sprintf("scale-%d.json", nodes))
+	r.GPUStack = read("GPU stack", fmt.Sprintf("gpustack-%d.json", nodes))
 	if agents, _ := filepath.Glob(filepath.Join(dir, "agentload-*.json")); len(agents) > 0 {
 		sort.Strings(agents)
 		r.Agents = read("agent load", filepath.Base(agents[len(agents)-1]))
@@ -59,7 +62,7 @@ func run(dir string, nodes int) error {
 		for sc.Scan() {
 			if fields := strings.Fields(sc.Text()); len(fields) > 2 && strings.HasPrefix(fields[0], "Benchmark") &&
 				!strings.HasPrefix(fields[0], "BenchmarkOperatorMemory") && !strings.HasPrefix(fields[0], "BenchmarkScaleRollout") &&
-				!strings.HasPrefix(fields[0], "BenchmarkAgentAPILoad") {
+				!strings.HasPrefix(fields[0], "BenchmarkAgentAPILoad") && !strings.HasPrefix(fields[0], "BenchmarkClusterPolicyScale") {
 				r.Cores[fields[0]] = strings.Join(fields[2:], " ")
 			}
 		}
@@ -101,6 +104,7 @@ func markdown(dir string, r report) string {
 	for _, part := range []struct{ title, file string }{
 		{"Operator at rest", fmt.Sprintf("rest-%d.md", r.Nodes)},
 		{"Maintenance rollout", fmt.Sprintf("scale-%d.md", r.Nodes)},
+		{"GPU stack", fmt.Sprintf("gpustack-%d.md", r.Nodes)},
 	} {
 		if data, err := os.ReadFile(filepath.Join(dir, part.file)); err == nil {
 			fmt.Fprintf(&s, "## %s\n\n%s\n", part.title, demote(string(data)))

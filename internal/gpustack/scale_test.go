@@ -2,8 +2,12 @@ package gpustack_test
 
 import (
 	"context"
+	"encoding/json"
 	"flag"
 	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -12,18 +16,28 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/util/retry"
+	"k8s.io/kubectl/pkg/util/podutils"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
+	maintenancev1 "github.com/gpufleet/gpufleet/api/maintenance/v1alpha1"
 	nvidiav1 "github.com/gpufleet/gpufleet/api/nvidia/v1"
 	"github.com/gpufleet/gpufleet/internal/devcluster"
 	"github.com/gpufleet/gpufleet/internal/devcluster/devtest"
+	"github.com/gpufleet/gpufleet/internal/gpustack"
 	"github.com/gpufleet/gpufleet/internal/operator"
 )
 
 var (
 	scaleNodes      = flag.Int("gpustack.nodes", 20, "GPU nodes of BenchmarkClusterPolicyScale (the test cluster's 7 healthy ones included)")
 	scaleReadyAfter = flag.Duration("gpustack.ready-after", 0, "BenchmarkClusterPolicyScale: every stack pod becomes Ready this long after its init containers completed (sim.gpufleet.dev/ready-after; 0: the simulation's 0.1-0.3 s)")
+	scaleUpgrade    = flag.Bool("gpustack.upgrade", true, "BenchmarkClusterPolicyScale: once converged, roll a driver version change through NodeMaintenance (maxParallelUpgrades 10% of the GPU nodes)")
+	scaleUpgradeFor = flag.Duration("gpustack.upgrade-timeout", 20*time.Minute, "BenchmarkClusterPolicyScale: how long the driver upgrade may take before the benchmark fails")
+	scaleReport     = flag.String("gpustack.report", "", "BenchmarkClusterPolicyScale: directory for gpustack-<nodes>.{json,md} (default: results/ in the source tree)")
 )
 
 // BenchmarkClusterPolicyScale deploys the GPU Operator 1.6 ClusterPolicy on
@@ -34,6 +48,24 @@ var (
 // operator, and the simulated init containers of devcluster) from the
 // policy's creation to ready, and the operator's requests per minute once
 // converged and while one node's stack is stuck (target: none).
+//
+// With -gpustack.upgrade (the default), between the converged and the
+// stuck window it changes spec.driver.version with autoUpgrade and
+// maxParallelUpgrades 10% of the GPU nodes (at least 1), and reports the
+// time until every GPU node runs the new driver Ready, no node carries the
+// upgrade label, no upgrade NodeMaintenance is left and the policy is
+// ready again; the operator's requests, reconcile passes and CPU seconds
+// during it; and the most NodeMaintenance objects in progress at once
+// (polled every 200 ms; more than the limit fails the benchmark). The
+// operator runs the gpustack and maintenance capabilities, as in a
+// cluster: the upgrade's NodeMaintenance objects are scheduled, cordoned
+// and drained by the maintenance controllers and released (deleted) by
+// the GPU stack controller itself. The cluster's MaintenanceOperatorConfig
+// allows twice the upgrade limit, so the limit checked is the upgrade
+// policy's own.
+//
+// It writes gpustack-<nodes>.{json,md} to -gpustack.report (default
+// results/ in the source tree), which hack/scalereport gathers.
 //
 //	GPUFLEET_BIN_DIR=… flock /tmp/gpufleet-cluster.lock go test -run '^$' \
 //	  -bench BenchmarkClusterPolicyScale -benchtime 1x ./internal/gpustack/ -args -gpustack.nodes=100
@@ -63,7 +95,7 @@ func BenchmarkClusterPolicyScale(b *testing.B) {
 	}
 	gpuNodes := existing + len(specs)
 	cfg, counter := devcluster.CountRequests(operatorCfg)
-	stop := devtest.StartOperator(b, cfg, operator.Options{Namespace: ns, Capabilities: []string{"gpustack"},
+	stop := devtest.StartOperator(b, cfg, operator.Options{Namespace: ns, Capabilities: []string{"gpustack", "maintenance"},
 		GPUStackDegradedAfter: 10 * time.Second})
 	defer stop()
 	time.Sleep(2 * time.Second) // caches synced
@@ -98,6 +130,12 @@ func BenchmarkClusterPolicyScale(b *testing.B) {
 	time.Sleep(idleFor)
 	idle := counter.Since(idleStart)
 
+	var up upgradeFigures
+	if *scaleUpgrade {
+		up = measureUpgrade(b, counter, gpuNodes)
+		time.Sleep(3 * time.Second) // the last writes, as above
+	}
+
 	// One node whose stack never comes up: Degraded, then quiet.
 	stuck := devcluster.UnhealthyNodePrefix + "bench-stuck"
 	if err := cluster.AddNodes(ctx, devcluster.NodeSpec{Name: stuck, Pool: "bench", GPUs: 8}); err != nil {
@@ -128,6 +166,18 @@ func BenchmarkClusterPolicyScale(b *testing.B) {
 	b.Logf("GPU Operator 1.6 ClusterPolicy on %d GPU nodes (pods ready %s after start): ready after %s; %d requests (%d writes), %.0f reconcile passes, %.1f CPU s:\n%s",
 		gpuNodes, *scaleReadyAfter, elapsed.Round(100*time.Millisecond), total, writes, passes, cpu.Seconds(), devcluster.FormatCounts(rollout))
 	b.Logf("requests in %s converged:\n%s", idleFor, devcluster.FormatCounts(idle))
+	if *scaleUpgrade {
+		b.ReportMetric(up.elapsed.Seconds(), "s/upgrade")
+		b.ReportMetric(float64(sum(up.requests, false)), "requests/upgrade")
+		b.ReportMetric(float64(sum(up.requests, true)), "writes/upgrade")
+		b.ReportMetric(up.passes, "passes/upgrade")
+		b.ReportMetric(up.cpu.Seconds(), "cpu-s/upgrade")
+		b.ReportMetric(float64(up.maxInProgress), "max-in-progress/upgrade")
+		b.ReportMetric(float64(up.limit), "limit/upgrade")
+		b.Logf("driver upgrade %s → %s on %d GPU nodes (maxParallelUpgrades %d): done after %s; %d requests (%d writes), %.0f reconcile passes, %.1f CPU s; at most %d NodeMaintenance in progress at once (%d polls):\n%s",
+			up.from, up.to, gpuNodes, up.limit, up.elapsed.Round(100*time.Millisecond), sum(up.requests, false), sum(up.requests, true),
+			up.passes, up.cpu.Seconds(), up.maxInProgress, up.polls, devcluster.FormatCounts(up.requests))
+	}
 	b.Logf("requests in %s with %s stuck:\n%s", idleFor, stuck, devcluster.FormatCounts(stuckIdle))
 	for _, m := range []map[string]int{idle, stuckIdle} {
 		for k := range m {
@@ -136,6 +186,18 @@ func BenchmarkClusterPolicyScale(b *testing.B) {
 			}
 		}
 	}
+
+	r := gpustackReport{Nodes: gpuNodes, ReadySeconds: elapsed.Seconds(), RequestsToReady: total, WritesToReady: writes,
+		PassesToReady: passes, CPUSecondsToReady: cpu.Seconds(), RequestsPerNodeToReady: float64(total) / float64(gpuNodes),
+		IdleRequestsPerMinute: perMin(idle), StuckRequestsPerMinute: perMin(stuckIdle), ReadyAfter: scaleReadyAfter.String(),
+		Commit: gitCommit()}
+	if *scaleUpgrade {
+		r.UpgradeSeconds, r.UpgradeRequests, r.UpgradeWrites = up.elapsed.Seconds(), sum(up.requests, false), sum(up.requests, true)
+		r.UpgradeRequestsPerNode = float64(r.UpgradeRequests) / float64(gpuNodes)
+		r.UpgradePasses, r.UpgradeCPUSeconds = up.passes, up.cpu.Seconds()
+		r.UpgradeMaxInProgress, r.UpgradeLimit, r.UpgradeRequestsBy = up.maxInProgress, up.limit, up.requests
+	}
+	writeGPUStackReport(b, r)
 }
 
 func waitPolicy(b *testing.B, timeout time.Duration, done func(*nvidiav1.ClusterPolicy) bool) {
@@ -209,4 +271,323 @@ func processCPU() time.Duration {
 		return 0
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// upgradeVersion is the driver version the benchmark's upgrade rolls out.
+const upgradeVersion = "470.57.02"
+
+// upgradeFigures are what BenchmarkClusterPolicyScale measures of the
+// driver upgrade.
+type upgradeFigures struct {
+	from, to string
+	// limit is maxParallelUpgrades: 10% of the GPU nodes, at least 1.
+	limit   int
+	elapsed time.Duration
+	// requests are the operator's, by verb and resource.
+	requests map[string]int
+	passes   float64
+	cpu      time.Duration
+	// maxInProgress is the most upgrade NodeMaintenance objects in
+	// progress (past Pending, deleted ones included until they are gone)
+	// seen at once in polls every 200 ms.
+	maxInProgress, polls int
+}
+
+// measureUpgrade changes the converged bench-policy's driver version with
+// autoUpgrade and maxParallelUpgrades 10% of gpuNodes, and waits (at most
+// -gpustack.upgrade-timeout) until the upgrade is done on every GPU node.
+func measureUpgrade(b *testing.B, counter *devcluster.RequestCounter, gpuNodes int) upgradeFigures {
+	b.Helper()
+	ctx := context.Background()
+	f := upgradeFigures{limit: max(gpuNodes/10, 1), to: upgradeVersion}
+	// The cluster's limits allow twice as many, so that the limit checked
+	// below is the upgrade policy's own (the default, 1, would hold it).
+	mcfg := &maintenancev1.MaintenanceOperatorConfig{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: maintenancev1.DefaultConfigName},
+		Spec:       maintenancev1.MaintenanceOperatorConfigSpec{MaxParallelOperations: ptr.To(intstr.FromInt32(int32(2 * f.limit)))},
+	}
+	if err := k8s.Create(ctx, mcfg); err != nil {
+		b.Fatalf("creating MaintenanceOperatorConfig %s/%s: %v", ns, mcfg.Name, err)
+	}
+	defer func() { _ = k8s.Delete(context.Background(), mcfg) }()
+	time.Sleep(2 * time.Second) // in the operator's cache
+
+	stopCheck, checked := make(chan struct{}), make(chan struct{})
+	var violations []string
+	go func() {
+		defer close(checked)
+		tick := time.NewTicker(200 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-stopCheck:
+				return
+			case <-tick.C:
+			}
+			var nms maintenancev1.NodeMaintenanceList
+			if err := k8s.List(ctx, &nms, client.InNamespace(ns)); err != nil {
+				continue
+			}
+			inProgress := 0
+			for i := range nms.Items {
+				if nm := &nms.Items[i]; nm.Spec.RequestorID == gpustack.UpgradeRequestor && nm.InProgress() {
+					inProgress++
+				}
+			}
+			f.polls++
+			f.maxInProgress = max(f.maxInProgress, inProgress)
+			if inProgress > f.limit && len(violations) < 10 {
+				violations = append(violations, fmt.Sprintf("%s: %d upgrade NodeMaintenance objects in progress, limit %d",
+					time.Now().Format(time.RFC3339Nano), inProgress, f.limit))
+			}
+		}
+	}()
+
+	start, passes0, cpu0 := counter.Snapshot(), reconcilePasses(b), processCPU()
+	began := time.Now()
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		p := &nvidiav1.ClusterPolicy{}
+		if err := k8s.Get(ctx, keyOf("bench-policy"), p); err != nil {
+			return err
+		}
+		f.from = p.Spec.Driver.Version
+		p.Spec.Driver.Version = upgradeVersion
+		p.Spec.Driver.UpgradePolicy = &nvidiav1.DriverUpgradePolicySpec{AutoUpgrade: ptr.To(true), MaxParallelUpgrades: ptr.To(int32(f.limit))}
+		return k8s.Update(ctx, p)
+	})
+	if err != nil {
+		close(stopCheck)
+		b.Fatalf("changing bench-policy's driver version: %v", err)
+	}
+	var progress upgradeProgress
+	err = wait.PollUntilContextTimeout(ctx, time.Second, *scaleUpgradeFor, true, func(ctx context.Context) (bool, error) {
+		p, err := readUpgradeProgress(ctx, upgradeVersion)
+		if err != nil {
+			return false, nil //nolint:nilerr // a transient error: keep polling
+		}
+		progress = p
+		if p.failed > 0 {
+			return false, fmt.Errorf("%d nodes labelled %s=failed", p.failed, nvidiav1.LabelUpgradeState)
+		}
+		return p.done(gpuNodes), nil
+	})
+	f.elapsed = time.Since(began)
+	f.cpu = processCPU() - cpu0
+	f.passes = reconcilePasses(b) - passes0
+	f.requests = counter.Since(start)
+	close(stopCheck)
+	<-checked
+	if err != nil {
+		b.Fatalf("driver upgrade %s → %s (maxParallelUpgrades %d) not finished after %s (%v): %s; at most %d in progress at once",
+			f.from, f.to, f.limit, f.elapsed.Round(time.Second), err, progress, f.maxInProgress)
+	}
+	for _, v := range violations {
+		b.Error(v)
+	}
+	if f.maxInProgress == 0 {
+		b.Errorf("the checker never saw an upgrade NodeMaintenance in progress (%d polls)", f.polls)
+	}
+	return f
+}
+
+// upgradeProgress is where the GPU nodes are in a driver upgrade.
+type upgradeProgress struct {
+	// gpuNodes: upgraded (one driver pod, of the new version, Ready),
+	// starting (a new driver pod not Ready yet, or an old one still
+	// terminating), old (an old driver pod), noPod.
+	gpuNodes, upgraded, starting, old, noPod int
+	// upgrading and failed carry the upgrade-state label; cordoned nodes
+	// are unschedulable.
+	upgrading, failed, cordoned int
+	// maintenance counts the upgrade's NodeMaintenance objects, inProgress
+	// those past Pending.
+	maintenance, inProgress int
+	state                   nvidiav1.State
+}
+
+func (p upgradeProgress) done(gpuNodes int) bool {
+	return p.gpuNodes == gpuNodes && p.upgraded == gpuNodes && p.upgrading == 0 && p.failed == 0 && p.cordoned == 0 &&
+		p.maintenance == 0 && p.state == nvidiav1.StateReady
+}
+
+func (p upgradeProgress) String() string {
+	return fmt.Sprintf("of %d GPU nodes %d run the new driver Ready, %d are starting it, %d run the old one, %d have no driver pod; "+
+		"%d labelled upgrading, %d failed, %d cordoned; %d upgrade NodeMaintenance objects (%d in progress); policy state %q",
+		p.gpuNodes, p.upgraded, p.starting, p.old, p.noPod, p.upgrading, p.failed, p.cordoned, p.maintenance, p.inProgress, p.state)
+}
+
+// readUpgradeProgress reads the GPU nodes, the driver pods, the upgrade's
+// NodeMaintenance objects and bench-policy from the API server.
+func readUpgradeProgress(ctx context.Context, version string) (upgradeProgress, error) {
+	var p upgradeProgress
+	nodes, err := cluster.Client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return p, err
+	}
+	pods, err := cluster.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: gpustack.LabelComponent + "=" + gpustack.Driver})
+	if err != nil {
+		return p, err
+	}
+	var nms maintenancev1.NodeMaintenanceList
+	if err := k8s.List(ctx, &nms, client.InNamespace(ns)); err != nil {
+		return p, err
+	}
+	policy := &nvidiav1.ClusterPolicy{}
+	if err := k8s.Get(ctx, keyOf("bench-policy"), policy); err != nil {
+		return p, err
+	}
+	type driverPods struct{ newReady, other, old int }
+	byNode := map[string]*driverPods{}
+	for i := range pods.Items {
+		pod := &pods.Items[i]
+		d := byNode[pod.Spec.NodeName]
+		if d == nil {
+			d = &driverPods{}
+			byNode[pod.Spec.NodeName] = d
+		}
+		current := len(pod.Spec.Containers) > 0 && strings.Contains(pod.Spec.Containers[0].Image, ":"+version+"-")
+		switch {
+		case current && pod.DeletionTimestamp == nil && podutils.IsPodReady(pod):
+			d.newReady++
+		case !current && pod.DeletionTimestamp == nil:
+			d.old++
+		default:
+			d.other++
+		}
+	}
+	for i := range nodes.Items {
+		n := &nodes.Items[i]
+		if !nvidiav1.HasNvidiaGPU(n.Labels) {
+			continue
+		}
+		p.gpuNodes++
+		switch d := byNode[n.Name]; {
+		case d == nil:
+			p.noPod++
+		case d.old > 0:
+			p.old++
+		case d.newReady == 1 && d.other == 0:
+			p.upgraded++
+		default:
+			p.starting++
+		}
+		switch n.Labels[nvidiav1.LabelUpgradeState] {
+		case "":
+		case "failed":
+			p.failed++
+		default:
+			p.upgrading++
+		}
+		if n.Spec.Unschedulable {
+			p.cordoned++
+		}
+	}
+	for i := range nms.Items {
+		if nm := &nms.Items[i]; nm.Spec.RequestorID == gpustack.UpgradeRequestor {
+			p.maintenance++
+			if nm.InProgress() {
+				p.inProgress++
+			}
+		}
+	}
+	p.state = policy.Status.State
+	return p, nil
+}
+
+// gpustackReport is gpustack-<nodes>.json: BenchmarkClusterPolicyScale's
+// figures (the upgrade ones absent when -gpustack.upgrade=false). Requests
+// are the operator's; CPU seconds the test process's.
+type gpustackReport struct {
+	Nodes                  int     `json:"nodes"`
+	ReadyAfter             string  `json:"readyAfter"`
+	ReadySeconds           float64 `json:"readySeconds"`
+	RequestsToReady        int     `json:"requestsToReady"`
+	WritesToReady          int     `json:"writesToReady"`
+	PassesToReady          float64 `json:"passesToReady"`
+	CPUSecondsToReady      float64 `json:"cpuSecondsToReady"`
+	RequestsPerNodeToReady float64 `json:"requestsPerNodeToReady"`
+	IdleRequestsPerMinute  float64 `json:"idleRequestsPerMinute"`
+	StuckRequestsPerMinute float64 `json:"stuckRequestsPerMinute"`
+	UpgradeSeconds         float64 `json:"upgradeSeconds,omitempty"`
+	UpgradeRequests        int     `json:"upgradeRequests,omitempty"`
+	UpgradeWrites          int     `json:"upgradeWrites,omitempty"`
+	UpgradeRequestsPerNode float64 `json:"upgradeRequestsPerNode,omitempty"`
+	UpgradePasses          float64 `json:"upgradePasses,omitempty"`
+	UpgradeCPUSeconds      float64 `json:"upgradeCpuSeconds,omitempty"`
+	UpgradeMaxInProgress   int     `json:"upgradeMaxInProgress,omitempty"`
+	UpgradeLimit           int     `json:"upgradeLimit,omitempty"`
+	// UpgradeRequestsBy are the upgrade's requests by verb and resource.
+	UpgradeRequestsBy map[string]int `json:"upgradeRequestsBy,omitempty"`
+	Commit            string         `json:"commit"`
+}
+
+// writeGPUStackReport writes gpustack-<nodes>.{json,md} to -gpustack.report.
+func writeGPUStackReport(b *testing.B, r gpustackReport) {
+	b.Helper()
+	dir := *scaleReport
+	if dir == "" {
+		root, err := devcluster.SourceRoot()
+		if err != nil {
+			b.Fatal(err)
+		}
+		dir = filepath.Join(root, "results")
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		b.Fatal(err)
+	}
+	data, err := json.MarshalIndent(r, "", "  ")
+	if err != nil {
+		b.Fatal(err)
+	}
+	base := filepath.Join(dir, fmt.Sprintf("gpustack-%d", r.Nodes))
+	if err := os.WriteFile(base+".json", append(data, '\n'), 0o644); err != nil {
+		b.Fatal(err)
+	}
+	if err := os.WriteFile(base+".md", []byte(gpustackMarkdown(r)), 0o644); err != nil {
+		b.Fatal(err)
+	}
+	b.Logf("report: %s.json, %s.md", base, base)
+}
+
+func gpustackMarkdown(r gpustackReport) string {
+	var s strings.Builder
+	fmt.Fprintf(&s, "# GPU stack: the GPU Operator 1.6 ClusterPolicy on %d GPU nodes\n\n", r.Nodes)
+	s.WriteString("| figure | value |\n|---|---|\n")
+	fmt.Fprintf(&s, "| time to ready | %.1f s |\n", r.ReadySeconds)
+	fmt.Fprintf(&s, "| operator requests to ready (writes) | %d (%d) |\n", r.RequestsToReady, r.WritesToReady)
+	fmt.Fprintf(&s, "| requests per GPU node to ready | %.1f |\n", r.RequestsPerNodeToReady)
+	fmt.Fprintf(&s, "| reconcile passes to ready | %.0f |\n", r.PassesToReady)
+	fmt.Fprintf(&s, "| CPU seconds to ready (test process) | %.1f |\n", r.CPUSecondsToReady)
+	fmt.Fprintf(&s, "| requests/min converged | %.1f |\n", r.IdleRequestsPerMinute)
+	fmt.Fprintf(&s, "| requests/min with one node stuck | %.1f |\n", r.StuckRequestsPerMinute)
+	if r.UpgradeLimit > 0 {
+		fmt.Fprintf(&s, "| driver upgrade, maxParallelUpgrades %d | %.1f s |\n", r.UpgradeLimit, r.UpgradeSeconds)
+		fmt.Fprintf(&s, "| upgrade: operator requests (writes) | %d (%d) |\n", r.UpgradeRequests, r.UpgradeWrites)
+		fmt.Fprintf(&s, "| upgrade: requests per GPU node | %.1f |\n", r.UpgradeRequestsPerNode)
+		fmt.Fprintf(&s, "| upgrade: reconcile passes | %.0f |\n", r.UpgradePasses)
+		fmt.Fprintf(&s, "| upgrade: CPU seconds (test process) | %.1f |\n", r.UpgradeCPUSeconds)
+		fmt.Fprintf(&s, "| upgrade: most NodeMaintenance in progress at once | %d of %d allowed |\n", r.UpgradeMaxInProgress, r.UpgradeLimit)
+	}
+	cmd := fmt.Sprintf("go test -run '^$' -bench BenchmarkClusterPolicyScale -benchtime 1x ./internal/gpustack/ -args -gpustack.nodes=%d", *scaleNodes)
+	if *scaleReadyAfter > 0 {
+		cmd += " -gpustack.ready-after=" + scaleReadyAfter.String()
+	}
+	if !*scaleUpgrade {
+		cmd += " -gpustack.upgrade=false"
+	}
+	fmt.Fprintf(&s, "\nCommit %s: `%s`\n", r.Commit, cmd)
+	return s.String()
+}
+
+// gitCommit is the source tree's HEAD, short ("unknown" outside git).
+func gitCommit() string {
+	root, err := devcluster.SourceRoot()
+	if err != nil {
+		return "unknown"
+	}
+	out, err := exec.Command("git", "-C", root, "rev-parse", "--short", "HEAD").Output()
+	if err != nil {
+		return "unknown"
+	}
+	return strings.TrimSpace(string(out))
 }
