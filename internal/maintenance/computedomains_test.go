@@ -259,13 +259,13 @@ func TestSnapshotComputeDomains(t *testing.T) {
 		t.Fatal(err)
 	}
 	got := map[string]string{}
-	for _, n := range snapshot(nodes, &maintenancev1.NodeMaintenanceList{}, &withDomains, name).Nodes {
+	for _, n := range snapshot(nodes, &maintenancev1.NodeMaintenanceList{}, &withDomains, name, nil).Nodes {
 		got[n.Name] = n.Domain + "|" + n.ComputeDomain
 	}
 	if diff := cmp.Diff(map[string]string{"a0": "r1|ml/uid-1", "a1": "r1|", "x0": "|"}, got); diff != "" {
 		t.Errorf("with domains (-want +got):\n%s", diff)
 	}
-	for _, n := range snapshot(nodes, &maintenancev1.NodeMaintenanceList{}, &Config{}, name).Nodes {
+	for _, n := range snapshot(nodes, &maintenancev1.NodeMaintenanceList{}, &Config{}, name, nil).Nodes {
 		if n.Domain != "" || n.ComputeDomain != "" {
 			t.Errorf("without domains: %+v", n)
 		}

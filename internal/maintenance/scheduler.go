@@ -55,6 +55,8 @@ type Scheduler struct {
 	// own: objects this scheduler moved to Scheduled that the cache may
 	// still show as they were before that write.
 	own ownwrites.Record
+	// pools: each node's pools, from the last passes.
+	pools poolMemo
 }
 
 // Reconcile runs one scheduling pass.
@@ -109,10 +111,12 @@ func (s *Scheduler) Reconcile(ctx context.Context, _ reconcile.Request) (reconci
 	var plan Plan
 	var snap Snapshot
 	if s.lastValid != nil {
-		snap = snapshot(&nodes, &list, s.lastValid, func(uid string) string { return s.ComputeDomains.Name(ctx, uid) })
+		s.pools.begin(s.lastValid)
+		snap = snapshot(&nodes, &list, s.lastValid, func(uid string) string { return s.ComputeDomains.Name(ctx, uid) }, &s.pools)
+		s.pools.end(len(nodes.Items))
 		plan, err = MakePlan(snap, s.lastValid.Limits, began)
 	} else {
-		snap = snapshot(&nodes, &list, &Config{}, nil)
+		snap = snapshot(&nodes, &list, &Config{}, nil, nil)
 		err = cfgErr
 	}
 	planDuration.Observe(s.Clock.Since(began).Seconds())
@@ -291,12 +295,18 @@ func (s *Scheduler) schedule(ctx context.Context, nm *maintenancev1.NodeMaintena
 // node.)
 // With domains, a node that runs a ComputeDomain's workload has it named
 // by computeDomain (from the UID the driver's label holds).
-func snapshot(nodes *corev1.NodeList, list *maintenancev1.NodeMaintenanceList, cfg *Config, computeDomain func(uid string) string) Snapshot {
+// A memo, when given, remembers the nodes' pools between passes (begun
+// under cfg).
+func snapshot(nodes *corev1.NodeList, list *maintenancev1.NodeMaintenanceList, cfg *Config, computeDomain func(uid string) string, memo *poolMemo) Snapshot {
 	s := Snapshot{Nodes: make([]PlanNode, 0, len(nodes.Items)), Objects: make([]PlanObject, 0, len(list.Items))}
 	for i := range nodes.Items {
 		n := &nodes.Items[i]
-		pn := PlanNode{Name: n.Name, Unschedulable: n.Spec.Unschedulable, Ready: nodeReady(n),
-			Pools: cfg.PoolsOf(n.Labels), Domain: cfg.DomainOf(n.Labels)}
+		pn := PlanNode{Name: n.Name, Unschedulable: n.Spec.Unschedulable, Ready: nodeReady(n), Domain: cfg.DomainOf(n.Labels)}
+		if memo != nil {
+			pn.Pools = memo.of(cfg, n)
+		} else {
+			pn.Pools = cfg.PoolsOf(n.Labels)
+		}
 		if uid := n.Labels[LabelComputeDomain]; uid != "" && pn.Domain != "" && computeDomain != nil {
 			pn.ComputeDomain = computeDomain(uid)
 		}

@@ -77,7 +77,7 @@ func scaleScheduler(tb testing.TB, nNodes, pools, objects, inProgress int) (*Sch
 	nodes := &corev1.NodeList{}
 	for i := range nNodes {
 		nodes.Items = append(nodes.Items, corev1.Node{
-			ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("gpu-%05d", i), Labels: map[string]string{
+			ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("gpu-%05d", i), ResourceVersion: "1", Labels: map[string]string{
 				"gpufleet.dev/pool": fmt.Sprintf("pool-%02d", i%pools), "nvidia.com/gpu.present": "true", "kubernetes.io/hostname": fmt.Sprintf("gpu-%05d", i)}},
 			Status: corev1.NodeStatus{Conditions: []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue}}},
 		})
@@ -152,5 +152,53 @@ func BenchmarkSchedulerPass(b *testing.B) {
 			}
 			b.ReportMetric(float64(c.statusWrites)/float64(b.N), "writes/pass")
 		})
+	}
+}
+
+// TestSchedulerMatchesPoolsOfChangedNodesOnly: a pass matches against the
+// pools' selectors only the nodes that changed since the last pass (every
+// node again when the pools change), and a changed node's new pools apply.
+func TestSchedulerMatchesPoolsOfChangedNodesOnly(t *testing.T) {
+	s, c := scaleScheduler(t, 100, 4, 20, 5)
+	ctx := context.Background()
+	pass := func() {
+		t.Helper()
+		s.own = ownwrites.Record{}
+		if _, err := s.Reconcile(ctx, reconcile.Request{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if s.pools.computed != 100 {
+		t.Fatalf("first pass matched %d nodes, want 100", s.pools.computed)
+	}
+	pass()
+	if s.pools.computed != 100 {
+		t.Errorf("a pass with no node changed matched %d nodes again", s.pools.computed-100)
+	}
+	n := &c.nodes.Items[7]
+	n.ResourceVersion, n.Labels["gpufleet.dev/pool"] = "2", "pool-00"
+	pass()
+	if s.pools.computed != 101 {
+		t.Errorf("one node changed: %d nodes matched again, want 1", s.pools.computed-100)
+	}
+	if got := s.pools.nodes[n.Name].pools; len(got) != 1 || got[0] != "pool-00" {
+		t.Errorf("the changed node's pools: %v, want [pool-00]", got)
+	}
+	c.nodes.Items = c.nodes.Items[:99] // a node deleted
+	pass()
+	if len(s.pools.nodes) != 99 {
+		t.Errorf("%d nodes remembered after one of 100 was deleted, want 99", len(s.pools.nodes))
+	}
+	var cfg maintenancev1.MaintenanceOperatorConfig
+	if err := c.Get(ctx, client.ObjectKey{Namespace: "ops", Name: maintenancev1.DefaultConfigName}, &cfg); err != nil {
+		t.Fatal(err)
+	}
+	cfg.Spec.Pools = cfg.Spec.Pools[:2]
+	if err := c.Update(ctx, &cfg); err != nil {
+		t.Fatal(err)
+	}
+	pass()
+	if s.pools.computed != 101+99 {
+		t.Errorf("the pools changed: %d nodes matched again, want 99", s.pools.computed-101)
 	}
 }
