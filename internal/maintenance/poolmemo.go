@@ -13,7 +13,7 @@ import (
 // computes the pools of the nodes that changed since the last one.
 type poolMemo struct {
 	selectors string // poolsKey of the config the entries were computed for
-	nodes     map[string]memoPools
+	nodes     map[string]*memoPools
 	pass      uint64
 	// computed counts the nodes whose pools were matched (not remembered).
 	computed int
@@ -29,20 +29,23 @@ type memoPools struct {
 // every node.
 func (m *poolMemo) begin(cfg *Config) {
 	if key := cfg.poolsKey(); key != m.selectors || m.nodes == nil {
-		m.selectors, m.nodes = key, map[string]memoPools{}
+		m.selectors, m.nodes = key, map[string]*memoPools{}
 	}
 	m.pass++
 }
 
 // of returns the pools of n under the config of the pass.
 func (m *poolMemo) of(cfg *Config, n *corev1.Node) []string {
-	e, ok := m.nodes[n.Name]
-	if !ok || e.resourceVersion != n.ResourceVersion || n.ResourceVersion == "" {
-		e = memoPools{resourceVersion: n.ResourceVersion, pools: cfg.PoolsOf(n.Labels)}
+	e := m.nodes[n.Name]
+	if e == nil {
+		e = &memoPools{}
+		m.nodes[n.Name] = e
+	}
+	if e.pass == 0 || e.resourceVersion != n.ResourceVersion || n.ResourceVersion == "" {
+		e.resourceVersion, e.pools = n.ResourceVersion, cfg.PoolsOf(n.Labels)
 		m.computed++
 	}
 	e.pass = m.pass
-	m.nodes[n.Name] = e
 	return e.pools
 }
 
