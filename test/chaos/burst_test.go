@@ -405,6 +405,9 @@ type burstReportData struct {
 	BurstSeconds   float64        `json:"burstSeconds"`
 	Faults         int            `json:"faults"`
 	FaultyNodes    int            `json:"faultyNodes"`
+	// FailedRepairs: each repair that ended RecoveryFailed, with its
+	// node and status message.
+	FailedRepairs []string `json:"failedRepairs,omitempty"`
 	Repairs        int            `json:"repairs"`
 	RepairsByPhase map[string]int `json:"repairsByPhase"`
 	IgnoredRecords int            `json:"ignoredRecords"`
@@ -672,6 +675,10 @@ func BenchmarkGPUFaultBurst(b *testing.B) {
 		b.Error("invariant: " + v)
 	}
 	if n := rep.RepairsByPhase[string(repairv1.PhaseRecoveryFailed)]; n > 0 {
+		slices.Sort(rep.FailedRepairs)
+		for _, f := range rep.FailedRepairs {
+			b.Log("failed repair: " + f)
+		}
 		b.Errorf("%d repairs failed", n)
 	}
 }
@@ -916,6 +923,9 @@ func (w *burstWatch) report(threshold time.Duration) burstReportData {
 			phase = "not ended"
 		}
 		rep.RepairsByPhase[phase]++
+		if r.phase == repairv1.PhaseRecoveryFailed {
+			rep.FailedRepairs = append(rep.FailedRepairs, fmt.Sprintf("%s (node %s, rule %s): %s", name, r.node, r.rule, r.message))
+		}
 		var nm *nmSeen
 		if r.gpuMaintenance != "" {
 			nm = w.nms[r.gpuMaintenance]
@@ -1095,6 +1105,9 @@ func (r burstReportData) markdown() string {
 	fmt.Fprintf(&s, "| fault → back in service without reboot | %s | %s |\n", r.NVSentinel["fault → back in service without reboot"], p50p99(r.FromFaultMs[burstMilestones[7]]))
 	fmt.Fprintf(&s, "| drain rate | %s | %.2f evictions/s (first to last eviction), at most %d in one second |\n\n", r.NVSentinel["drain"], r.EvictionsPerSecond, r.PeakEvictionsPerSec)
 	fmt.Fprintf(&s, "The two runs differ: NVSentinel's limits, thresholds and hardware are its own; here every repair waits for one repair per pool, maxParallelPools and the NodeMaintenance limits.\n\n")
+	if len(r.FailedRepairs) > 0 {
+		fmt.Fprintf(&s, "Repairs that failed:\n\n- %s\n\n", strings.Join(r.FailedRepairs, "\n- "))
+	}
 	fmt.Fprintf(&s, "Operator requests during the burst: %s\n\nAgent requests during the burst: %s\n", formatCounts(r.OperatorRequests), formatCounts(r.AgentRequests))
 	if len(r.ExtraRepairExamples) > 0 {
 		fmt.Fprintf(&s, "\nRepairs after a node's first:\n\n")
