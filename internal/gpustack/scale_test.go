@@ -33,11 +33,12 @@ import (
 )
 
 var (
-	scaleNodes      = flag.Int("gpustack.nodes", 20, "GPU nodes of BenchmarkClusterPolicyScale (the test cluster's 7 healthy ones included)")
-	scaleReadyAfter = flag.Duration("gpustack.ready-after", 0, "BenchmarkClusterPolicyScale: every stack pod becomes Ready this long after its init containers completed (sim.gpufleet.dev/ready-after; 0: the simulation's 0.1-0.3 s)")
-	scaleUpgrade    = flag.Bool("gpustack.upgrade", true, "BenchmarkClusterPolicyScale: once converged, roll a driver version change through NodeMaintenance (maxParallelUpgrades 10% of the GPU nodes)")
-	scaleUpgradeFor = flag.Duration("gpustack.upgrade-timeout", 20*time.Minute, "BenchmarkClusterPolicyScale: how long the driver upgrade may take before the benchmark fails")
-	scaleReport     = flag.String("gpustack.report", "", "BenchmarkClusterPolicyScale: directory for gpustack-<nodes>.{json,md} (default: results/ in the source tree)")
+	scaleNodes        = flag.Int("gpustack.nodes", 20, "GPU nodes of BenchmarkClusterPolicyScale (the test cluster's 7 healthy ones included)")
+	scaleReadyTimeout = flag.Duration("gpustack.ready-timeout", 10*time.Minute, "BenchmarkClusterPolicyScale: longest wait for the policy to be ready (the failure names the stack pods by phase)")
+	scaleReadyAfter   = flag.Duration("gpustack.ready-after", 0, "BenchmarkClusterPolicyScale: every stack pod becomes Ready this long after its init containers completed (sim.gpufleet.dev/ready-after; 0: the simulation's 0.1-0.3 s)")
+	scaleUpgrade      = flag.Bool("gpustack.upgrade", true, "BenchmarkClusterPolicyScale: once converged, roll a driver version change through NodeMaintenance (maxParallelUpgrades 10% of the GPU nodes)")
+	scaleUpgradeFor   = flag.Duration("gpustack.upgrade-timeout", 20*time.Minute, "BenchmarkClusterPolicyScale: how long the driver upgrade may take before the benchmark fails")
+	scaleReport       = flag.String("gpustack.report", "", "BenchmarkClusterPolicyScale: directory for gpustack-<nodes>.{json,md} (default: results/ in the source tree)")
 )
 
 // BenchmarkClusterPolicyScale deploys the GPU Operator 1.6 ClusterPolicy on
@@ -117,7 +118,7 @@ func BenchmarkClusterPolicyScale(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer func() { _ = k8s.Delete(context.Background(), policy) }()
-	waitPolicy(b, 10*time.Minute, func(p *nvidiav1.ClusterPolicy) bool { return p.Status.State == nvidiav1.StateReady })
+	waitPolicy(b, *scaleReadyTimeout, func(p *nvidiav1.ClusterPolicy) bool { return p.Status.State == nvidiav1.StateReady })
 	elapsed := time.Since(began)
 	cpu := processCPU() - cpu0
 	passes := reconcilePasses(b) - passes0
