@@ -402,12 +402,12 @@ type burstReportData struct {
 	// InjectionSpreadMs: first InjectXID call to the last one returned.
 	InjectionSpreadMs float64 `json:"injectionSpreadMs"`
 	// BurstSeconds: first injection to the last GPU back in service.
-	BurstSeconds   float64        `json:"burstSeconds"`
-	Faults         int            `json:"faults"`
-	FaultyNodes    int            `json:"faultyNodes"`
+	BurstSeconds float64 `json:"burstSeconds"`
+	Faults       int     `json:"faults"`
+	FaultyNodes  int     `json:"faultyNodes"`
 	// FailedRepairs: each repair that ended RecoveryFailed, with its
 	// node and status message.
-	FailedRepairs []string `json:"failedRepairs,omitempty"`
+	FailedRepairs  []string       `json:"failedRepairs,omitempty"`
 	Repairs        int            `json:"repairs"`
 	RepairsByPhase map[string]int `json:"repairsByPhase"`
 	IgnoredRecords int            `json:"ignoredRecords"`
