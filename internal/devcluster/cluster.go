@@ -535,6 +535,19 @@ func SourceRoot() (string, error) {
 	}
 }
 
+// ResultsDir is where benchmarks write their reports: dir when given,
+// else results/ in the source tree; it is created.
+func ResultsDir(dir string) (string, error) {
+	if dir == "" {
+		root, err := SourceRoot()
+		if err != nil {
+			return "", err
+		}
+		dir = filepath.Join(root, "results")
+	}
+	return dir, os.MkdirAll(dir, 0o755)
+}
+
 // MissingBinariesError says which binaries are missing and how to build them.
 type MissingBinariesError struct {
 	Dir     string

@@ -525,15 +525,8 @@ type gpustackReport struct {
 // writeGPUStackReport writes gpustack-<nodes>.{json,md} to -gpustack.report.
 func writeGPUStackReport(b *testing.B, r gpustackReport) {
 	b.Helper()
-	dir := *scaleReport
-	if dir == "" {
-		root, err := devcluster.SourceRoot()
-		if err != nil {
-			b.Fatal(err)
-		}
-		dir = filepath.Join(root, "results")
-	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	dir, err := devcluster.ResultsDir(*scaleReport)
+	if err != nil {
 		b.Fatal(err)
 	}
 	data, err := json.MarshalIndent(r, "", "  ")

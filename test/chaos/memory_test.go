@@ -599,14 +599,8 @@ func memAvailableMB() float64 {
 }
 
 func reportDir(b *testing.B, dir string) string {
-	if dir == "" {
-		root, err := devcluster.SourceRoot()
-		if err != nil {
-			b.Fatal(err)
-		}
-		dir = filepath.Join(root, "results")
-	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	dir, err := devcluster.ResultsDir(dir)
+	if err != nil {
 		b.Fatal(err)
 	}
 	return dir
