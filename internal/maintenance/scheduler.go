@@ -163,6 +163,9 @@ func (s *Scheduler) Reconcile(ctx context.Context, _ reconcile.Request) (reconci
 		o := plan.Schedule[i]
 		errs[i] = s.schedule(ctx, byKey[o.Key()], unschedulable[o.NodeName])
 	})
+	if err := ctx.Err(); err != nil {
+		return reconcile.Result{}, err // stopping: the pieces not started did not run
+	}
 	var failed []error
 	conflict := false
 	for i, o := range plan.Schedule {
