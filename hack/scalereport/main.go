@@ -2,8 +2,9 @@
 // report, results/scale-<N/1000>k.{json,md}: the operator at rest
 // (rest-<N>.json), the maintenance rollout (scale-<N>.json), the GPU stack
 // (gpustack-<G>.json: the ClusterPolicy to ready and a driver upgrade, at
-// -gpustack-nodes), the GPU fault burst (burst-<N>.json), the node agents' load (agentload-*.json) and the decision cores' benchmark
-// lines (bench-scale.txt). A part that did not run is left out and named.
+// -gpustack-nodes), the GPU fault burst (burst-<N>.json), the node
+// agents' load (agentload-*.json) and the decision cores' benchmark lines
+// (bench-scale.txt). A part that did not run is left out and named.
 package main
 
 import (

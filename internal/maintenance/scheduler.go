@@ -147,15 +147,16 @@ func (s *Scheduler) Reconcile(ctx context.Context, _ reconcile.Request) (reconci
 	// The writes of a pass go out together (a pass that opens many slots
 	// at 10,000 nodes would otherwise wait for each write in turn, and
 	// every release behind it).
+	// Each node's state before its maintenance, from the snapshot (nil:
+	// the node is gone).
 	unschedulable := make(map[string]*bool, len(plan.Schedule))
 	for _, o := range plan.Schedule {
 		unschedulable[o.NodeName] = nil
 	}
-	for i := 0; len(plan.Schedule) > 0 && i < len(nodes.Items); i++ {
-		if n := &nodes.Items[i]; unschedulable[n.Name] == nil {
-			if _, ok := unschedulable[n.Name]; ok {
-				unschedulable[n.Name] = ptr.To(n.Spec.Unschedulable)
-			}
+	for i := 0; len(unschedulable) > 0 && i < len(snap.Nodes); i++ {
+		n := &snap.Nodes[i]
+		if _, ok := unschedulable[n.Name]; ok {
+			unschedulable[n.Name] = ptr.To(n.Unschedulable)
 		}
 	}
 	errs := make([]error, len(plan.Schedule))

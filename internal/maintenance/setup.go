@@ -204,7 +204,8 @@ func objectsIn(ctx context.Context, mgr manager.Manager, phase maintenancev1.Pha
 
 // schedulingRelevantNM passes creations, deletions and the changes a plan
 // reads: an object going into or out of Pending, its deletion starting,
-// its initialisation. The steps of a maintenance in progress (Scheduled,
+// its initialisation, its urgency (its node and requestor are immutable,
+// in the schema). The steps of a maintenance in progress (Scheduled,
 // Cordon, WaitForPodCompletion, Draining, Ready) change no plan: at 10,000
 // nodes each brought a pass over every node, and the passes kept the
 // scheduler busy for the whole rollout.
@@ -212,8 +213,7 @@ var schedulingRelevantNM = predicate.Funcs{
 	UpdateFunc: func(e event.UpdateEvent) bool {
 		o, n := e.ObjectOld.(*maintenancev1.NodeMaintenance), e.ObjectNew.(*maintenancev1.NodeMaintenance)
 		return o.InProgress() != n.InProgress() || (o.DeletionTimestamp == nil) != (n.DeletionTimestamp == nil) ||
-			initialised(o) != initialised(n) || o.Spec.NodeName != n.Spec.NodeName || o.Spec.RequestorID != n.Spec.RequestorID ||
-			o.Annotations[maintenancev1.AnnotationUrgent] != n.Annotations[maintenancev1.AnnotationUrgent]
+			initialised(o) != initialised(n) || o.Annotations[maintenancev1.AnnotationUrgent] != n.Annotations[maintenancev1.AnnotationUrgent]
 	},
 }
 

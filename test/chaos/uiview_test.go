@@ -5,9 +5,6 @@ import (
 	"context"
 	"fmt"
 	"net/http"
-	"os"
-	"os/exec"
-	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -15,6 +12,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
+
+	"github.com/gpufleet/gpufleet/internal/devcluster/devtest"
 )
 
 // uiRun is `gpufleet ui` against the cluster: how long until the page's
@@ -35,42 +34,15 @@ type uiRun struct {
 	PeakRSSMB     float64   `json:"peakRssMB"`
 }
 
-var uiURL = regexp.MustCompile(`the fleet view is on (http://\S+/)`)
-
 // measureUI starts `gpufleet ui`, reads its event stream as the page does,
 // and cordons then uncordons node (tries changes in all), timing each
 // until the update that names the node arrives. Every wait is bounded.
 func measureUI(b *testing.B, bin, kubeconfig string, cs kubernetes.Interface, node string, tries int) uiRun {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, bin, "ui", "--kubeconfig", kubeconfig, "--address", "127.0.0.1:0")
-	stderr, err := cmd.StderrPipe()
-	if err != nil {
-		b.Fatal(err)
-	}
 	began := time.Now()
-	if err := cmd.Start(); err != nil {
-		b.Fatalf("gpufleet ui: %v", err)
-	}
-	defer func() {
-		_ = cmd.Process.Signal(os.Interrupt)
-		_ = cmd.Wait()
-	}()
-	found := make(chan string, 1)
-	go func() {
-		lines := bufio.NewScanner(stderr)
-		for lines.Scan() {
-			if m := uiURL.FindStringSubmatch(lines.Text()); m != nil {
-				found <- m[1]
-			}
-		}
-	}()
-	var url string
-	select {
-	case url = <-found:
-	case <-ctx.Done():
-		b.Fatal("gpufleet ui did not start within 10 minutes")
-	}
+	url, pid, stop := devtest.StartFleetView(b, bin, kubeconfig, 10*time.Minute)
+	defer stop()
 	var r uiRun
 	r.StartSeconds = time.Since(began).Seconds()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url+"api/events", nil)
@@ -117,7 +89,7 @@ func measureUI(b *testing.B, bin, kubeconfig string, cs kubernetes.Interface, no
 			}
 		}
 	}
-	rss, hwm := memoryOf(cmd.Process.Pid)
+	rss, hwm := memoryOf(pid)
 	r.RSSMB, r.PeakRSSMB = float64(rss)/1024, float64(hwm)/1024
 	return r
 }

@@ -9,14 +9,12 @@
 package ui
 
 import (
-	"bufio"
 	"context"
 	"flag"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -109,7 +107,7 @@ func TestFleetViewInBrowser(t *testing.T) {
 	if _, err := fleet.Load(ctx, timedReader{direct, t}, fleet.LoadOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	url, pid := startView(t, bin)
+	url, pid, _ := devtest.StartFleetView(t, bin, env.Kubeconfig, 2*time.Minute)
 	t.Logf("fleet view of %d nodes at %s (pid %d)", *nodeCount, url, pid)
 
 	alloc, cancelAlloc := chromedp.NewExecAllocator(ctx,
@@ -305,8 +303,6 @@ func decorate(t *testing.T, kube client.Client) {
 	}
 }
 
-var viewURL = regexp.MustCompile(`the fleet view is on (http://\S+/)`)
-
 // buildBinary builds gpufleet (without the race detector: the figures
 // are the real binary's).
 func buildBinary(t *testing.T) string {
@@ -322,41 +318,6 @@ func buildBinary(t *testing.T) string {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
 	return bin
-}
-
-// startView runs `gpufleet ui` against the cluster;
-// it returns the page's URL and the process's pid.
-func startView(t *testing.T, bin string) (string, int) {
-	t.Helper()
-	cmd := exec.Command(bin, "ui", "--kubeconfig", env.Kubeconfig, "--address", "127.0.0.1:0")
-	stderr, err := cmd.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = cmd.Process.Signal(os.Interrupt)
-		_ = cmd.Wait()
-	})
-	found := make(chan string, 1)
-	go func() {
-		lines := bufio.NewScanner(stderr)
-		for lines.Scan() {
-			t.Log("gpufleet ui: ", lines.Text())
-			if m := viewURL.FindStringSubmatch(lines.Text()); m != nil {
-				found <- m[1]
-			}
-		}
-	}()
-	select {
-	case url := <-found:
-		return url, cmd.Process.Pid
-	case <-time.After(2 * time.Minute):
-		t.Fatal("gpufleet ui did not start within 2 minutes")
-	}
-	return "", 0
 }
 
 // memory reads a process's resident set size, its anonymous part (the Go
