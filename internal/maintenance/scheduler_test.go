@@ -8,6 +8,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -17,10 +18,12 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	maintenancev1 "github.com/gpufleet/gpufleet/api/maintenance/v1alpha1"
+	"github.com/gpufleet/gpufleet/internal/ownwrites"
 	"github.com/gpufleet/gpufleet/internal/testobj"
 )
 
@@ -351,5 +354,72 @@ func TestSchedulingRelevantNMSkipsTheStepsOfAMaintenance(t *testing.T) {
 				t.Errorf("a scheduling pass: %v, want %v", got, tc.want)
 			}
 		})
+	}
+}
+
+// TestSchedulerPassWithARefusedWrite: the API server refuses one object's
+// Scheduled write (invalid) and conflicts on another: the pass's other
+// objects are still scheduled, the pass returns the refusal as its error
+// (the work queue's backoff, not a hot loop), and the conflict alone
+// would only bring a new pass.
+func TestSchedulerPassWithARefusedWrite(t *testing.T) {
+	scheme := runtime.NewScheme()
+	_ = clientgoscheme.AddToScheme(scheme)
+	_ = maintenancev1.AddToScheme(scheme)
+	const n = 6
+	var objs []client.Object
+	for i := range n {
+		objs = append(objs, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("n%d", i)},
+			Status: corev1.NodeStatus{Conditions: []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue}}}},
+			&maintenancev1.NodeMaintenance{
+				ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: fmt.Sprintf("m%d", i), Finalizers: []string{maintenancev1.Finalizer}},
+				Spec:       maintenancev1.NodeMaintenanceSpec{RequestorID: "r", NodeName: fmt.Sprintf("n%d", i)},
+			})
+	}
+	mpo := intstr.FromInt32(n)
+	objs = append(objs, &maintenancev1.MaintenanceOperatorConfig{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "ops", Name: "default"},
+		Spec:       maintenancev1.MaintenanceOperatorConfigSpec{MaxParallelOperations: &mpo, MaxUnavailable: &mpo},
+	})
+	refuse := map[string]error{
+		"m1": apierrors.NewInvalid(maintenancev1.GroupVersion.WithKind("NodeMaintenance").GroupKind(), "m1", nil),
+		"m4": apierrors.NewConflict(maintenancev1.GroupVersion.WithResource("nodemaintenances").GroupResource(), "m4", nil),
+	}
+	api := fake.NewClientBuilder().WithScheme(scheme).WithObjects(objs...).
+		WithStatusSubresource(&maintenancev1.NodeMaintenance{}, &maintenancev1.MaintenanceOperatorConfig{}).
+		WithInterceptorFuncs(interceptor.Funcs{SubResourcePatch: func(ctx context.Context, c client.Client, sub string, obj client.Object, patch client.Patch, opts ...client.SubResourcePatchOption) error {
+			if err := refuse[obj.GetName()]; err != nil {
+				return err
+			}
+			return c.SubResource(sub).Patch(ctx, obj, patch, opts...)
+		}}).Build()
+	s := &Scheduler{Client: api, Namespace: "ops", Clock: clocktesting.NewFakeClock(t0), Recorder: events.NewFakeRecorder(100),
+		Reasons: &WaitReasons{Client: api, Clock: clocktesting.NewFakeClock(t0)}}
+	res, err := s.Reconcile(context.Background(), reconcile.Request{})
+	if !apierrors.IsInvalid(err) || apierrors.IsConflict(err) {
+		t.Errorf("pass error %v, want the refusal of m1 alone", err)
+	}
+	if res.RequeueAfter != 0 {
+		t.Errorf("requeue after %s on a refused write, want the work queue's backoff", res.RequeueAfter)
+	}
+	var l maintenancev1.NodeMaintenanceList
+	if err := api.List(context.Background(), &l); err != nil {
+		t.Fatal(err)
+	}
+	for i := range l.Items {
+		nm := &l.Items[i]
+		want := maintenancev1.PhaseScheduled
+		if refuse[nm.Name] != nil {
+			want = maintenancev1.PhasePending
+		}
+		if nm.Phase() != want {
+			t.Errorf("%s is %s, want %s", nm.Name, nm.Phase(), want)
+		}
+	}
+	// Only the conflict: a new pass soon, no error.
+	delete(refuse, "m1")
+	s.own = ownwrites.Record{}
+	if res, err := s.Reconcile(context.Background(), reconcile.Request{}); err != nil || res.RequeueAfter == 0 {
+		t.Errorf("a pass whose only failure is a conflict: %+v, %v; want a requeue and no error", res, err)
 	}
 }
