@@ -217,9 +217,12 @@ func TestFleetViewInBrowser(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	do("the story", 30*time.Second,
+	// The story follows the node: it is read again when the maintenance
+	// moves on, so wait for its end too (its one pod may take a while to
+	// go on a slow machine; the page shows Draining until then).
+	do("the story", 60*time.Second,
 		chromedp.Click(chromedp.CSS(fmt.Sprintf(`.tile[data-node=%q]`, node))),
-		poll(`document.getElementById("story-entries").textContent.includes("Hostile")`))
+		poll(`(() => { const s = document.getElementById("story-entries").textContent; return s.includes("Hostile") && s.includes("phase Ready"); })()`))
 	story := evaluate[string](browser, t, `document.getElementById("story").textContent`)
 	for _, want := range []string{"requested by browser-test.example.com", "phase Ready", hostile} {
 		if !strings.Contains(story, want) {
