@@ -206,6 +206,18 @@ const (
 	procKwok      = "kwok"
 )
 
+// ProcessCPU is the CPU time each control-plane process (etcd,
+// kube-apiserver, kube-controller-manager, kube-scheduler, kwok) has used
+// so far, by name: what a benchmark reads to say which part of the local
+// cluster was busy.
+func (c *Cluster) ProcessCPU() map[string]time.Duration {
+	out := make(map[string]time.Duration, len(c.procs))
+	for _, p := range c.procs {
+		out[p.name] += p.cpu()
+	}
+	return out
+}
+
 func (c *Cluster) start(name, binDir string, args ...string) (*process, error) {
 	p, err := startProcess(name, filepath.Join(binDir, name), args, c.Dir)
 	if err != nil {

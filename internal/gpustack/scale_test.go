@@ -5,9 +5,11 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -118,7 +120,9 @@ func BenchmarkClusterPolicyScale(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer func() { _ = k8s.Delete(context.Background(), policy) }()
+	stopProgress := reportStackProgress(b, began)
 	waitPolicy(b, *scaleReadyTimeout, func(p *nvidiav1.ClusterPolicy) bool { return p.Status.State == nvidiav1.StateReady })
+	stopProgress()
 	elapsed := time.Since(began)
 	cpu := processCPU() - cpu0
 	passes := reconcilePasses(b) - passes0
@@ -584,4 +588,113 @@ func gitCommit() string {
 		return "unknown"
 	}
 	return strings.TrimSpace(string(out))
+}
+
+// reportStackProgress logs, every 30 s until stopped, where each stack
+// component's pods are (stackProgress) and the CPU each part of the local
+// cluster and this process used since the last line: the evidence of
+// what holds a large cluster back when the policy is slow to get ready.
+func reportStackProgress(b *testing.B, began time.Time) (stop func()) {
+	b.Helper()
+	done := make(chan struct{})
+	finished := make(chan struct{})
+	go func() {
+		defer close(finished)
+		tick := time.NewTicker(30 * time.Second)
+		defer tick.Stop()
+		last, lastSelf, lastAt := cluster.ProcessCPU(), processCPU(), time.Now()
+		for {
+			select {
+			case <-done:
+				return
+			case <-tick.C:
+			}
+			progress, err := stackProgress(context.Background())
+			if err != nil {
+				b.Logf("stack progress: %v", err)
+				continue
+			}
+			now, self, at := cluster.ProcessCPU(), processCPU(), time.Now()
+			span := at.Sub(lastAt).Seconds()
+			var cpu []string
+			for _, name := range slices.Sorted(maps.Keys(now)) {
+				cpu = append(cpu, fmt.Sprintf("%s %.0f%%", name, 100*(now[name]-last[name]).Seconds()/span))
+			}
+			cpu = append(cpu, fmt.Sprintf("benchmark (operator, simulation) %.0f%%", 100*(self-lastSelf).Seconds()/span))
+			b.Logf("%s after the policy: %s; CPU of one core: %s", time.Since(began).Round(time.Second), progress, strings.Join(cpu, ", "))
+			last, lastSelf, lastAt = now, self, at
+		}
+	}()
+	return func() { close(done); <-finished }
+}
+
+// stackProgress counts each component's pods by where they are in their
+// start: not there (a GPU node labelled for the component without its
+// pod), not scheduled, created (kwok has not started it), initialising
+// (its validation init containers wait), starting (initialised, not Ready
+// yet), not Ready (running) and Ready.
+func stackProgress(ctx context.Context) (string, error) {
+	pods, err := cluster.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return "", err
+	}
+	nodes, err := cluster.Client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return "", err
+	}
+	type key struct{ component, node string }
+	has := map[key]bool{}
+	counts := map[string]map[string]int{}
+	count := func(component, state string) {
+		if counts[component] == nil {
+			counts[component] = map[string]int{}
+		}
+		counts[component][state]++
+	}
+	for i := range pods.Items {
+		p := &pods.Items[i]
+		component := p.Labels["app.kubernetes.io/component"]
+		if component == "" || p.DeletionTimestamp != nil {
+			continue
+		}
+		has[key{component, p.Spec.NodeName}] = true
+		gated := false
+		for _, c := range p.Spec.InitContainers {
+			gated = gated || strings.HasSuffix(c.Name, "-validation")
+		}
+		switch {
+		case p.Spec.NodeName == "":
+			count(component, "unscheduled")
+		case podutils.IsPodReady(p):
+			count(component, "ready")
+		case p.Status.Phase == "Running":
+			count(component, "not-ready")
+		case p.Status.PodIP == "":
+			count(component, "created")
+		case gated && p.Annotations[devcluster.AnnotationInitialized] != "true":
+			count(component, "initialising")
+		default:
+			count(component, "starting")
+		}
+	}
+	for _, n := range nodes.Items {
+		for label, v := range n.Labels {
+			component, ok := strings.CutPrefix(label, "nvidia.com/gpu.deploy.")
+			if ok && v == "true" && !has[key{component, n.Name}] {
+				count(component, "absent")
+			}
+		}
+	}
+	var parts []string
+	for _, component := range slices.Sorted(maps.Keys(counts)) {
+		c := counts[component]
+		var states []string
+		for _, state := range []string{"ready", "not-ready", "starting", "initialising", "created", "unscheduled", "absent"} {
+			if c[state] > 0 {
+				states = append(states, fmt.Sprintf("%s %d", state, c[state]))
+			}
+		}
+		parts = append(parts, component+": "+strings.Join(states, " "))
+	}
+	return strings.Join(parts, "; "), nil
 }
