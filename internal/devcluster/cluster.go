@@ -61,6 +61,14 @@ const (
 	UnhealthyNodePrefix = "unhealthy-"
 )
 
+// LargeCluster are the options for hundreds of simulated nodes or more:
+// longer node leases, or their renewals alone take the CPU the scenarios
+// measure, and on 2 cores late renewals make the node lifecycle controller
+// mark nodes NotReady and their pods not Ready — which kwok, unlike a
+// kubelet, never reports Ready again once the node is back.
+var LargeCluster = Options{NodeLeaseDuration: 40 * time.Second, NodeMonitorGracePeriod: 60 * time.Second,
+	StartTimeout: 3 * time.Minute}
+
 // Options configure a local cluster. The zero value is usable.
 type Options struct {
 	// BinDir holds the binaries; default $GPUFLEET_BIN_DIR, else bin/ at the

@@ -57,7 +57,15 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	os.Exit(devtest.Main(m, specs, ns, scheme, func(env *devcluster.Env) {
+	// BenchmarkClusterPolicyScale at hundreds of nodes needs the large
+	// cluster's node leases (see devcluster.LargeCluster).
+	options := func() devcluster.Options {
+		if *scaleNodes > 100 {
+			return devcluster.LargeCluster
+		}
+		return devcluster.Options{}
+	}
+	os.Exit(devtest.MainWith(m, options, specs, ns, scheme, func(env *devcluster.Env) {
 		cluster, k8s, operatorCfg = env.Cluster, env.Kube, env.OperatorConfig
 	}))
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"sync/atomic"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -16,11 +18,12 @@ import (
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	maintenancev1 "github.com/gpufleet/gpufleet/api/maintenance/v1alpha1"
 
-	"github.com/gpufleet/gpufleet/internal/ownwrites"
 )
 
 // scheduleWriters bounds the status writes one pass sends at once.
@@ -32,8 +35,8 @@ var schedulerKey = reconcile.Request{NamespacedName: types.NamespacedName{Name: 
 
 // Scheduler admits Pending NodeMaintenance objects under the limits of the
 // MaintenanceOperatorConfig. It never plans from a cache that has not yet
-// seen its previous decisions: after moving objects to Scheduled it waits
-// until the cache shows them out of Pending (or gone) before the next pass.
+// seen its previous decisions: until the cache shows an object it moved to
+// Scheduled, its passes plan with the object as written.
 type Scheduler struct {
 	Client    client.Client
 	Namespace string
@@ -52,11 +55,32 @@ type Scheduler struct {
 	// while the current one cannot (nil after a restart until one can).
 	lastValid *Config
 
-	// own: objects this scheduler moved to Scheduled that the cache may
-	// still show as they were before that write.
-	own ownwrites.Record
+	// scheduled: objects this scheduler moved to Scheduled that the cache
+	// may still show as they were before that write.
+	scheduled scheduledRecord
 	// pools: each node's pools, from the last passes.
 	pools poolMemo
+	// changedSince: when the first change not yet planned for was seen
+	// (Unix nanoseconds on Clock; 0: none), for the scheduling latency.
+	changedSince atomic.Int64
+}
+
+// unplanned gives back the first change of a pass that did not finish:
+// the earlier of it and any change seen since.
+func (s *Scheduler) unplanned(since int64) {
+	for {
+		cur := s.changedSince.Load()
+		if (cur != 0 && cur <= since) || s.changedSince.CompareAndSwap(cur, since) {
+			return
+		}
+	}
+}
+
+// Changed notes a change that brings a pass (the watches' handler calls
+// it): the scheduling latency of the pass that plans for it counts from
+// the first such change.
+func (s *Scheduler) Changed() {
+	s.changedSince.CompareAndSwap(0, s.Clock.Now().UnixNano())
 }
 
 // Reconcile runs one scheduling pass.
@@ -82,12 +106,22 @@ func (s *Scheduler) Reconcile(ctx context.Context, _ reconcile.Request) (reconci
 	if err := s.Client.List(ctx, &list, client.UnsafeDisableDeepCopy); err != nil {
 		return reconcile.Result{}, fmt.Errorf("listing NodeMaintenance: %w", err)
 	}
-	if s.cacheBehind(&list) {
-		// The watch event of our own write brings us back; the requeue is
-		// only a safety net while a write is unobserved.
-		log.V(1).Info("cache has not caught up with the last scheduling decisions; waiting")
-		return reconcile.Result{RequeueAfter: time.Second}, nil
+	// The objects the last passes scheduled, as written, where the cache
+	// does not show them yet: never a decision from a cache that has not
+	// seen ours, and no wait for it.
+	if n := s.scheduled.overlay(&list, s.Clock.Now()); n > 0 {
+		log.V(1).Info("planning with scheduling decisions the cache does not show yet", "objects", n)
+		plannedAheadOfCache.Add(float64(n))
 	}
+	// This pass plans for every change seen so far (the lists come from a
+	// cache that has them, or newer).
+	changedSince := s.changedSince.Swap(0)
+	planned := false
+	defer func() {
+		if !planned && changedSince != 0 {
+			s.unplanned(changedSince) // the pass that plans counts from it
+		}
+	}()
 	var nodes corev1.NodeList
 	if err := s.Client.List(ctx, &nodes, client.UnsafeDisableDeepCopy); err != nil {
 		return reconcile.Result{}, fmt.Errorf("listing nodes: %w", err)
@@ -194,6 +228,10 @@ func (s *Scheduler) Reconcile(ctx context.Context, _ reconcile.Request) (reconci
 		log.V(1).Info("conflict while scheduling; planning again")
 		return reconcile.Result{RequeueAfter: 100 * time.Millisecond}, nil
 	}
+	planned = true
+	if len(plan.Schedule) > 0 && changedSince != 0 {
+		schedulingLatency.Observe(s.Clock.Since(time.Unix(0, changedSince)).Seconds())
+	}
 	if len(plan.Schedule) > 0 {
 		log.Info("scheduled NodeMaintenance", "count", len(plan.Schedule), "availableSlots", plan.AvailableSlots,
 			"canBecomeUnavailable", plan.CanBecomeUnavailable, "waiting", len(plan.Waiting))
@@ -248,22 +286,6 @@ func (s *Scheduler) config(ctx context.Context) (*maintenancev1.MaintenanceOpera
 	return &cfg, nil
 }
 
-// cacheBehind reports whether the cache still shows an object this
-// scheduler scheduled as it was before that write (every object is looked
-// at, so that the expectations the cache has met are forgotten).
-func (s *Scheduler) cacheBehind(list *maintenancev1.NodeMaintenanceList) bool {
-	if s.own.Len() == 0 {
-		return false
-	}
-	behind := false
-	for i := range list.Items {
-		if s.own.Behind(client.ObjectKeyFromObject(&list.Items[i]), list.Items[i].ResourceVersion) {
-			behind = true
-		}
-	}
-	return behind
-}
-
 // schedule moves one object from Pending to Scheduled, recording whether
 // its node was already unschedulable (the lifecycle cordons it next, and
 // the record must precede the cordon). The update carries the cached
@@ -285,9 +307,9 @@ func (s *Scheduler) schedule(ctx context.Context, nm *maintenancev1.NodeMaintena
 		}
 		return fmt.Errorf("scheduling %s: %w", key, err)
 	}
-	// The next pass waits until the cache shows this write (passes run
-	// one at a time, so none can start before it is recorded).
-	s.own.Wrote(key, orig.ResourceVersion)
+	// The next pass plans with this write until the cache shows it
+	// (passes run one at a time, so none can start before it is recorded).
+	s.scheduled.wrote(nm, orig.ResourceVersion, now)
 	schedulingDecisions.WithLabelValues("scheduled").Inc()
 	return nil
 }
@@ -341,6 +363,47 @@ func nodeReady(n *corev1.Node) bool {
 	for _, c := range n.Status.Conditions {
 		if c.Type == corev1.NodeReady {
 			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+// notOwnWrite passes every event but the watch's echo of the scheduler's
+// own Scheduled write: the pass that wrote it planned with it.
+func (s *Scheduler) notOwnWrite() predicate.Funcs {
+	return predicate.Funcs{UpdateFunc: func(e event.UpdateEvent) bool {
+		nm, ok := e.ObjectNew.(*maintenancev1.NodeMaintenance)
+		return !ok || !s.scheduled.echo(nm)
+	}}
+}
+
+// nodeChangeRelevant passes node changes a plan reads: labels (a node's
+// pools and NVLink domain), and its readiness, schedulability or deletion
+// unless a maintenance in progress holds it — a held node counts as
+// unavailable and takes no new maintenance whatever its state, so the
+// cordon and uncordon of a maintenance's own node bring no pass. (If the
+// object is gone from the cache when the uncordon arrives, the uncordon
+// passes; if not, its removal brings the pass, which reads the node as
+// uncordoned.) Heartbeats never pass.
+func (s *Scheduler) nodeChangeRelevant() predicate.Funcs {
+	return predicate.Funcs{UpdateFunc: func(e event.UpdateEvent) bool {
+		if !maps.Equal(e.ObjectOld.GetLabels(), e.ObjectNew.GetLabels()) {
+			return true
+		}
+		return availabilityChanged.Update(e) && !s.nodeHeld(e.ObjectNew.GetName())
+	}}
+}
+
+// nodeHeld reports whether the cache shows a maintenance in progress on
+// node (false when it cannot tell).
+func (s *Scheduler) nodeHeld(node string) bool {
+	var list maintenancev1.NodeMaintenanceList
+	if err := s.Client.List(context.Background(), &list, client.MatchingFields{indexNodeName: node}, client.UnsafeDisableDeepCopy); err != nil {
+		return false
+	}
+	for i := range list.Items {
+		if list.Items[i].InProgress() {
+			return true
 		}
 	}
 	return false

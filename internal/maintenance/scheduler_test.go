@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	dto "github.com/prometheus/client_model/go"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -23,7 +25,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	maintenancev1 "github.com/gpufleet/gpufleet/api/maintenance/v1alpha1"
-	"github.com/gpufleet/gpufleet/internal/ownwrites"
 	"github.com/gpufleet/gpufleet/internal/testobj"
 )
 
@@ -96,19 +97,39 @@ func TestSchedulerNeverSchedulesTwiceFromAStaleCache(t *testing.T) {
 	}
 
 	// Events for other objects arrive while the cache has not seen nm0's
-	// update: every such pass must decide nothing.
+	// update: every such pass plans with nm0 as written (in progress), so
+	// it decides nothing, and needs no second look.
 	cache.frozen = &before
+	ahead := testutil.ToFloat64(plannedAheadOfCache)
 	for range 3 {
 		res, err := s.Reconcile(ctx, reconcile.Request{})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if res.RequeueAfter == 0 {
-			t.Errorf("a pass on a stale cache did not ask to look again")
+		if res.RequeueAfter != 0 {
+			t.Errorf("a pass on a stale cache asked to look again after %s; it plans with its own writes", res.RequeueAfter)
 		}
 	}
 	if got := inProgress(); len(got) != 1 {
 		t.Fatalf("scheduled from a stale cache: %v in progress with maxParallelOperations=1", got)
+	}
+	if got := testutil.ToFloat64(plannedAheadOfCache) - ahead; got != 3 {
+		t.Errorf("%v objects planned ahead of the cache in 3 passes, want 3 (nm0 each time)", got)
+	}
+	// The watch's echo of nm0's write brings no pass; an older or a later
+	// version of it would.
+	var written maintenancev1.NodeMaintenance
+	if err := api.Get(ctx, client.ObjectKey{Namespace: "default", Name: "nm0"}, &written); err != nil {
+		t.Fatal(err)
+	}
+	echo := event.UpdateEvent{ObjectOld: &before.Items[0], ObjectNew: &written}
+	if s.notOwnWrite().Update(echo) {
+		t.Error("the echo of the scheduler's own write brings a pass")
+	}
+	later := written.DeepCopy()
+	later.ResourceVersion += "0"
+	if !s.notOwnWrite().Update(event.UpdateEvent{ObjectOld: &written, ObjectNew: later}) {
+		t.Error("a later change of a scheduled object is taken for the scheduler's own write")
 	}
 
 	// The cache catches up: the slot is taken, still nothing new.
@@ -339,7 +360,7 @@ func TestSchedulingRelevantNMSkipsTheStepsOfAMaintenance(t *testing.T) {
 		"initialised":                {uninitialised, at(maintenancev1.PhasePending), true},
 		"scheduled":                  {at(maintenancev1.PhasePending), at(maintenancev1.PhaseScheduled), true},
 		"made urgent":                {at(maintenancev1.PhasePending), at(maintenancev1.PhasePending, urgent), true},
-		"deletion starts":            {at(maintenancev1.PhaseReady, finalizer), at(maintenancev1.PhaseReady, finalizer, deleting), true},
+		"deletion of one in progress": {at(maintenancev1.PhaseReady, finalizer), at(maintenancev1.PhaseReady, finalizer, deleting), false},
 		"a pending object withdrawn": {at(maintenancev1.PhasePending), at(maintenancev1.PhasePending, deleting), true},
 		"Scheduled to Cordon":        {at(maintenancev1.PhaseScheduled), at(maintenancev1.PhaseCordon, finalizer), false},
 		"Cordon to WaitForPodCompletion": {at(maintenancev1.PhaseCordon, finalizer),
@@ -418,8 +439,173 @@ func TestSchedulerPassWithARefusedWrite(t *testing.T) {
 	}
 	// Only the conflict: a new pass soon, no error.
 	delete(refuse, "m1")
-	s.own = ownwrites.Record{}
+	s.scheduled = scheduledRecord{}
 	if res, err := s.Reconcile(context.Background(), reconcile.Request{}); err != nil || res.RequeueAfter == 0 {
 		t.Errorf("a pass whose only failure is a conflict: %+v, %v; want a requeue and no error", res, err)
+	}
+}
+
+// TestSchedulingLatencyCountsFromTheFirstChange: the latency of a pass
+// that schedules counts from the first change seen since the last pass
+// that planned, through a pass whose write was refused; a pass that
+// schedules nothing observes nothing and starts the count anew.
+func TestSchedulingLatencyCountsFromTheFirstChange(t *testing.T) {
+	scheme := runtime.NewScheme()
+	_ = clientgoscheme.AddToScheme(scheme)
+	_ = maintenancev1.AddToScheme(scheme)
+	var objs []client.Object
+	for i := range 3 {
+		objs = append(objs, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("n%d", i)},
+			Status: corev1.NodeStatus{Conditions: []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue}}}})
+	}
+	pending := func(name, node string) *maintenancev1.NodeMaintenance {
+		return &maintenancev1.NodeMaintenance{
+			ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name, Finalizers: []string{maintenancev1.Finalizer}},
+			Spec:       maintenancev1.NodeMaintenanceSpec{RequestorID: "r", NodeName: node},
+		}
+	}
+	mpo := intstr.FromInt32(3)
+	objs = append(objs, pending("m0", "n0"), pending("m1", "n1"), &maintenancev1.MaintenanceOperatorConfig{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "ops", Name: "default"},
+		Spec:       maintenancev1.MaintenanceOperatorConfigSpec{MaxParallelOperations: &mpo, MaxUnavailable: &mpo},
+	})
+	var refusing bool
+	api := fake.NewClientBuilder().WithScheme(scheme).WithObjects(objs...).
+		WithStatusSubresource(&maintenancev1.NodeMaintenance{}, &maintenancev1.MaintenanceOperatorConfig{}).
+		WithInterceptorFuncs(interceptor.Funcs{SubResourcePatch: func(ctx context.Context, c client.Client, sub string, obj client.Object, patch client.Patch, opts ...client.SubResourcePatchOption) error {
+			if refusing {
+				return apierrors.NewInternalError(fmt.Errorf("refused"))
+			}
+			return c.SubResource(sub).Patch(ctx, obj, patch, opts...)
+		}}).Build()
+	clk := clocktesting.NewFakeClock(t0)
+	s := &Scheduler{Client: api, Namespace: "ops", Clock: clk, Recorder: events.NewFakeRecorder(100),
+		Reasons: &WaitReasons{Client: api, Clock: clk}}
+	observed := func() (uint64, float64) {
+		var m dto.Metric
+		if err := schedulingLatency.Write(&m); err != nil {
+			t.Fatal(err)
+		}
+		return m.GetHistogram().GetSampleCount(), m.GetHistogram().GetSampleSum()
+	}
+	pass := func() error {
+		_, err := s.Reconcile(context.Background(), reconcile.Request{})
+		return err
+	}
+	count0, sum0 := observed()
+
+	s.Changed()
+	clk.Step(100 * time.Millisecond)
+	s.Changed() // a later change: the count stays from the first
+	clk.Step(50 * time.Millisecond)
+	if err := pass(); err != nil {
+		t.Fatal(err)
+	}
+	count, sum := observed()
+	if count-count0 != 1 || !near(sum-sum0, 0.150) {
+		t.Fatalf("after the first pass: %d observations, %.3f s; want 1 of 0.150 s", count-count0, sum-sum0)
+	}
+
+	// A pass with nothing to schedule: nothing observed, and the next
+	// count starts at the next change.
+	s.Changed()
+	clk.Step(time.Second)
+	if err := pass(); err != nil {
+		t.Fatal(err)
+	}
+	if c, _ := observed(); c != count {
+		t.Fatalf("a pass that scheduled nothing observed a latency")
+	}
+
+	// A new object; the first pass's write is refused, the next succeeds:
+	// one observation, from the creation.
+	if err := api.Create(context.Background(), pending("m2", "n2")); err != nil {
+		t.Fatal(err)
+	}
+	clk.Step(time.Second)
+	s.Changed()
+	clk.Step(200 * time.Millisecond)
+	refusing = true
+	if err := pass(); err == nil {
+		t.Fatal("the refused write did not fail the pass")
+	}
+	clk.Step(300 * time.Millisecond)
+	refusing = false
+	if err := pass(); err != nil {
+		t.Fatal(err)
+	}
+	count2, sum2 := observed()
+	if count2-count != 1 || !near(sum2-sum, 0.5) {
+		t.Fatalf("after the refused and the retried pass: %d observations, %.3f s; want 1 of 0.500 s", count2-count, sum2-sum)
+	}
+}
+
+func near(a, b float64) bool { return a-b < 1e-6 && b-a < 1e-6 }
+
+// TestNodeChangesOfAHeldNodeBringNoPass: the cordon, uncordon or readiness
+// change of a node that a maintenance in progress holds changes no plan
+// (it counts as unavailable and takes no new maintenance either way), so
+// it brings no pass; on a node that none holds it does, and a label
+// change (pools, NVLink domain) always does. When the holder is gone from
+// the cache before the uncordon arrives, the uncordon brings the pass.
+func TestNodeChangesOfAHeldNodeBringNoPass(t *testing.T) {
+	scheme := runtime.NewScheme()
+	_ = clientgoscheme.AddToScheme(scheme)
+	_ = maintenancev1.AddToScheme(scheme)
+	nm := func(name, node string, phase maintenancev1.Phase) *maintenancev1.NodeMaintenance {
+		o := &maintenancev1.NodeMaintenance{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name, Finalizers: []string{maintenancev1.Finalizer}},
+			Spec: maintenancev1.NodeMaintenanceSpec{RequestorID: "r", NodeName: node}}
+		setPhase(o, phase, "", t0)
+		return o
+	}
+	api := fake.NewClientBuilder().WithScheme(scheme).
+		WithObjects(nm("held", "busy", maintenancev1.PhaseDraining), nm("waiting", "idle", maintenancev1.PhasePending)).
+		WithIndex(&maintenancev1.NodeMaintenance{}, indexNodeName, func(o client.Object) []string {
+			return []string{o.(*maintenancev1.NodeMaintenance).Spec.NodeName}
+		}).Build()
+	s := &Scheduler{Client: api, Namespace: "ops", Clock: clocktesting.NewFakeClock(t0)}
+	node := func(name string, edit ...func(*corev1.Node)) *corev1.Node {
+		n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"pool": "a"}},
+			Status: corev1.NodeStatus{Conditions: []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue}}}}
+		for _, e := range edit {
+			e(n)
+		}
+		return n
+	}
+	cordoned := func(n *corev1.Node) { n.Spec.Unschedulable = true }
+	notReady := func(n *corev1.Node) { n.Status.Conditions[0].Status = corev1.ConditionFalse }
+	relabelled := func(n *corev1.Node) { n.Labels = map[string]string{"pool": "b"} }
+	heartbeat := func(n *corev1.Node) { n.Status.Conditions[0].LastHeartbeatTime = metav1.NewTime(t0) }
+	for _, tc := range []struct {
+		name     string
+		old, cur *corev1.Node
+		want     bool
+	}{
+		{"held node cordoned", node("busy"), node("busy", cordoned), false},
+		{"held node uncordoned", node("busy", cordoned), node("busy"), false},
+		{"held node not ready", node("busy"), node("busy", notReady), false},
+		{"held node relabelled", node("busy"), node("busy", relabelled), true},
+		{"node of a Pending object cordoned", node("idle"), node("idle", cordoned), true},
+		{"node without objects uncordoned", node("free", cordoned), node("free"), true},
+		{"node without objects not ready", node("free"), node("free", notReady), true},
+		{"heartbeat", node("free"), node("free", heartbeat), false},
+	} {
+		if got := s.nodeChangeRelevant().Update(event.UpdateEvent{ObjectOld: tc.old, ObjectNew: tc.cur}); got != tc.want {
+			t.Errorf("%s: a pass %v, want %v", tc.name, got, tc.want)
+		}
+	}
+	// The holder is gone from the cache before its node's uncordon arrives.
+	if err := api.Delete(context.Background(), nm("held", "busy", maintenancev1.PhaseDraining)); err != nil {
+		t.Fatal(err)
+	}
+	var left maintenancev1.NodeMaintenance
+	if err := api.Get(context.Background(), client.ObjectKey{Namespace: "default", Name: "held"}, &left); err == nil {
+		left.Finalizers = nil
+		if err := api.Update(context.Background(), &left); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !s.nodeChangeRelevant().Update(event.UpdateEvent{ObjectOld: node("busy", cordoned), ObjectNew: node("busy")}) {
+		t.Error("the uncordon of a node whose maintenance is gone brings no pass")
 	}
 }

@@ -20,7 +20,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	maintenancev1 "github.com/gpufleet/gpufleet/api/maintenance/v1alpha1"
-	"github.com/gpufleet/gpufleet/internal/ownwrites"
 )
 
 // cachedLists serves the node and NodeMaintenance lists from fixed
@@ -129,7 +128,7 @@ func scaleScheduler(tb testing.TB, nNodes, pools, objects, inProgress int) (*Sch
 		}
 	}
 	s.Reasons.mu.Unlock()
-	s.own = ownwrites.Record{}
+	s.scheduled = scheduledRecord{}
 	c.statusWrites.Store(0)
 	return s, c
 }
@@ -146,7 +145,7 @@ func BenchmarkSchedulerPass(b *testing.B) {
 			ctx := context.Background()
 			b.ReportAllocs()
 			for b.Loop() {
-				s.own = ownwrites.Record{}
+				s.scheduled = scheduledRecord{}
 				if _, err := s.Reconcile(ctx, reconcile.Request{}); err != nil {
 					b.Fatal(err)
 				}
@@ -164,7 +163,7 @@ func TestSchedulerMatchesPoolsOfChangedNodesOnly(t *testing.T) {
 	ctx := context.Background()
 	pass := func() {
 		t.Helper()
-		s.own = ownwrites.Record{}
+		s.scheduled = scheduledRecord{}
 		if _, err := s.Reconcile(ctx, reconcile.Request{}); err != nil {
 			t.Fatal(err)
 		}

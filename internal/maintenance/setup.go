@@ -3,7 +3,6 @@ package maintenance
 import (
 	"context"
 	"fmt"
-	"maps"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -86,16 +85,18 @@ func Setup(mgr manager.Manager, opts Options) error {
 		return o.GetNamespace() == opts.Namespace && o.GetName() == maintenancev1.DefaultConfigName
 	})
 	toScheduler := handler.EnqueueRequestsFromMapFunc(func(context.Context, client.Object) []reconcile.Request {
+		sched.Changed()
 		return []reconcile.Request{schedulerKey}
 	})
 	err = builder.ControllerManagedBy(mgr).
 		Named("nodemaintenance-scheduler").
-		Watches(&maintenancev1.NodeMaintenance{}, toScheduler, builder.WithPredicates(schedulingRelevantNM)).
-		Watches(&corev1.Node{}, toScheduler, builder.WithPredicates(schedulingRelevantNode)).
+		Watches(&maintenancev1.NodeMaintenance{}, toScheduler, builder.WithPredicates(schedulingRelevantNM, sched.notOwnWrite())).
+		Watches(&corev1.Node{}, toScheduler, builder.WithPredicates(sched.nodeChangeRelevant())).
 		Watches(&maintenancev1.MaintenanceOperatorConfig{}, toScheduler, builder.WithPredicates(isDefaultConfig, specChanged)).
 		Watches(&coordinationv1.Lease{}, toScheduler, builder.WithPredicates(liveowner.HolderChanged)).
 		WatchesRawSource(alarm.Source(handler.TypedFuncs[struct{}, reconcile.Request]{
 			GenericFunc: func(_ context.Context, _ event.TypedGenericEvent[struct{}], q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+				sched.Changed()
 				q.Add(schedulerKey)
 			},
 		})).
@@ -203,16 +204,17 @@ func objectsIn(ctx context.Context, mgr manager.Manager, phase maintenancev1.Pha
 }
 
 // schedulingRelevantNM passes creations, deletions and the changes a plan
-// reads: an object going into or out of Pending, its deletion starting,
-// its initialisation, its urgency (its node and requestor are immutable,
-// in the schema). The steps of a maintenance in progress (Scheduled,
-// Cordon, WaitForPodCompletion, Draining, Ready) change no plan: at 10,000
+// reads: an object going into or out of Pending, the deletion of a Pending
+// object starting, its initialisation, its urgency (its node and requestor
+// are immutable, in the schema). The steps of a maintenance in progress
+// (Scheduled, Cordon, WaitForPodCompletion, Draining, Ready, its deletion
+// starting: it holds its node until it is gone) change no plan: at 10,000
 // nodes each brought a pass over every node, and the passes kept the
 // scheduler busy for the whole rollout.
 var schedulingRelevantNM = predicate.Funcs{
 	UpdateFunc: func(e event.UpdateEvent) bool {
 		o, n := e.ObjectOld.(*maintenancev1.NodeMaintenance), e.ObjectNew.(*maintenancev1.NodeMaintenance)
-		return o.InProgress() != n.InProgress() || (o.DeletionTimestamp == nil) != (n.DeletionTimestamp == nil) ||
+		return o.InProgress() != n.InProgress() || (!n.InProgress() && (o.DeletionTimestamp == nil) != (n.DeletionTimestamp == nil)) ||
 			initialised(o) != initialised(n) || o.Annotations[maintenancev1.AnnotationUrgent] != n.Annotations[maintenancev1.AnnotationUrgent]
 	},
 }
@@ -254,10 +256,3 @@ var computeDomainChanged = predicate.Funcs{
 	},
 }
 
-// schedulingRelevantNode passes what availabilityChanged passes and label
-// changes: labels choose a node's pools and NVLink domain.
-var schedulingRelevantNode = predicate.Funcs{
-	UpdateFunc: func(e event.UpdateEvent) bool {
-		return availabilityChanged.Update(e) || !maps.Equal(e.ObjectOld.GetLabels(), e.ObjectNew.GetLabels())
-	},
-}

@@ -189,10 +189,8 @@ func setLimits(t *testing.T, kube client.Client) {
 	}
 }
 
-// largeCluster is for hundreds of simulated nodes: longer node leases, or
-// their renewals alone would take the CPU the scenarios measure.
-var largeCluster = devcluster.Options{NodeLeaseDuration: 40 * time.Second, NodeMonitorGracePeriod: 60 * time.Second,
-	StartTimeout: 3 * time.Minute}
+// largeCluster is for hundreds of simulated nodes.
+var largeCluster = devcluster.LargeCluster
 
 // startEnv starts a cluster with GPU nodes prepared for the operator (CRDs,
 // namespace, RBAC) and returns it with a kubeconfig of the operator's

@@ -1,6 +1,8 @@
 package chaos
 
 import (
+	"bytes"
+	"context"
 	"fmt"
 	"io"
 	"maps"
@@ -10,11 +12,13 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"testing"
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
+	"k8s.io/client-go/kubernetes"
 )
 
 // freeAddr returns a free loopback address for the operator's metrics.
@@ -216,4 +220,100 @@ func slowSamples(fams map[string]*dto.MetricFamily, family, label, value string,
 		}
 	}
 	return slow, all
+}
+
+// histogramQuantilesMs estimates quantiles (in milliseconds) of the
+// histogram series whose labels include match, summed, by interpolating
+// within buckets as Prometheus's histogram_quantile does; "count" is the
+// number of samples. Empty when there is none.
+func histogramQuantilesMs(fams map[string]*dto.MetricFamily, family string, match map[string]string, qs ...float64) map[string]float64 {
+	cum := map[float64]float64{}
+	var total float64
+	for _, m := range fams[family].GetMetric() {
+		ok := true
+		for name, want := range match {
+			found := false
+			for _, l := range m.GetLabel() {
+				found = found || (l.GetName() == name && l.GetValue() == want)
+			}
+			ok = ok && found
+		}
+		if !ok {
+			continue
+		}
+		h := m.GetHistogram()
+		total += float64(h.GetSampleCount())
+		for _, b := range h.GetBucket() {
+			cum[b.GetUpperBound()] += float64(b.GetCumulativeCount())
+		}
+	}
+	if total == 0 {
+		return map[string]float64{}
+	}
+	bounds := slices.Sorted(maps.Keys(cum))
+	out := map[string]float64{"count": total}
+	for _, q := range qs {
+		rank, lower, below := q*total, 0.0, 0.0
+		v := bounds[len(bounds)-1] // beyond the last bucket: its bound
+		for _, ub := range bounds {
+			if cum[ub] >= rank {
+				v = lower
+				if n := cum[ub] - below; n > 0 {
+					v += (ub - lower) * (rank - below) / n
+				}
+				break
+			}
+			lower, below = ub, cum[ub]
+		}
+		out[fmt.Sprintf("p%g", q*100)] = v * 1000
+	}
+	return out
+}
+
+// scrapeAPIServer reads the API server's own metrics.
+func scrapeAPIServer(ctx context.Context, c kubernetes.Interface) (map[string]*dto.MetricFamily, error) {
+	raw, err := c.CoreV1().RESTClient().Get().AbsPath("/metrics").DoRaw(ctx)
+	if err != nil {
+		return nil, err
+	}
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	return parser.TextToMetricFamilies(bytes.NewReader(raw))
+}
+
+// TestHistogramQuantiles: quantiles interpolate within the bucket that
+// holds the rank, over the series that match, as histogram_quantile does.
+func TestHistogramQuantiles(t *testing.T) {
+	text := `# TYPE d histogram
+d_bucket{verb="PATCH",le="0.1"} 50
+d_bucket{verb="PATCH",le="0.2"} 90
+d_bucket{verb="PATCH",le="0.4"} 100
+d_bucket{verb="PATCH",le="+Inf"} 100
+d_sum{verb="PATCH"} 10
+d_count{verb="PATCH"} 100
+d_bucket{verb="GET",le="0.1"} 0
+d_bucket{verb="GET",le="0.2"} 0
+d_bucket{verb="GET",le="0.4"} 100
+d_bucket{verb="GET",le="+Inf"} 100
+d_sum{verb="GET"} 30
+d_count{verb="GET"} 100
+`
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := parser.TextToMetricFamilies(strings.NewReader(text))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := histogramQuantilesMs(fams, "d", map[string]string{"verb": "PATCH"}, 0.5, 0.9, 0.95)
+	want := map[string]float64{"count": 100, "p50": 100, "p90": 200, "p95": 300}
+	for k, w := range want {
+		if g := got[k]; g < w-1e-6 || g > w+1e-6 {
+			t.Errorf("%s = %v, want %v (all: %v)", k, g, w, got)
+		}
+	}
+	// Both: rank 100 lies in (0.2, 0.4], which holds 110 samples above 90.
+	if all, p50 := histogramQuantilesMs(fams, "d", nil, 0.5), 200+200*10.0/110; all["count"] != 200 || all["p50"] < p50-1e-6 || all["p50"] > p50+1e-6 {
+		t.Errorf("both series: %v, want 200 samples, p50 %.1f ms", all, p50)
+	}
+	if none := histogramQuantilesMs(fams, "d", map[string]string{"verb": "PUT"}, 0.5); len(none) != 0 {
+		t.Errorf("no series: %v", none)
+	}
 }

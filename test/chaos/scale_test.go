@@ -113,8 +113,20 @@ type scaleReportData struct {
 	// reconcile metrics), by controller.
 	Reconciles      map[string]int     `json:"reconciles"`
 	ReconcileMeanMs map[string]float64 `json:"reconcileMeanMs"`
-	PeakRSSMB       float64            `json:"operatorPeakRSSMB"`
-	RSSMB           float64            `json:"operatorRSSMBAtEnd"`
+	// OperatorLatencyMs: the operator's own scheduling latency
+	// (gpufleet_maintenance_scheduling_latency_seconds: the first change
+	// it was told of to the pass's writes returning), estimated from the
+	// histogram's buckets; CacheWaits: passes put off until the cache
+	// showed the previous pass's writes; PlanMeanMs: the plan alone.
+	OperatorLatencyMs map[string]float64 `json:"operatorSchedulingLatencyMs"`
+	CacheWaits        int                `json:"schedulerCacheWaits"`
+	PlanMeanMs        float64            `json:"planMeanMs"`
+	// APIServerMs: the API server's own time for the requests on the
+	// scheduling path (apiserver_request_duration_seconds, estimated from
+	// its buckets), by "VERB resource/subresource".
+	APIServerMs map[string]map[string]float64 `json:"apiServerRequestMs"`
+	PeakRSSMB   float64                       `json:"operatorPeakRSSMB"`
+	RSSMB       float64                       `json:"operatorRSSMBAtEnd"`
 }
 
 // BenchmarkScaleRollout is the default scale scenario of `make bench`: N
@@ -275,6 +287,7 @@ func BenchmarkScaleRollout(b *testing.B) {
 	slowBudgeted, budgeted := 0, 0
 	turns := map[string]int{}
 	reconciles, reconcileMs := map[string]int{}, map[string]float64{}
+	opLatency, cacheWaits, planMs := map[string]float64{}, 0, 0.0
 	if fams, err := scrape(addr); err == nil {
 		conflicts = countsByLabel(fams, "gpufleet_maintenance_status_conflicts_total", "writer")
 		evictionMs = histogramMeansMs(fams, "gpufleet_maintenance_eviction_duration_seconds", "budget")
@@ -285,6 +298,21 @@ func BenchmarkScaleRollout(b *testing.B) {
 		reconciles = countsByLabel(fams, "controller_runtime_reconcile_total", "controller")
 		reconcileMs = histogramMeansMs(fams, "controller_runtime_reconcile_time_seconds", "controller")
 		slowBudgeted, budgeted = slowSamples(fams, "gpufleet_maintenance_eviction_duration_seconds", "budget", "true", 0.45)
+		opLatency = histogramQuantilesMs(fams, "gpufleet_maintenance_scheduling_latency_seconds", nil, 0.5, 0.9, 0.99)
+		cacheWaits = int(counterValue(fams, "gpufleet_maintenance_scheduler_cache_waits_total"))
+		planMs = histogramMeansMs(fams, "gpufleet_maintenance_plan_duration_seconds", "")[""]
+	}
+	apiServerMs := map[string]map[string]float64{}
+	if fams, err := scrapeAPIServer(ctx, env.Client); err == nil {
+		for _, r := range [][3]string{{"PATCH", "nodemaintenances", "status"}, {"PATCH", "nodes", ""}, {"WATCH", "nodemaintenances", ""}} {
+			q := histogramQuantilesMs(fams, "apiserver_request_duration_seconds",
+				map[string]string{"verb": r[0], "resource": r[1], "subresource": r[2]}, 0.5, 0.99)
+			if len(q) > 0 {
+				apiServerMs[strings.TrimSuffix(r[0]+" "+r[1]+"/"+r[2], "/")] = q
+			}
+		}
+	} else {
+		b.Logf("the API server's metrics: %v", err)
 	}
 	cpu := cpuSecondsOf(op.pid())
 	time.Sleep(*scaleIdle)
@@ -302,7 +330,8 @@ func BenchmarkScaleRollout(b *testing.B) {
 			"pdbs": pdbParameter(*scalePDBs), "openAfterCreate": *scaleOpenAfter, "adminCordonedNodes": 1,
 			"podTerminationSeconds": 1, "idleWindow": scaleIdle.String(), "capabilities": operator.CapabilityNames()},
 		RolloutSeconds: rollout.Seconds(), ObjectsPerMin: float64(objectCount) / rollout.Minutes(),
-		LatencyMs:     percentiles(chk.latencies()),
+		LatencyMs:         percentiles(chk.latencies()),
+		OperatorLatencyMs: opLatency, CacheWaits: cacheWaits, PlanMeanMs: planMs, APIServerMs: apiServerMs,
 		PhaseMs:       map[string]map[string]float64{},
 		MaxInProgress: chk.maxInProgress, MaxUnavailable: chk.maxUnavailable, CheckedEvents: chk.events, WaitRewrites: chk.waitRewrites,
 		Violations:      len(chk.violations()),
@@ -528,6 +557,15 @@ func (r scaleReportData) markdown() string {
 	fmt.Fprintf(&s, "| workload pods per schedulable node, fewest–most (before the baseline / before the rollout) | %v / %v |\n", r.PodSpread["baseline"], r.PodSpread["gpufleet"])
 	fmt.Fprintf(&s, "| scheduling latency from a free slot (p50 / p90 / p99 / max, %v objects) | %.0f / %.0f / %.0f / %.0f ms |\n",
 		r.LatencyMs["count"], r.LatencyMs["p50"], r.LatencyMs["p90"], r.LatencyMs["p99"], r.LatencyMs["max"])
+	if l := r.OperatorLatencyMs; len(l) > 0 {
+		fmt.Fprintf(&s, "| … of it in the operator: first change seen → the pass's writes returned (p50 / p90 / p99 of %v passes that scheduled, from the histogram's buckets) | %.0f / %.0f / %.0f ms |\n",
+			l["count"], l["p50"], l["p90"], l["p99"])
+		fmt.Fprintf(&s, "| … a plan alone (mean) / passes put off until the cache showed the last pass's writes | %.1f ms / %d |\n", r.PlanMeanMs, r.CacheWaits)
+	}
+	for _, k := range slices.Sorted(maps.Keys(r.APIServerMs)) {
+		q := r.APIServerMs[k]
+		fmt.Fprintf(&s, "| the API server's own time for %s (p50 / p99 of %v, from its histogram) | %.0f / %.0f ms |\n", k, q["count"], q["p50"], q["p99"])
+	}
 	fmt.Fprintf(&s, "| max in progress (limit %v) / max held or cordoned (limit %v) | %d / %d |\n", p["resolvedMaxParallel"], p["resolvedMaxUnavailable"], r.MaxInProgress, r.MaxUnavailable)
 	fmt.Fprintf(&s, "| checker events / violations | %d / %d |\n", r.CheckedEvents, r.Violations)
 	fmt.Fprintf(&s, "| changes of a Pending object's wait reason | %d |\n", r.WaitRewrites)

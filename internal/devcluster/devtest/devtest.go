@@ -33,11 +33,17 @@ func NeedCluster(tb testing.TB) {
 // nodes, the CRDs and namespace, hands it to use, runs the tests and stops
 // the cluster. It returns the exit code.
 func Main(m *testing.M, nodes []devcluster.NodeSpec, namespace string, scheme *runtime.Scheme, use func(*devcluster.Env)) int {
+	return MainWith(m, func() devcluster.Options { return devcluster.Options{} }, nodes, namespace, scheme, use)
+}
+
+// MainWith is Main with the cluster's options, chosen once the flags are
+// parsed (a benchmark flag may ask for a large cluster).
+func MainWith(m *testing.M, options func() devcluster.Options, nodes []devcluster.NodeSpec, namespace string, scheme *runtime.Scheme, use func(*devcluster.Env)) int {
 	flag.Parse()
 	if testing.Short() {
 		return m.Run()
 	}
-	env, err := devcluster.NewEnv(context.Background(), devcluster.Options{}, nodes, namespace, scheme)
+	env, err := devcluster.NewEnv(context.Background(), options(), nodes, namespace, scheme)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "starting the local cluster:", err)
 		return 1

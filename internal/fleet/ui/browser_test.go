@@ -57,7 +57,7 @@ func TestMain(m *testing.M) {
 	if *nodeCount > 100 {
 		// As the chaos scale scenarios: longer node leases, or their
 		// renewals alone take the 2 cores and nodes flap to NotReady.
-		opts = devcluster.Options{NodeLeaseDuration: 40 * time.Second, NodeMonitorGracePeriod: 60 * time.Second, StartTimeout: 3 * time.Minute}
+		opts = devcluster.LargeCluster
 	}
 	began := time.Now()
 	env, err = devcluster.NewEnv(context.Background(), opts, devcluster.GPUNodes(*nodeCount, *poolCount), operator.DefaultNamespace, scheme)
