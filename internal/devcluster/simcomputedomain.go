@@ -269,6 +269,6 @@ func (c *Cluster) startSimComputeDomains(ctx context.Context) error {
 	go podInf.RunWithContext(ctx)
 	runNodeLoop(ctx, queue, []cache.InformerSynced{podInf.HasSynced}, sync, func(node string, err error) {
 		c.logf("simulated ComputeDomain label of %s: %v", node, err)
-	})
+	}, 1)
 	return nil
 }

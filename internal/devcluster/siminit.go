@@ -86,7 +86,9 @@ func (c *Cluster) startSimInit(ctx context.Context) error {
 		return err
 	}
 	f.Start(ctx.Done())
-	runNodeLoop(ctx, s.queue, []cache.InformerSynced{podInf.HasSynced, nodeInf.HasSynced}, s.sync, nil)
+	// Nodes start their stacks independently, as their kubelets do: at
+	// 1,000 nodes one worker held hundreds of pods initialising.
+	runNodeLoop(ctx, s.queue, []cache.InformerSynced{podInf.HasSynced, nodeInf.HasSynced}, s.sync, nil, 8)
 	return nil
 }
 
