@@ -44,9 +44,7 @@ func (c *laggingCache) List(ctx context.Context, list client.ObjectList, opts ..
 }
 
 func TestSchedulerNeverSchedulesTwiceFromAStaleCache(t *testing.T) {
-	scheme := runtime.NewScheme()
-	_ = clientgoscheme.AddToScheme(scheme)
-	_ = maintenancev1.AddToScheme(scheme)
+	scheme := testScheme()
 	var objs []client.Object
 	for i := range 3 {
 		objs = append(objs, &corev1.Node{
@@ -152,9 +150,7 @@ func TestSchedulerNeverSchedulesTwiceFromAStaleCache(t *testing.T) {
 }
 
 func TestSchedulerWritesNothingWhenNothingChanged(t *testing.T) {
-	scheme := runtime.NewScheme()
-	_ = clientgoscheme.AddToScheme(scheme)
-	_ = maintenancev1.AddToScheme(scheme)
+	scheme := testScheme()
 	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n0"},
 		Status: corev1.NodeStatus{Conditions: []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue}}}}
 	busy := &maintenancev1.NodeMaintenance{
@@ -194,13 +190,10 @@ type countingClient struct {
 // cache's nodes and NodeMaintenance objects without copying them (at
 // 10,000 nodes a pass copied every node; the pass only reads them).
 func TestSchedulerPassCopiesNoCachedObject(t *testing.T) {
-	scheme := runtime.NewScheme()
-	_ = clientgoscheme.AddToScheme(scheme)
-	_ = maintenancev1.AddToScheme(scheme)
+	scheme := testScheme()
 	var objs []client.Object
 	for i := range 3 {
-		objs = append(objs, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("n%d", i)},
-			Status: corev1.NodeStatus{Conditions: []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue}}}},
+		objs = append(objs, readyNode(fmt.Sprintf("n%d", i)),
 			&maintenancev1.NodeMaintenance{
 				ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: fmt.Sprintf("m%d", i), Finalizers: []string{maintenancev1.Finalizer}},
 				Spec:       maintenancev1.NodeMaintenanceSpec{RequestorID: "r", NodeName: fmt.Sprintf("n%d", i)},
@@ -286,9 +279,7 @@ func (s *heldStatus) Patch(ctx context.Context, obj client.Object, patch client.
 // server, and every release waited behind it), and each is Scheduled with
 // its node's unschedulable state recorded.
 func TestSchedulerSendsThePassWritesTogether(t *testing.T) {
-	scheme := runtime.NewScheme()
-	_ = clientgoscheme.AddToScheme(scheme)
-	_ = maintenancev1.AddToScheme(scheme)
+	scheme := testScheme()
 	const n = scheduleWriters + 8
 	var objs []client.Object
 	for i := range n {
@@ -384,14 +375,11 @@ func TestSchedulingRelevantNMSkipsTheStepsOfAMaintenance(t *testing.T) {
 // (the work queue's backoff, not a hot loop), and the conflict alone
 // would only bring a new pass.
 func TestSchedulerPassWithARefusedWrite(t *testing.T) {
-	scheme := runtime.NewScheme()
-	_ = clientgoscheme.AddToScheme(scheme)
-	_ = maintenancev1.AddToScheme(scheme)
+	scheme := testScheme()
 	const n = 6
 	var objs []client.Object
 	for i := range n {
-		objs = append(objs, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("n%d", i)},
-			Status: corev1.NodeStatus{Conditions: []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue}}}},
+		objs = append(objs, readyNode(fmt.Sprintf("n%d", i)),
 			&maintenancev1.NodeMaintenance{
 				ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: fmt.Sprintf("m%d", i), Finalizers: []string{maintenancev1.Finalizer}},
 				Spec:       maintenancev1.NodeMaintenanceSpec{RequestorID: "r", NodeName: fmt.Sprintf("n%d", i)},
@@ -450,13 +438,10 @@ func TestSchedulerPassWithARefusedWrite(t *testing.T) {
 // that planned, through a pass whose write was refused; a pass that
 // schedules nothing observes nothing and starts the count anew.
 func TestSchedulingLatencyCountsFromTheFirstChange(t *testing.T) {
-	scheme := runtime.NewScheme()
-	_ = clientgoscheme.AddToScheme(scheme)
-	_ = maintenancev1.AddToScheme(scheme)
+	scheme := testScheme()
 	var objs []client.Object
 	for i := range 3 {
-		objs = append(objs, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("n%d", i)},
-			Status: corev1.NodeStatus{Conditions: []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue}}}})
+		objs = append(objs, readyNode(fmt.Sprintf("n%d", i)))
 	}
 	pending := func(name, node string) *maintenancev1.NodeMaintenance {
 		return &maintenancev1.NodeMaintenance{
@@ -549,9 +534,7 @@ func near(a, b float64) bool { return a-b < 1e-6 && b-a < 1e-6 }
 // change (pools, NVLink domain) always does. When the holder is gone from
 // the cache before the uncordon arrives, the uncordon brings the pass.
 func TestNodeChangesOfAHeldNodeBringNoPass(t *testing.T) {
-	scheme := runtime.NewScheme()
-	_ = clientgoscheme.AddToScheme(scheme)
-	_ = maintenancev1.AddToScheme(scheme)
+	scheme := testScheme()
 	nm := func(name, node string, phase maintenancev1.Phase) *maintenancev1.NodeMaintenance {
 		o := &maintenancev1.NodeMaintenance{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name, Finalizers: []string{maintenancev1.Finalizer}},
 			Spec: maintenancev1.NodeMaintenanceSpec{RequestorID: "r", NodeName: node}}
@@ -608,4 +591,18 @@ func TestNodeChangesOfAHeldNodeBringNoPass(t *testing.T) {
 	if !s.nodeChangeRelevant().Update(event.UpdateEvent{ObjectOld: node("busy", cordoned), ObjectNew: node("busy")}) {
 		t.Error("the uncordon of a node whose maintenance is gone brings no pass")
 	}
+}
+
+// testScheme knows the core kinds and gpufleet's maintenance kinds.
+func testScheme() *runtime.Scheme {
+	scheme := runtime.NewScheme()
+	_ = clientgoscheme.AddToScheme(scheme)
+	_ = maintenancev1.AddToScheme(scheme)
+	return scheme
+}
+
+// readyNode is a Ready node.
+func readyNode(name string) *corev1.Node {
+	return &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name},
+		Status: corev1.NodeStatus{Conditions: []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue}}}}
 }
