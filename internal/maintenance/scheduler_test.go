@@ -348,12 +348,12 @@ func TestSchedulingRelevantNMSkipsTheStepsOfAMaintenance(t *testing.T) {
 		old, cur *maintenancev1.NodeMaintenance
 		want     bool
 	}{
-		"initialised":                {uninitialised, at(maintenancev1.PhasePending), true},
-		"scheduled":                  {at(maintenancev1.PhasePending), at(maintenancev1.PhaseScheduled), true},
-		"made urgent":                {at(maintenancev1.PhasePending), at(maintenancev1.PhasePending, urgent), true},
+		"initialised":                 {uninitialised, at(maintenancev1.PhasePending), true},
+		"scheduled":                   {at(maintenancev1.PhasePending), at(maintenancev1.PhaseScheduled), true},
+		"made urgent":                 {at(maintenancev1.PhasePending), at(maintenancev1.PhasePending, urgent), true},
 		"deletion of one in progress": {at(maintenancev1.PhaseReady, finalizer), at(maintenancev1.PhaseReady, finalizer, deleting), false},
-		"a pending object withdrawn": {at(maintenancev1.PhasePending), at(maintenancev1.PhasePending, deleting), true},
-		"Scheduled to Cordon":        {at(maintenancev1.PhaseScheduled), at(maintenancev1.PhaseCordon, finalizer), false},
+		"a pending object withdrawn":  {at(maintenancev1.PhasePending), at(maintenancev1.PhasePending, deleting), true},
+		"Scheduled to Cordon":         {at(maintenancev1.PhaseScheduled), at(maintenancev1.PhaseCordon, finalizer), false},
 		"Cordon to WaitForPodCompletion": {at(maintenancev1.PhaseCordon, finalizer),
 			at(maintenancev1.PhaseWaitForPodCompletion, finalizer), false},
 		"WaitForPodCompletion to Draining": {at(maintenancev1.PhaseWaitForPodCompletion, finalizer), at(maintenancev1.PhaseDraining, finalizer), false},

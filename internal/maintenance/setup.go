@@ -255,4 +255,3 @@ var computeDomainChanged = predicate.Funcs{
 		return e.ObjectOld.GetLabels()[LabelComputeDomain] != e.ObjectNew.GetLabels()[LabelComputeDomain]
 	},
 }
-
