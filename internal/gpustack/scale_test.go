@@ -195,6 +195,7 @@ func BenchmarkClusterPolicyScale(b *testing.B) {
 	r := gpustackReport{Nodes: gpuNodes, ReadySeconds: elapsed.Seconds(), RequestsToReady: total, WritesToReady: writes,
 		PassesToReady: passes, CPUSecondsToReady: cpu.Seconds(), RequestsPerNodeToReady: float64(total) / float64(gpuNodes),
 		IdleRequestsPerMinute: perMin(idle), StuckRequestsPerMinute: perMin(stuckIdle), ReadyAfter: scaleReadyAfter.String(),
+		IdleRequests: inline(idle), StuckRequests: inline(stuckIdle),
 		Commit: gitCommit()}
 	if *scaleUpgrade {
 		r.UpgradeSeconds, r.UpgradeRequests, r.UpgradeWrites = up.elapsed.Seconds(), sum(up.requests, false), sum(up.requests, true)
@@ -513,6 +514,10 @@ type gpustackReport struct {
 	RequestsPerNodeToReady float64 `json:"requestsPerNodeToReady"`
 	IdleRequestsPerMinute  float64 `json:"idleRequestsPerMinute"`
 	StuckRequestsPerMinute float64 `json:"stuckRequestsPerMinute"`
+	// IdleRequests and StuckRequests: the requests of those windows, by
+	// verb and resource.
+	IdleRequests           string  `json:"idleRequests"`
+	StuckRequests          string  `json:"stuckRequests"`
 	UpgradeSeconds         float64 `json:"upgradeSeconds,omitempty"`
 	UpgradeRequests        int     `json:"upgradeRequests,omitempty"`
 	UpgradeWrites          int     `json:"upgradeWrites,omitempty"`
@@ -556,8 +561,8 @@ func gpustackMarkdown(r gpustackReport) string {
 	fmt.Fprintf(&s, "| requests per GPU node to ready | %.1f |\n", r.RequestsPerNodeToReady)
 	fmt.Fprintf(&s, "| reconcile passes to ready | %.0f |\n", r.PassesToReady)
 	fmt.Fprintf(&s, "| CPU seconds to ready (test process) | %.1f |\n", r.CPUSecondsToReady)
-	fmt.Fprintf(&s, "| requests/min converged | %.1f |\n", r.IdleRequestsPerMinute)
-	fmt.Fprintf(&s, "| requests/min with one node stuck | %.1f |\n", r.StuckRequestsPerMinute)
+	fmt.Fprintf(&s, "| requests/min converged | %.1f (%s) |\n", r.IdleRequestsPerMinute, r.IdleRequests)
+	fmt.Fprintf(&s, "| requests/min with one node stuck | %.1f (%s) |\n", r.StuckRequestsPerMinute, r.StuckRequests)
 	if r.UpgradeLimit > 0 {
 		fmt.Fprintf(&s, "| driver upgrade, maxParallelUpgrades %d | %.1f s |\n", r.UpgradeLimit, r.UpgradeSeconds)
 		fmt.Fprintf(&s, "| upgrade: operator requests (writes) | %d (%d) |\n", r.UpgradeRequests, r.UpgradeWrites)
@@ -697,4 +702,16 @@ func stackProgress(ctx context.Context) (string, error) {
 		parts = append(parts, component+": "+strings.Join(states, " "))
 	}
 	return strings.Join(parts, "; "), nil
+}
+
+// inline lists counts by key on one line ("WATCH nodes 2, GET pods 1").
+func inline(m map[string]int) string {
+	if len(m) == 0 {
+		return "none"
+	}
+	var parts []string
+	for _, k := range slices.Sorted(maps.Keys(m)) {
+		parts = append(parts, fmt.Sprintf("%s %d", k, m[k]))
+	}
+	return strings.Join(parts, ", ")
 }
