@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"math"
 	"net"
 	"net/http"
 	"os"
@@ -251,6 +252,9 @@ func histogramQuantilesMs(fams map[string]*dto.MetricFamily, family string, matc
 		return map[string]float64{}
 	}
 	bounds := slices.Sorted(maps.Keys(cum))
+	if len(bounds) > 1 && math.IsInf(bounds[len(bounds)-1], 1) {
+		bounds = bounds[:len(bounds)-1] // above the last finite bound: that bound, as histogram_quantile says
+	}
 	out := map[string]float64{"count": total}
 	for _, q := range qs {
 		rank, lower, below := q*total, 0.0, 0.0
@@ -296,6 +300,12 @@ d_bucket{verb="GET",le="0.4"} 100
 d_bucket{verb="GET",le="+Inf"} 100
 d_sum{verb="GET"} 30
 d_count{verb="GET"} 100
+d_bucket{verb="POST",le="0.1"} 0
+d_bucket{verb="POST",le="0.2"} 0
+d_bucket{verb="POST",le="0.4"} 90
+d_bucket{verb="POST",le="+Inf"} 100
+d_sum{verb="POST"} 80
+d_count{verb="POST"} 100
 `
 	parser := expfmt.NewTextParser(model.UTF8Validation)
 	fams, err := parser.TextToMetricFamilies(strings.NewReader(text))
@@ -309,9 +319,12 @@ d_count{verb="GET"} 100
 			t.Errorf("%s = %v, want %v (all: %v)", k, g, w, got)
 		}
 	}
-	// Both: rank 100 lies in (0.2, 0.4], which holds 110 samples above 90.
-	if all, p50 := histogramQuantilesMs(fams, "d", nil, 0.5), 200+200*10.0/110; all["count"] != 200 || all["p50"] < p50-1e-6 || all["p50"] > p50+1e-6 {
-		t.Errorf("both series: %v, want 200 samples, p50 %.1f ms", all, p50)
+	// All three: rank 150 lies in (0.2, 0.4], which holds 200 samples above 90.
+	if all, p50 := histogramQuantilesMs(fams, "d", nil, 0.5), 200+200*60.0/200; all["count"] != 300 || all["p50"] < p50-1e-6 || all["p50"] > p50+1e-6 {
+		t.Errorf("every series: %v, want 300 samples, p50 %.1f ms", all, p50)
+	}
+	if top := histogramQuantilesMs(fams, "d", map[string]string{"verb": "POST"}, 0.99); top["p99"] != 400 {
+		t.Errorf("a quantile above the last finite bound: %v, want that bound, 400 ms (JSON has no +Inf)", top)
 	}
 	if none := histogramQuantilesMs(fams, "d", map[string]string{"verb": "PUT"}, 0.5); len(none) != 0 {
 		t.Errorf("no series: %v", none)
