@@ -129,9 +129,9 @@ SCALE_NODES ?= 10000
 # once the components before it are Ready on the node: on 2 cores 1,000
 # nodes' 6,000 stack pods were not all Running after 10 minutes, so its
 # part runs at this size.
-GPUSTACK_NODES ?= 300
+GPUSTACK_NODES ?= 1000
 .PHONY: bench-scale
-bench-scale: tools ## Every capability at SCALE_NODES simulated nodes (default 10,000; about two hours on 2 cores): operator memory, heartbeats, gpufleet status and gpufleet ui at rest, a 1,000-object maintenance rollout with pools and a window against kubectl, the node agents' API load, a burst of SCALE_NODES/10 GPU faults to isolation, the ClusterPolicy to ready and a driver upgrade at GPUSTACK_NODES (default 300), the decision cores at 1k/3k/10k; reports in results/, gathered in results/scale-<N/1000>k.{json,md}.
+bench-scale: tools ## Every capability at SCALE_NODES simulated nodes (default 10,000; about two hours on 2 cores): operator memory, heartbeats, gpufleet status and gpufleet ui at rest, a 1,000-object maintenance rollout with pools and a window against kubectl, the node agents' API load, a burst of SCALE_NODES/10 GPU faults to isolation, the ClusterPolicy to ready and a driver upgrade at GPUSTACK_NODES (default 1,000), the decision cores at 1k/3k/10k; reports in results/, gathered in results/scale-<N/1000>k.{json,md}.
 	mkdir -p results
 	{ echo "# gpufleet bench-scale $$(date -u +%FT%TZ) $$(git rev-parse --short HEAD) SCALE_NODES=$(SCALE_NODES)"; \
 	  go test -count=1 -run '^$$' -bench 'BenchmarkMakePlan' -benchmem -benchtime 5x ./internal/maintenance/; \
