@@ -111,8 +111,8 @@ func (b *binder) write(ctx context.Context, key types.NamespacedName) {
 	if rec.since != 0 {
 		s.unplanned(rec.since)
 	}
-	if ctx.Err() != nil || apierrors.IsNotFound(err) {
-		return // stopping, or the object is gone (its deletion brings a pass)
+	if ctx.Err() != nil {
+		return // stopping
 	}
 	if apierrors.IsConflict(err) {
 		statusConflicts.WithLabelValues("scheduler").Inc()
