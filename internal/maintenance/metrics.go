@@ -24,14 +24,14 @@ var (
 	})
 	schedulingLatency = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name: "gpufleet_maintenance_scheduling_latency_seconds",
-		Help: "For each NodeMaintenance moved to Scheduled: the time from the first change the scheduler was told of " +
-			"before the pass that decided it (a release, a creation, a node cordoned or uncordoned, a config change) to its Scheduled write returning. " +
+		Help: "For each scheduling pass that scheduled objects: the time from the first change the scheduler was told of " +
+			"(a release, a creation, a node cordoned or uncordoned, a config change) to the pass's writes returning. " +
 			"What the API server adds (the change's watch event reaching the operator, the Scheduled object's reaching a client) is not in it.",
 		Buckets: []float64{0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1, 2, 5, 10},
 	})
 	plannedAheadOfCache = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "gpufleet_maintenance_scheduler_planned_ahead_of_cache_total",
-		Help: "Objects a scheduling pass planned with as the scheduler decided them (Scheduled), because their write was in flight or its cache did not show it yet " +
+		Help: "Objects a scheduling pass planned with as the scheduler wrote them to Scheduled, because its cache did not show that write yet " +
 			"(each counted once per pass).",
 	})
 	drainDuration = prometheus.NewHistogram(prometheus.HistogramOpts{

@@ -2,9 +2,9 @@ package maintenance
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -13,6 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
+	"k8s.io/client-go/util/workqueue"
 	"k8s.io/utils/clock"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -23,6 +24,9 @@ import (
 
 	maintenancev1 "github.com/gpufleet/gpufleet/api/maintenance/v1alpha1"
 )
+
+// scheduleWriters bounds the status writes one pass sends at once.
+const scheduleWriters = 32
 
 // schedulerKey is the one request the scheduler works on: every relevant
 // change maps to it, so the work queue collapses bursts into one pass.
@@ -58,9 +62,6 @@ type Scheduler struct {
 	// changedSince: when the first change not yet planned for was seen
 	// (Unix nanoseconds on Clock; 0: none), for the scheduling latency.
 	changedSince atomic.Int64
-	// bind writes the decisions (writer()).
-	bindOnce sync.Once
-	bind     *binder
 }
 
 // unplanned gives back the first change of a pass that did not finish:
@@ -176,6 +177,9 @@ func (s *Scheduler) Reconcile(ctx context.Context, _ reconcile.Request) (reconci
 	domainOf := snap.domainOf()
 	disrupted := disruptedDomains(snap, domainOf)
 	defer func() { recordDomains(plan.TotalDomains, len(disrupted)) }()
+	// The writes of a pass go out together (a pass that opens many slots
+	// at 10,000 nodes would otherwise wait for each write in turn, and
+	// every release behind it).
 	// Each node's state before its maintenance, from the snapshot (nil:
 	// the node is gone).
 	unschedulable := make(map[string]*bool, len(plan.Schedule))
@@ -188,13 +192,24 @@ func (s *Scheduler) Reconcile(ctx context.Context, _ reconcile.Request) (reconci
 			unschedulable[n.Name] = ptr.To(n.Unschedulable)
 		}
 	}
-	// The decisions are recorded (the next pass plans with them) and
-	// written by the binder's writers: the pass does not wait for them.
-	w := s.writer()
-	for _, o := range plan.Schedule {
-		orig := byKey[o.Key()]
-		s.scheduled.assume(orig, scheduledCopy(orig, unschedulable[o.NodeName], began), changedSince, began)
-		w.queue.Add(keyOf(orig))
+	errs := make([]error, len(plan.Schedule))
+	workqueue.ParallelizeUntil(ctx, scheduleWriters, len(plan.Schedule), func(i int) {
+		o := plan.Schedule[i]
+		errs[i] = s.schedule(ctx, byKey[o.Key()], unschedulable[o.NodeName])
+	})
+	if err := ctx.Err(); err != nil {
+		return reconcile.Result{}, err // stopping: the pieces not started did not run
+	}
+	var failed []error
+	conflict := false
+	for i, o := range plan.Schedule {
+		if err := errs[i]; err != nil {
+			conflict = conflict || apierrors.IsConflict(err)
+			if !apierrors.IsConflict(err) {
+				failed = append(failed, err)
+			}
+			continue
+		}
 		// A domain's interruption begins with the first of its nodes to
 		// go into maintenance while none of them is.
 		if d := domainOf[o.NodeName]; d != "" && plan.TotalDomains > 0 && !disrupted[d] {
@@ -202,9 +217,22 @@ func (s *Scheduler) Reconcile(ctx context.Context, _ reconcile.Request) (reconci
 			domainInterruptions.Inc()
 		}
 	}
+	if err := errors.Join(failed...); err != nil {
+		return reconcile.Result{}, err
+	}
+	if conflict {
+		// A copy was stale: its watch event brings a new pass (the
+		// requeue is a safety net, without error backoff). The objects
+		// scheduled were all in the plan.
+		log.V(1).Info("conflict while scheduling; planning again")
+		return reconcile.Result{RequeueAfter: 100 * time.Millisecond}, nil
+	}
 	planned = true
+	if len(plan.Schedule) > 0 && changedSince != 0 {
+		schedulingLatency.Observe(s.Clock.Since(time.Unix(0, changedSince)).Seconds())
+	}
 	if len(plan.Schedule) > 0 {
-		log.Info("scheduling NodeMaintenance", "count", len(plan.Schedule), "availableSlots", plan.AvailableSlots,
+		log.Info("scheduled NodeMaintenance", "count", len(plan.Schedule), "availableSlots", plan.AvailableSlots,
 			"canBecomeUnavailable", plan.CanBecomeUnavailable, "waiting", len(plan.Waiting))
 	}
 	// The config's own status comes last: it never delays a decision.
@@ -257,26 +285,32 @@ func (s *Scheduler) config(ctx context.Context) (*maintenancev1.MaintenanceOpera
 	return &cfg, nil
 }
 
-// scheduledCopy is nm moved from Pending to Scheduled, recording whether
+// schedule moves one object from Pending to Scheduled, recording whether
 // its node was already unschedulable (the lifecycle cordons it next, and
-// the record must precede the cordon). Its write carries the cached
-// resourceVersion: if the object changed meanwhile, it fails with a
-// conflict and a new pass decides from fresh data.
-func scheduledCopy(nm *maintenancev1.NodeMaintenance, nodeUnschedulable *bool, now time.Time) *maintenancev1.NodeMaintenance {
+// the record must precede the cordon). The update carries the cached
+// resourceVersion: if the object changed meanwhile, the write fails with a
+// conflict and the pass is retried from fresh data.
+func (s *Scheduler) schedule(ctx context.Context, nm *maintenancev1.NodeMaintenance, nodeUnschedulable *bool) error {
+	now := s.Clock.Now()
+	orig := nm
 	nm = nm.DeepCopy()
 	setPhase(nm, maintenancev1.PhaseScheduled, "scheduled for maintenance", now)
 	t := metav1.NewTime(now)
 	nm.Status.ScheduledTime = &t
 	nm.Status.ObservedGeneration = nm.Generation
 	nm.Status.NodeUnschedulableBefore = nodeUnschedulable // nil: the node is gone
-	return nm
-}
-
-// writer is the scheduler's binder (made at first use: tests build a
-// Scheduler without the manager).
-func (s *Scheduler) writer() *binder {
-	s.bindOnce.Do(func() { s.bind = newBinder(s) })
-	return s.bind
+	key := client.ObjectKeyFromObject(nm)
+	if err := patchStatus(ctx, s.Client, orig, nm); err != nil {
+		if apierrors.IsConflict(err) {
+			statusConflicts.WithLabelValues("scheduler").Inc()
+		}
+		return fmt.Errorf("scheduling %s: %w", key, err)
+	}
+	// The next pass plans with this write until the cache shows it
+	// (passes run one at a time, so none can start before it is recorded).
+	s.scheduled.wrote(nm, orig.ResourceVersion, now)
+	schedulingDecisions.WithLabelValues("scheduled").Inc()
+	return nil
 }
 
 // snapshot converts cached objects into the planner's input. Objects the

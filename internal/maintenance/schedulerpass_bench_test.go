@@ -149,7 +149,6 @@ func BenchmarkSchedulerPass(b *testing.B) {
 				if _, err := s.Reconcile(ctx, reconcile.Request{}); err != nil {
 					b.Fatal(err)
 				}
-				s.writer().flush(ctx)
 			}
 			b.ReportMetric(float64(c.statusWrites.Load())/float64(b.N), "writes/pass")
 		})
@@ -168,7 +167,6 @@ func TestSchedulerMatchesPoolsOfChangedNodesOnly(t *testing.T) {
 		if _, err := s.Reconcile(ctx, reconcile.Request{}); err != nil {
 			t.Fatal(err)
 		}
-		s.writer().flush(ctx)
 	}
 	if s.pools.computed != 100 {
 		t.Fatalf("first pass matched %d nodes, want 100", s.pools.computed)

@@ -3,7 +3,6 @@ package maintenance
 import (
 	"context"
 	"fmt"
-	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -101,19 +100,10 @@ func Setup(mgr manager.Manager, opts Options) error {
 				q.Add(schedulerKey)
 			},
 		})).
-		// A refused or conflicting Scheduled write asks for a new pass.
-		WatchesRawSource(source.Channel(sched.writer().replan, handler.TypedFuncs[time.Duration, reconcile.Request]{
-			GenericFunc: func(_ context.Context, e event.TypedGenericEvent[time.Duration], q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
-				q.AddAfter(schedulerKey, e.Object)
-			},
-		})).
 		WithOptions(controller.Options{MaxConcurrentReconciles: 1}).
 		Complete(sched)
 	if err != nil {
 		return fmt.Errorf("setting up the scheduler: %w", err)
-	}
-	if err := mgr.Add(sched.writer()); err != nil {
-		return fmt.Errorf("adding the scheduler's writers: %w", err)
 	}
 
 	pods := NewPodWatch(kube)
