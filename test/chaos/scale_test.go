@@ -559,7 +559,7 @@ func (r scaleReportData) markdown() string {
 	fmt.Fprintf(&s, "| scheduling latency from a free slot (p50 / p90 / p99 / max, %v objects) | %.0f / %.0f / %.0f / %.0f ms |\n",
 		r.LatencyMs["count"], r.LatencyMs["p50"], r.LatencyMs["p90"], r.LatencyMs["p99"], r.LatencyMs["max"])
 	if l := r.OperatorLatencyMs; len(l) > 0 {
-		fmt.Fprintf(&s, "| the operator's own time: first change seen → the Scheduled write returned (p50 / p90 / p99 of %v objects, from the histogram's buckets) | %.0f / %.0f / %.0f ms |\n",
+		fmt.Fprintf(&s, "| the operator's own time: first change seen → the writes of the pass that scheduled returned (p50 / p90 / p99 of %v passes, from the histogram's buckets) | %.0f / %.0f / %.0f ms |\n",
 			l["count"], l["p50"], l["p90"], l["p99"])
 		fmt.Fprintf(&s, "| … a plan alone (mean) / objects planned as the scheduler wrote them, ahead of its cache | %.1f ms / %d |\n", r.PlanMeanMs, r.PlannedAhead)
 	}
