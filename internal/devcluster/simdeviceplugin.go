@@ -147,7 +147,7 @@ func (c *Cluster) startSimGPUPlugins(ctx context.Context) error {
 		go nodeInf.RunWithContext(simCtx)
 		runNodeLoop(simCtx, s.queue, []cache.InformerSynced{podInf.HasSynced, nodeInf.HasSynced}, s.sync, func(node string, err error) {
 			s.cluster.logf("simulated GPU plugins of %s: %v", node, err)
-		}, 8) // nodes are independent; with one worker every node of 10,000 waits its turn
+		}, 1) // one: with 8, a burst at 10,000 nodes sent a sync per node event where one worker's queue folds them
 	})
 	return err
 }
