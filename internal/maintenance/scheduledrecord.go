@@ -79,10 +79,3 @@ func (r *scheduledRecord) echo(nm *maintenancev1.NodeMaintenance) bool {
 	rec, ok := r.m[types.NamespacedName{Namespace: nm.Namespace, Name: nm.Name}]
 	return ok && rec.obj.ResourceVersion == nm.ResourceVersion
 }
-
-// len is the number of objects recorded.
-func (r *scheduledRecord) len() int {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return len(r.m)
-}
