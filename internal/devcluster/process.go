@@ -174,10 +174,13 @@ func freePorts(n int) ([]int, error) {
 
 func hostPort(port int) string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(port)) }
 
-// cpu is the user+system CPU time the process has used (Linux; 0 where
-// /proc cannot be read).
-func (p *process) cpu() time.Duration {
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p.cmd.Process.Pid))
+// cpu is the user+system CPU time the process has used.
+func (p *process) cpu() time.Duration { return CPUTimeOf(p.cmd.Process.Pid) }
+
+// CPUTimeOf is the user+system CPU time process pid has used (Linux; 0
+// where /proc cannot be read).
+func CPUTimeOf(pid int) time.Duration {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
 		return 0
 	}

@@ -3,6 +3,7 @@ package devcluster
 import (
 	"fmt"
 	"maps"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -53,6 +54,19 @@ func (c *RequestCounter) Since(before map[string]int) map[string]int {
 func IsWrite(key string) bool {
 	verb, _, _ := strings.Cut(key, " ")
 	return apirequest.IsWrite(verb)
+}
+
+// FormatCountsLine renders counts on one line, sorted by key ("GET pods
+// 1, WATCH nodes 2"); none when there are none.
+func FormatCountsLine(m map[string]int, none string) string {
+	if len(m) == 0 {
+		return none
+	}
+	parts := make([]string, 0, len(m))
+	for _, k := range slices.Sorted(maps.Keys(m)) {
+		parts = append(parts, fmt.Sprintf("%s %d", k, m[k]))
+	}
+	return strings.Join(parts, ", ")
 }
 
 // FormatCounts renders counts as sorted lines.

@@ -195,7 +195,7 @@ func BenchmarkClusterPolicyScale(b *testing.B) {
 	r := gpustackReport{Nodes: gpuNodes, ReadySeconds: elapsed.Seconds(), RequestsToReady: total, WritesToReady: writes,
 		PassesToReady: passes, CPUSecondsToReady: cpu.Seconds(), RequestsPerNodeToReady: float64(total) / float64(gpuNodes),
 		IdleRequestsPerMinute: perMin(idle), StuckRequestsPerMinute: perMin(stuckIdle), ReadyAfter: scaleReadyAfter.String(),
-		IdleRequests: inline(idle), StuckRequests: inline(stuckIdle),
+		IdleRequests: devcluster.FormatCountsLine(idle, "none"), StuckRequests: devcluster.FormatCountsLine(stuckIdle, "none"),
 		Commit: gitCommit()}
 	if *scaleUpgrade {
 		r.UpgradeSeconds, r.UpgradeRequests, r.UpgradeWrites = up.elapsed.Seconds(), sum(up.requests, false), sum(up.requests, true)
@@ -702,16 +702,4 @@ func stackProgress(ctx context.Context) (string, error) {
 		parts = append(parts, component+": "+strings.Join(states, " "))
 	}
 	return strings.Join(parts, "; "), nil
-}
-
-// inline lists counts by key on one line ("WATCH nodes 2, GET pods 1").
-func inline(m map[string]int) string {
-	if len(m) == 0 {
-		return "none"
-	}
-	var parts []string
-	for _, k := range slices.Sorted(maps.Keys(m)) {
-		parts = append(parts, fmt.Sprintf("%s %d", k, m[k]))
-	}
-	return strings.Join(parts, ", ")
 }

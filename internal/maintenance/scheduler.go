@@ -177,9 +177,6 @@ func (s *Scheduler) Reconcile(ctx context.Context, _ reconcile.Request) (reconci
 	domainOf := snap.domainOf()
 	disrupted := disruptedDomains(snap, domainOf)
 	defer func() { recordDomains(plan.TotalDomains, len(disrupted)) }()
-	// The writes of a pass go out together (a pass that opens many slots
-	// at 10,000 nodes would otherwise wait for each write in turn, and
-	// every release behind it).
 	// Each node's state before its maintenance, from the snapshot (nil:
 	// the node is gone).
 	unschedulable := make(map[string]*bool, len(plan.Schedule))
@@ -192,6 +189,9 @@ func (s *Scheduler) Reconcile(ctx context.Context, _ reconcile.Request) (reconci
 			unschedulable[n.Name] = ptr.To(n.Unschedulable)
 		}
 	}
+	// The writes of a pass go out together (a pass that opens many slots
+	// at 10,000 nodes would otherwise wait for each write in turn, and
+	// every release behind it).
 	errs := make([]error, len(plan.Schedule))
 	workqueue.ParallelizeUntil(ctx, scheduleWriters, len(plan.Schedule), func(i int) {
 		o := plan.Schedule[i]

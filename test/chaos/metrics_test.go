@@ -20,6 +20,8 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 	"k8s.io/client-go/kubernetes"
+
+	"github.com/gpufleet/gpufleet/internal/devcluster"
 )
 
 // freeAddr returns a free loopback address for the operator's metrics.
@@ -139,19 +141,7 @@ func memoryOf(pid int) (rss, hwm int) {
 }
 
 // cpuSecondsOf reads utime+stime of a process.
-func cpuSecondsOf(pid int) float64 {
-	data, _ := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	s := string(data)
-	if i := strings.LastIndexByte(s, ')'); i >= 0 {
-		f := strings.Fields(s[i+1:])
-		if len(f) > 12 {
-			u, _ := strconv.ParseFloat(f[11], 64)
-			st, _ := strconv.ParseFloat(f[12], 64)
-			return (u + st) / 100 // USER_HZ
-		}
-	}
-	return 0
-}
+func cpuSecondsOf(pid int) float64 { return devcluster.CPUTimeOf(pid).Seconds() }
 
 // countsByLabel sums a counter family's values by one label.
 func countsByLabel(fams map[string]*dto.MetricFamily, family, label string) map[string]int {
@@ -167,16 +157,7 @@ func countsByLabel(fams map[string]*dto.MetricFamily, family, label string) map[
 }
 
 // formatCounts is "a 3, b 1" in key order, or "0".
-func formatCounts(m map[string]int) string {
-	if len(m) == 0 {
-		return "0"
-	}
-	parts := make([]string, 0, len(m))
-	for _, k := range slices.Sorted(maps.Keys(m)) {
-		parts = append(parts, fmt.Sprintf("%s %d", k, m[k]))
-	}
-	return strings.Join(parts, ", ")
-}
+func formatCounts(m map[string]int) string { return devcluster.FormatCountsLine(m, "0") }
 
 // histogramMeansMs returns a histogram's mean in milliseconds by the value
 // of label ("" for all).
