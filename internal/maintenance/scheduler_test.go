@@ -606,3 +606,57 @@ func readyNode(name string) *corev1.Node {
 	return &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name},
 		Status: corev1.NodeStatus{Conditions: []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue}}}}
 }
+
+// TestSchedulerRestartBetweenTwoPasses: a scheduler that starts after
+// another one's pass (its record of its own writes lost with the process)
+// plans from the API server's state and schedules nothing the limits do
+// not allow.
+func TestSchedulerRestartBetweenTwoPasses(t *testing.T) {
+	scheme := testScheme()
+	var objs []client.Object
+	for i := range 3 {
+		objs = append(objs, readyNode(fmt.Sprintf("n%d", i)), &maintenancev1.NodeMaintenance{
+			ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: fmt.Sprintf("m%d", i), Finalizers: []string{maintenancev1.Finalizer}},
+			Spec:       maintenancev1.NodeMaintenanceSpec{RequestorID: "r", NodeName: fmt.Sprintf("n%d", i)},
+		})
+	}
+	mpo := intstr.FromInt32(1)
+	objs = append(objs, &maintenancev1.MaintenanceOperatorConfig{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "ops", Name: "default"},
+		Spec:       maintenancev1.MaintenanceOperatorConfigSpec{MaxParallelOperations: &mpo},
+	})
+	api := fake.NewClientBuilder().WithScheme(scheme).WithObjects(objs...).
+		WithStatusSubresource(&maintenancev1.NodeMaintenance{}, &maintenancev1.MaintenanceOperatorConfig{}).Build()
+	ctx := context.Background()
+	newScheduler := func() *Scheduler {
+		return &Scheduler{Client: api, Namespace: "ops", Clock: clocktesting.NewFakeClock(t0), Recorder: events.NewFakeRecorder(100),
+			Reasons: &WaitReasons{Client: api, Clock: clocktesting.NewFakeClock(t0)}}
+	}
+	inProgress := func() int {
+		var l maintenancev1.NodeMaintenanceList
+		if err := api.List(ctx, &l); err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for i := range l.Items {
+			if l.Items[i].InProgress() {
+				n++
+			}
+		}
+		return n
+	}
+	if _, err := newScheduler().Reconcile(ctx, reconcile.Request{}); err != nil {
+		t.Fatal(err)
+	}
+	if got := inProgress(); got != 1 {
+		t.Fatalf("first pass: %d in progress, want 1", got)
+	}
+	for range 2 { // restarted, twice
+		if _, err := newScheduler().Reconcile(ctx, reconcile.Request{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := inProgress(); got != 1 {
+		t.Errorf("after restarts: %d in progress with maxParallelOperations 1", got)
+	}
+}
