@@ -330,6 +330,15 @@ func (r *Repairer) heldReboot(ctx context.Context, l *ladder) (reconcile.Result,
 	return reconcile.Result{RequeueAfter: seconds(l.policy.Spec.RebootTimeoutSeconds, defaultRebootTimeout)}, nil
 }
 
+// verifyingSinceReboot reports whether the repair's verification window was
+// set after its reboot was asked for (the window before the reboot rung
+// ends at or before that). Without the time of the ask (written by an older
+// version) any window counts, so the wait stays bounded.
+func verifyingSinceReboot(nr *repairv1.NodeRepair) bool {
+	v, asked := nr.Status.VerifyUntil, nr.Status.RebootRequestedAt
+	return v != nil && (asked == nil || v.After(asked.Time))
+}
+
 // awaitReboot waits for the new boot ID and Ready, then releases the node;
 // past the reboot timeout the repair fails instead of holding the node.
 func (r *Repairer) awaitReboot(ctx context.Context, l *ladder) (reconcile.Result, error) {
@@ -358,7 +367,23 @@ func (r *Repairer) awaitReboot(ctx context.Context, l *ladder) (reconcile.Result
 			return reconcile.Result{}, err
 		}
 		if faulty {
-			return reconcile.Result{}, r.end(ctx, l, repairv1.PhaseRecoveryFailed, "fault persists after the reboot")
+			// The node's problem detector starts after the kubelet and
+			// rewrites its conditions only then: the condition seen now
+			// may be the one from before the reboot. The fault gets the
+			// verification window, counted from the first look after
+			// the reboot; node events bring us back sooner.
+			window := seconds(l.policy.Spec.VerificationSeconds, defaultVerificationSeconds*time.Second)
+			if !verifyingSinceReboot(nr) {
+				t := metav1.NewTime(l.now.Add(window))
+				nr.Status.VerifyUntil = &t
+				l.record("Verify", "Waiting", fmt.Sprintf("node back from the reboot; the fault must clear within %s", window))
+				return reconcile.Result{RequeueAfter: window}, nil
+			}
+			if l.now.Before(nr.Status.VerifyUntil.Time) {
+				return reconcile.Result{RequeueAfter: nr.Status.VerifyUntil.Sub(l.now)}, nil
+			}
+			return reconcile.Result{}, r.end(ctx, l, repairv1.PhaseRecoveryFailed,
+				fmt.Sprintf("fault persists after the reboot (%s after the node came back)", window))
 		}
 		return reconcile.Result{}, r.end(ctx, l, repairv1.PhaseSucceeded, "node rebooted (new boot ID) and the fault cleared"+validatedSuffix(nr))
 	}

@@ -148,6 +148,70 @@ func TestRebootThatNeverCompletesFailsTheRepairAndReleasesTheNode(t *testing.T) 
 	}
 }
 
+// TestAFaultGetsTheVerificationWindowAfterTheReboot: the node is Ready with
+// a new boot ID while its problem detector has not yet rewritten the
+// condition from before the reboot. The repair waits the policy's
+// verification window (2 s here) from its first look after the reboot: a
+// fault that clears within it ends Succeeded, one that stays ends
+// RecoveryFailed at the window's end, not at the first look.
+func TestAFaultGetsTheVerificationWindowAfterTheReboot(t *testing.T) {
+	d := newDirect(t)
+	for _, tc := range []struct {
+		node   string
+		clears bool
+	}{{"a-1", true}, {"a-2", false}} {
+		t.Run(fmt.Sprintf("%s clears %v", tc.node, tc.clears), func(t *testing.T) {
+			ro := corev1.NodeCondition{Type: "ReadonlyFilesystem", Status: corev1.ConditionTrue, Reason: "Injected"}
+			if err := env.SetNodeCondition(t.Context(), tc.node, ro); err != nil {
+				t.Fatal(err)
+			}
+			node, err := env.Client.CoreV1().Nodes().Get(t.Context(), tc.node, metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			nr := d.repair(tc.node+"-after-reboot", tc.node, roRule, nil)
+			hold := holdNode(t, nr)
+			asked := metav1.NewTime(d.clock.Now())
+			nr.Status = repairv1.NodeRepairStatus{Phase: repairv1.PhaseRepairing, NextAction: 1, MaintenanceName: hold,
+				VerifyUntil: &asked, // the window before the reboot rung ended when the reboot was asked for
+				BootIDBefore: node.Status.NodeInfo.BootID, RebootRequestedAt: &asked}
+			if err := env.Kube.Status().Update(t.Context(), nr); err != nil {
+				t.Fatal(err)
+			}
+			// The agent rebooted the node; the condition is still the old one.
+			if err := env.Reboot(t.Context(), tc.node, 0); err != nil {
+				t.Fatal(err)
+			}
+			d.clock.Step(10 * time.Second)
+			res, got := d.reconcile(nr.Name)
+			if got.Status.Phase != repairv1.PhaseRepairing || res.RequeueAfter != 2*time.Second {
+				t.Fatalf("first look after the reboot: phase %s (%q), requeue %s; want Repairing, 2s", got.Status.Phase, got.Status.Message, res.RequeueAfter)
+			}
+			if steps := timelineSteps(got); !strings.Contains(steps, "Verify:Waiting") {
+				t.Errorf("timeline %q does not say the repair waits for the fault to clear", steps)
+			}
+			// The operator restarts: a second look inside the window keeps it.
+			d.clock.Step(time.Second)
+			if res, got = d.reconcile(nr.Name); got.Status.Phase != repairv1.PhaseRepairing || res.RequeueAfter != time.Second {
+				t.Fatalf("inside the window: phase %s, requeue %s; want Repairing, 1s", got.Status.Phase, res.RequeueAfter)
+			}
+			if tc.clears {
+				if err := env.ClearNodeCondition(t.Context(), tc.node, ro.Type); err != nil {
+					t.Fatal(err)
+				}
+				if _, got = d.reconcile(nr.Name); got.Status.Phase != repairv1.PhaseSucceeded {
+					t.Fatalf("the fault cleared inside the window: phase %s, message %q", got.Status.Phase, got.Status.Message)
+				}
+				return
+			}
+			d.clock.Step(time.Second)
+			if _, got = d.reconcile(nr.Name); got.Status.Phase != repairv1.PhaseRecoveryFailed || !strings.Contains(got.Status.Message, "fault persists after the reboot") {
+				t.Fatalf("past the window: phase %s, message %q", got.Status.Phase, got.Status.Message)
+			}
+		})
+	}
+}
+
 func TestAgentThatNeverRunsAnActionFailsTheRepair(t *testing.T) {
 	d := newDirect(t)
 	if err := env.SetNodeCondition(t.Context(), "a-1", corev1.NodeCondition{Type: "NTPProblem", Status: corev1.ConditionTrue, Reason: "Injected"}); err != nil {
