@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -18,6 +19,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apiextensionsclient "k8s.io/apiextensions-apiserver/pkg/client/clientset/clientset"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/rest"
@@ -282,7 +284,7 @@ func testDomains(t *testing.T, kubeconfig string) {
 
 	// The browser view: its snapshot has the domains; without
 	// spec.domains an update says so (the page groups by pool again).
-	events := uiEvents(t, operator.DefaultNamespace)
+	_, events := uiEvents(t, operator.DefaultNamespace)
 	var view fleet.Fleet
 	if err := json.Unmarshal([]byte(events("snapshot")), &view); err != nil {
 		t.Fatal(err)
@@ -325,7 +327,7 @@ func testDomains(t *testing.T, kubeconfig string) {
 // uiEvents serves the browser view of the local cluster (the config read
 // in namespace) and returns a function that waits for the next event of
 // a kind and returns its data.
-func uiEvents(t *testing.T, namespace string) func(kind string) string {
+func uiEvents(t *testing.T, namespace string) (*ui.Server, func(kind string) string) {
 	t.Helper()
 	srv, err := ui.New(env.Config, ui.Options{ConfigNamespace: namespace})
 	if err != nil {
@@ -349,7 +351,7 @@ func uiEvents(t *testing.T, namespace string) func(kind string) string {
 	t.Cleanup(func() { _ = resp.Body.Close() })
 	lines := bufio.NewScanner(resp.Body)
 	lines.Buffer(nil, 16<<20)
-	return func(kind string) string {
+	return srv, func(kind string) string {
 		t.Helper()
 		for lines.Scan() {
 			if lines.Text() == "event: "+kind && lines.Scan() {
@@ -359,6 +361,83 @@ func uiEvents(t *testing.T, namespace string) func(kind string) string {
 		t.Fatalf("the view's events ended before a %s event: %v", kind, lines.Err())
 		return ""
 	}
+}
+
+// TestFleetViewBuildsTheRowsOfTheNodesAChangeTouches: on the real
+// cluster, a cordon and an uncordon each build the row of their node,
+// not the fleet's four; a pod bound to a node reaches its row (found
+// through the view's index of pods by node); a node created and deleted
+// comes and goes.
+func TestFleetViewBuildsTheRowsOfTheNodesAChangeTouches(t *testing.T) {
+	devtest.NeedCluster(t)
+	ctx := t.Context()
+	srv, events := uiEvents(t, "")
+	var view fleet.Fleet
+	if err := json.Unmarshal([]byte(events("snapshot")), &view); err != nil {
+		t.Fatal(err)
+	}
+	nodes := len(view.Rows)
+	// next waits for the update whose rows satisfy ok.
+	next := func(what string, ok func(u *fleet.Fleet, removed []string) bool) {
+		t.Helper()
+		for {
+			var u struct {
+				Changed []fleet.Row `json:"changed"`
+				Removed []string    `json:"removed"`
+			}
+			if err := json.Unmarshal([]byte(events("update")), &u); err != nil {
+				t.Fatal(err)
+			}
+			if ok(&fleet.Fleet{Rows: u.Changed}, u.Removed) {
+				return
+			}
+			t.Logf("waiting for %s: an update of %d rows, %d removed", what, len(u.Changed), len(u.Removed))
+		}
+	}
+	rowOf := func(u *fleet.Fleet, node string) *fleet.Row {
+		for i := range u.Rows {
+			if u.Rows[i].Node == node {
+				return &u.Rows[i]
+			}
+		}
+		return nil
+	}
+	for _, cordon := range []bool{true, false} {
+		before := srv.RowsBuilt()
+		n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "gpu-003"}}
+		if err := env.Kube.Patch(ctx, n, client.RawPatch(types.MergePatchType, fmt.Appendf(nil, `{"spec":{"unschedulable":%v}}`, cordon))); err != nil {
+			t.Fatal(err)
+		}
+		next(fmt.Sprintf("gpu-003 unschedulable=%v", cordon), func(u *fleet.Fleet, _ []string) bool {
+			r := rowOf(u, "gpu-003")
+			return r != nil && r.Unschedulable == cordon
+		})
+		if built := srv.RowsBuilt() - before; built >= int64(nodes) {
+			t.Errorf("unschedulable=%v on one node built %d rows; the whole view is %d", cordon, built, nodes)
+		}
+	}
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "view-gpu-job"},
+		Spec: corev1.PodSpec{NodeName: "gpu-002", Containers: []corev1.Container{{Name: "main", Image: "registry.example/job:1",
+			Resources: corev1.ResourceRequirements{Requests: corev1.ResourceList{fleet.ResourceGPU: resource.MustParse("2")},
+				Limits: corev1.ResourceList{fleet.ResourceGPU: resource.MustParse("2")}}}}}}
+	if err := env.Kube.Create(ctx, pod); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = env.Kube.Delete(context.Background(), pod, client.GracePeriodSeconds(0)) })
+	next("2 GPUs in use on gpu-002", func(u *fleet.Fleet, _ []string) bool {
+		r := rowOf(u, "gpu-002")
+		return r != nil && r.GPUs.InUse != nil && *r.GPUs.InUse == 2
+	})
+	extra := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "view-extra-node", Labels: map[string]string{fleet.DefaultPoolLabel: "pool-a"}}}
+	if err := env.Kube.Create(ctx, extra); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = env.Kube.Delete(context.Background(), extra) })
+	next("the new node's row", func(u *fleet.Fleet, _ []string) bool { return rowOf(u, extra.Name) != nil })
+	if err := env.Kube.Delete(ctx, extra); err != nil {
+		t.Fatal(err)
+	}
+	next("the new node removed", func(_ *fleet.Fleet, removed []string) bool { return slices.Contains(removed, extra.Name) })
 }
 
 func patchLabels(ctx context.Context, t *testing.T, node string, labels map[string]any) {

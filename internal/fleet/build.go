@@ -2,6 +2,7 @@ package fleet
 
 import (
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -125,6 +126,13 @@ func podReadiness(p *corev1.Pod) stackPod {
 	return sp
 }
 
+// ClaimNode is the node where a claim's devices of NVIDIA's DRA driver are
+// allocated ("": not allocated).
+func ClaimNode(c *resourcev1.ResourceClaim) string {
+	node, _ := claimGPUs(c)
+	return node
+}
+
 // claimGPUs returns the node of an allocated claim and how many devices of
 // NVIDIA's DRA driver it holds there.
 func claimGPUs(c *resourcev1.ResourceClaim) (string, int64) {
@@ -178,14 +186,22 @@ func Build(s *Snapshot, now time.Time) *Fleet {
 		}
 		f.Rows = append(f.Rows, r)
 	}
-	sort.Slice(f.Rows, func(i, j int) bool { return f.Rows[i].Node < f.Rows[j].Node })
+	SortRows(f.Rows, f.DomainLabel != "")
 	if f.DomainLabel != "" {
-		groupByDomain(f.Rows)
 		f.Domains = Domains(f.Rows)
 	}
 	f.Summary = Summarize(f.Rows)
 	f.Notes = Notes(s.Unavailable)
 	return f
+}
+
+// SortRows orders rows as Build does: by node name, grouped by domain
+// (nodes in no domain last) when byDomain.
+func SortRows(rows []Row, byDomain bool) {
+	slices.SortFunc(rows, func(a, b Row) int { return strings.Compare(a.Node, b.Node) })
+	if byDomain {
+		groupByDomain(rows)
+	}
 }
 
 // Notes is a sentence per kind that could not be read, sorted.
@@ -202,40 +218,52 @@ func Notes(unavailable map[Kind]string) []string {
 func Summarize(rows []Row) Summary {
 	sum := Summary{Pools: map[string]int{}}
 	for i := range rows {
-		r := &rows[i]
-		sum.Nodes++
-		sum.Pools[r.Pool]++
-		sum.GPUs += r.GPUs.Capacity
-		if r.GPUs.InUse != nil {
-			sum.GPUsInUse += *r.GPUs.InUse
-		}
-		if r.GPUs.Faulty != nil {
-			sum.GPUsFaulty += *r.GPUs.Faulty
-		}
-		switch r.State {
-		case StateReady:
-			sum.ReadyForWork++
-		case StateDraining:
-			sum.Draining++
-			sum.InMaintenance++
-		case StateInMaintenance:
-			sum.InMaintenance++
-		case StateRecoveryFailed:
-			sum.RecoveryFailed++
-			sum.Repairing++
-		case StateRepairing:
-			sum.Repairing++
-		case StateNotReady:
-			sum.NotReady++
-			sum.Degraded++
-		case StateDegradedStack:
-			sum.DegradedStack++
-			sum.Degraded++
-		case StateCordoned:
-			sum.Cordoned++
-		}
+		sum.Add(&rows[i], 1)
 	}
 	return sum
+}
+
+// Add counts row r into the summary (sign 1), or takes it out (sign -1):
+// a view that changes a few rows keeps its summary without counting every
+// row again.
+func (sum *Summary) Add(r *Row, sign int) {
+	if sum.Pools == nil {
+		sum.Pools = map[string]int{}
+	}
+	n, n64 := sign, int64(sign)
+	sum.Nodes += n
+	if sum.Pools[r.Pool] += n; sum.Pools[r.Pool] == 0 {
+		delete(sum.Pools, r.Pool)
+	}
+	sum.GPUs += n64 * r.GPUs.Capacity
+	if r.GPUs.InUse != nil {
+		sum.GPUsInUse += n64 * *r.GPUs.InUse
+	}
+	if r.GPUs.Faulty != nil {
+		sum.GPUsFaulty += n64 * *r.GPUs.Faulty
+	}
+	switch r.State {
+	case StateReady:
+		sum.ReadyForWork += n
+	case StateDraining:
+		sum.Draining += n
+		sum.InMaintenance += n
+	case StateInMaintenance:
+		sum.InMaintenance += n
+	case StateRecoveryFailed:
+		sum.RecoveryFailed += n
+		sum.Repairing += n
+	case StateRepairing:
+		sum.Repairing += n
+	case StateNotReady:
+		sum.NotReady += n
+		sum.Degraded += n
+	case StateDegradedStack:
+		sum.DegradedStack += n
+		sum.Degraded += n
+	case StateCordoned:
+		sum.Cordoned += n
+	}
 }
 
 func buildRow(s *Snapshot, ix *index, n *corev1.Node, poolLabel string, now time.Time) Row {
@@ -262,7 +290,7 @@ func buildRow(s *Snapshot, ix *index, n *corev1.Node, poolLabel string, now time
 		}
 		r.GPUs.Faulty = &v
 	}
-	r.Stack = stackOf(n, ix.stack[n.Name], now)
+	r.Stack, r.Recheck = stackOf(n, ix.stack[n.Name], now)
 	r.Maintenance = maintenanceOf(ix.maintenances[n.Name])
 	r.Repair = repairOf(ix.repairs[n.Name])
 	r.State, r.Problems = stateOf(&r)
@@ -291,9 +319,9 @@ func quantity(l corev1.ResourceList, name corev1.ResourceName) int64 {
 // node. Every component starts at once and waits in its init containers
 // for the ones it needs (Component.After): a pod is Stuck only once what
 // it waits for is Ready, else it is Pending behind it. Nil when the node
-// has no GPU stack.
-func stackOf(n *corev1.Node, pods map[string]stackPod, now time.Time) []Component {
-	var out []Component
+// has no GPU stack. recheck is when a Pending pod of the stack, still not
+// Ready, will count as Stuck (zero: none).
+func stackOf(n *corev1.Node, pods map[string]stackPod, now time.Time) (out []Component, recheck time.Time) {
 	deployed := false
 	deployLabel := map[string]string{}
 	for _, c := range nvidiav1.Components {
@@ -326,6 +354,9 @@ func stackOf(n *corev1.Node, pods map[string]stackPod, now time.Time) []Componen
 				st = ComponentStuck
 			default:
 				st = ComponentPending
+				if at := p.since.Add(StackStuckAfter); ok && (recheck.IsZero() || at.Before(recheck)) && at.After(now) {
+					recheck = at
+				}
 			}
 		}
 		if c.Key == nvidiav1.Driver && n.Labels[nvidiav1.LabelUpgradeState] == "failed" {
@@ -337,9 +368,9 @@ func stackOf(n *corev1.Node, pods map[string]stackPod, now time.Time) []Componen
 		out = append(out, Component{Name: stackNames[c.Key], Status: st})
 	}
 	if !deployed {
-		return nil
+		return nil, time.Time{}
 	}
-	return out
+	return out, recheck
 }
 
 // phaseRank orders the phases of in-progress objects: the one furthest

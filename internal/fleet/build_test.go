@@ -432,10 +432,16 @@ func TestStackOfWaitingIsNotStuck(t *testing.T) {
 		return ""
 	}
 	tests := map[string]struct {
-		hostDriver bool
-		pods       map[string]stackPod
-		want       map[string]ComponentStatus
+		hostDriver  bool
+		pods        map[string]stackPod
+		want        map[string]ComponentStatus
+		wantRecheck time.Time
 	}{
+		"driver starting: Pending, Stuck once it has been not Ready for StackStuckAfter": {
+			pods:        map[string]stackPod{nvidiav1.Driver: {since: now.Add(-time.Minute)}},
+			want:        map[string]ComponentStatus{nvidiav1.Driver: ComponentPending, nvidiav1.ContainerToolkit: ComponentPending},
+			wantRecheck: now.Add(-time.Minute + StackStuckAfter),
+		},
 		"driver stuck, the rest wait behind it": {
 			pods: map[string]stackPod{nvidiav1.Driver: {since: old}, nvidiav1.ContainerToolkit: {since: old}, nvidiav1.DevicePlugin: {since: old}},
 			want: map[string]ComponentStatus{nvidiav1.Driver: ComponentStuck, nvidiav1.ContainerToolkit: ComponentPending, nvidiav1.DevicePlugin: ComponentPending},
@@ -460,10 +466,19 @@ func TestStackOfWaitingIsNotStuck(t *testing.T) {
 				l[nvidiav1.Components[0].DeployLabel] = "false"
 			}
 			n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n", Labels: l}}
-			out := stackOf(n, tt.pods, now)
+			out, recheck := stackOf(n, tt.pods, now)
 			for key, want := range tt.want {
 				if got := statusOf(out, key); got != want {
 					t.Errorf("%s: %s, want %s", key, got, want)
+				}
+			}
+			if !recheck.Equal(tt.wantRecheck) {
+				t.Errorf("recheck at %s, want %s", recheck, tt.wantRecheck)
+			}
+			if !recheck.IsZero() {
+				// At that time the pod is Stuck, and nothing is left to recheck.
+				if later, again := stackOf(n, tt.pods, recheck.Add(time.Nanosecond)); statusOf(later, nvidiav1.Driver) != ComponentStuck || !again.IsZero() {
+					t.Errorf("at the recheck: driver %s, recheck %s; want Stuck and none", statusOf(later, nvidiav1.Driver), again)
 				}
 			}
 		})

@@ -131,6 +131,10 @@ type Row struct {
 	// Problems says, in words, why the node is not ready for work.
 	Problems []string    `json:"problems,omitempty"`
 	Created  metav1.Time `json:"created"`
+	// Recheck is when the row changes with time alone (a GPU-stack pod
+	// not Ready becomes Stuck; zero: never): a live view builds it again
+	// then. Not shown.
+	Recheck time.Time `json:"-"`
 }
 
 // GPUs counts a node's GPUs; nil counts are unknown (a kind could not be

@@ -59,6 +59,7 @@ var (
 	memoryObjects     = flag.Bool("memory.objects", true, "give the controllers work at rest: a MaintenanceOperatorConfig with maxParallelOperations 0, a pending NodeMaintenance on 1% of the nodes and a NodeRepairPolicy with the default rules (BenchmarkOperatorMemory)")
 	memoryStatus      = flag.Bool("memory.status", true, "after the operator runs, time `gpufleet status` (three runs) and read its peak memory (BenchmarkOperatorMemory)")
 	memoryStatusAlso  = flag.String("memory.status-also", "", "another gpufleet binary whose `gpufleet status` is measured the same way on the same cluster (e.g. an older build, for a before/after)")
+	memoryUIAlso      = flag.String("memory.ui-also", "", "another gpufleet binary whose `gpufleet ui` is measured the same way on the same cluster, after this build's (e.g. an older build, for a before/after)")
 	memoryUI          = flag.Bool("memory.ui", true, "after the operator runs, start `gpufleet ui`, read its event stream as the page does (time to the first snapshot) and time 4 cordon/uncordon changes to the update naming the node (BenchmarkOperatorMemory)")
 	memoryHeartbeats  = flag.Bool("memory.heartbeats", true, "during the window at rest, write one kubelet-style status heartbeat on every node and count the reconciles it causes (BenchmarkOperatorMemory)")
 	memoryReport      = flag.String("memory.report", "", "directory for rest-<nodes>.{json,md}, scale-rest.{json,md} and heap-<nodes>.pprof (default: results/ in the source tree)")
@@ -113,8 +114,10 @@ type restReport struct {
 	// StatusAlso: the same with -memory.status-also's binary.
 	Status     []statusRun `json:"gpufleetStatus,omitempty"`
 	StatusAlso []statusRun `json:"gpufleetStatusOtherBinary,omitempty"`
-	// UI: `gpufleet ui` against the same cluster.
-	UI *uiRun `json:"gpufleetUI,omitempty"`
+	// UI: `gpufleet ui` against the same cluster; UIAlso: the same with
+	// -memory.ui-also's binary, right after.
+	UI     *uiRun `json:"gpufleetUI,omitempty"`
+	UIAlso *uiRun `json:"gpufleetUIOtherBinary,omitempty"`
 }
 
 // statusRun is one `gpufleet status` run: its wall time, peak RSS and
@@ -296,8 +299,12 @@ func BenchmarkOperatorMemory(b *testing.B) {
 	if *memoryUI {
 		ui := measureUI(b, bin, env.Kubeconfig, cs, specs[len(specs)/2].Name, 4)
 		r.UI = &ui
-		b.Logf("gpufleet ui: listening after %.2f s, first snapshot (%d bytes) after %.2f s; a cordon on the page after %v s; RSS %.0f MB (peak %.0f)",
-			ui.StartSeconds, ui.FirstSnapshotBytes, ui.FirstSnapshotSeconds, ui.ChangeSeconds, ui.RSSMB, ui.PeakRSSMB)
+		b.Logf("gpufleet ui: %s", ui)
+		if other := *memoryUIAlso; other != "" {
+			ui := measureUI(b, other, env.Kubeconfig, cs, specs[len(specs)/2].Name, 4)
+			r.UIAlso = &ui
+			b.Logf("%s ui: %s", other, ui)
+		}
 	}
 	r.LoadAfter = loadAverage()
 	r.EtcdDBMB = etcdDBMB(env.Dir)
@@ -668,12 +675,10 @@ func restMarkdown(sizes []restReport) string {
 			fmt.Fprintf(&s, "\n`gpufleet status` of the other binary, run %d: %.2f s, peak RSS %.0f MB, %d bytes of output.\n", i+1, st.Seconds, st.MaxRSSMB, st.OutputBytes)
 		}
 		if ui := r.UI; ui != nil {
-			changes := make([]string, len(ui.ChangeSeconds))
-			for i, c := range ui.ChangeSeconds {
-				changes[i] = fmt.Sprintf("%.2f s", c)
-			}
-			fmt.Fprintf(&s, "\n`gpufleet ui`: listening after %.2f s; the first snapshot on the page's event stream (%d bytes) after %.2f s; a node cordoned or uncordoned to the update naming it: %s; RSS %.0f MB (peak %.0f).\n",
-				ui.StartSeconds, ui.FirstSnapshotBytes, ui.FirstSnapshotSeconds, strings.Join(changes, ", "), ui.RSSMB, ui.PeakRSSMB)
+			fmt.Fprintf(&s, "\n`gpufleet ui`: %s.\n", ui)
+		}
+		if ui := r.UIAlso; ui != nil {
+			fmt.Fprintf(&s, "\n`gpufleet ui` of the other binary: %s.\n", ui)
 		}
 		for _, run := range r.Runs {
 			fmt.Fprintf(&s, "\n%s: startup requests %s; at rest %s.\n", run.Setting, formatCounts(run.StartupRequests), formatCounts(run.RestRequests))

@@ -13,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/gpufleet/gpufleet/internal/devcluster"
 	"github.com/gpufleet/gpufleet/internal/devcluster/devtest"
 )
 
@@ -32,6 +33,14 @@ type uiRun struct {
 	ChangeBytes   []int     `json:"changeBytes"`
 	RSSMB         float64   `json:"rssMB"`
 	PeakRSSMB     float64   `json:"peakRssMB"`
+	// StartCPUSeconds: the view's CPU up to its first snapshot;
+	// ChangesCPUSeconds over ChangesSeconds: its CPU from then to the end
+	// of the tries (what the cluster's churn and the tries cost it), and
+	// Updates: the updates it sent meanwhile.
+	StartCPUSeconds   float64 `json:"startCpuSeconds"`
+	ChangesCPUSeconds float64 `json:"changesCpuSeconds"`
+	ChangesSeconds    float64 `json:"changesSeconds"`
+	Updates           int     `json:"updates"`
 }
 
 // measureUI starts `gpufleet ui`, reads its event stream as the page does,
@@ -73,6 +82,8 @@ func measureUI(b *testing.B, bin, kubeconfig string, cs kubernetes.Interface, no
 	if first.name != "snapshot" {
 		b.Fatalf("the view's first event is %q, want snapshot", first.name)
 	}
+	r.StartCPUSeconds = devcluster.CPUTimeOf(pid).Seconds()
+	watching := time.Now()
 	quoted := fmt.Sprintf("%q", node)
 	for i := range tries {
 		patch := fmt.Sprintf(`{"spec":{"unschedulable":%t}}`, i%2 == 0)
@@ -82,6 +93,9 @@ func measureUI(b *testing.B, bin, kubeconfig string, cs kubernetes.Interface, no
 		}
 		for {
 			e := next("an update naming " + node)
+			if e.name == "update" {
+				r.Updates++
+			}
 			if e.name == "update" && strings.Contains(e.data, quoted) {
 				r.ChangeSeconds = append(r.ChangeSeconds, time.Since(sent).Seconds())
 				r.ChangeBytes = append(r.ChangeBytes, len(e.data))
@@ -89,9 +103,23 @@ func measureUI(b *testing.B, bin, kubeconfig string, cs kubernetes.Interface, no
 			}
 		}
 	}
+	r.ChangesSeconds = time.Since(watching).Seconds()
+	r.ChangesCPUSeconds = devcluster.CPUTimeOf(pid).Seconds() - r.StartCPUSeconds
 	rss, hwm := memoryOf(pid)
 	r.RSSMB, r.PeakRSSMB = float64(rss)/1024, float64(hwm)/1024
 	return r
+}
+
+// String gives the run's figures in a sentence.
+func (r uiRun) String() string {
+	changes := make([]string, len(r.ChangeSeconds))
+	for i, c := range r.ChangeSeconds {
+		changes[i] = fmt.Sprintf("%.2f s", c)
+	}
+	return fmt.Sprintf("listening after %.2f s; the first snapshot on the page's event stream (%d bytes) after %.2f s (%.1f CPU s); "+
+		"a node cordoned or uncordoned to the update naming it: %s; then %d updates in %.1f s for %.1f CPU s; RSS %.0f MB (peak %.0f)",
+		r.StartSeconds, r.FirstSnapshotBytes, r.FirstSnapshotSeconds, r.StartCPUSeconds, strings.Join(changes, ", "),
+		r.Updates, r.ChangesSeconds, r.ChangesCPUSeconds, r.RSSMB, r.PeakRSSMB)
 }
 
 type sseEvent struct{ name, data string }

@@ -1,7 +1,8 @@
 // Package ui serves the live fleet view in the browser (`gpufleet ui`):
-// informers on every kind the view reads, the fleet rebuilt (fleet.Build)
-// on each change and pushed to the page as server-sent events, a node's
-// story (fleet.Explain) on a click. The page talks only to this process;
+// informers on every kind the view reads, the rows of the nodes a change
+// touches built again (fleet.Build over those nodes' objects) and pushed
+// to the page as server-sent events, a node's story (fleet.Explain) on a
+// click. The page talks only to this process;
 // it never sees the user's credentials, and there are no write actions.
 package ui
 
@@ -17,19 +18,25 @@ import (
 	"maps"
 	"net"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	resourcev1 "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/rest"
 	toolscache "k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/util/workqueue"
 	"k8s.io/utils/clock"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -43,6 +50,15 @@ const DefaultAddress = "127.0.0.1:8090"
 
 // coalesce is how long a burst of changes is gathered into one update.
 const coalesce = 50 * time.Millisecond
+
+// everything is the work queue's key for building the whole view again
+// (the config or a ComputeDomain changed); every other key is a node's
+// name.
+const everything = "*"
+
+// indexNode is the cache index of the objects of a node (spec.nodeName;
+// for a claim, the node of its allocated GPUs).
+const indexNode = "gpufleet.node"
 
 //go:embed static
 var static embed.FS
@@ -70,14 +86,21 @@ type Server struct {
 	kinds       []kindInfo
 	unavailable map[fleet.Kind]string
 
-	dirty chan struct{}
+	// queue holds the nodes whose rows a change touched (everything: the
+	// whole view); one worker builds them again.
+	queue workqueue.TypedRateLimitingInterface[string]
 
 	mu      sync.Mutex
 	current *fleet.Fleet
+	pos     map[string]int    // node -> index of its row in current.Rows
 	rows    map[string][]byte // node -> JSON of its row, as last sent
 	domains []byte            // JSON of the domain label and domains, as last sent
 	subs    map[chan []byte]struct{}
 	ready   chan struct{}
+
+	// rowsBuilt counts the rows built since the start (the cost of a
+	// change is the rows it builds again, not the fleet).
+	rowsBuilt atomic.Int64
 }
 
 type kindInfo struct {
@@ -134,9 +157,14 @@ func New(cfg *rest.Config, opts Options) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("creating the cache: %w", err)
 	}
+	qcfg := workqueue.TypedRateLimitingQueueConfig[string]{}
+	if clk, ok := opts.Clock.(clock.WithTicker); ok {
+		qcfg.Clock = clk
+	}
 	return &Server{
 		opts: opts, direct: direct, cache: c, unavailable: map[fleet.Kind]string{},
-		dirty: make(chan struct{}, 1), rows: map[string][]byte{}, subs: map[chan []byte]struct{}{}, ready: make(chan struct{}),
+		queue: workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](), qcfg),
+		pos:   map[string]int{}, rows: map[string][]byte{}, subs: map[chan []byte]struct{}{}, ready: make(chan struct{}),
 		kinds: kinds,
 	}, nil
 }
@@ -146,7 +174,7 @@ func ptrTo[T any](v T) *T { return &v }
 // Start probes which kinds can be read (a kind whose CRD is missing or
 // that RBAC forbids is noted and not watched), starts one informer per
 // readable kind, waits for them to sync, builds the first view, and keeps
-// rebuilding it on every change until ctx ends.
+// building the rows of the nodes each change touches until ctx ends.
 func (s *Server) Start(ctx context.Context) error {
 	var readable []kindInfo
 	for _, k := range s.kinds {
@@ -177,14 +205,19 @@ func (s *Server) Start(ctx context.Context) error {
 	}
 	s.kinds = readable
 	for _, k := range s.kinds {
+		if k.kind != fleet.KindNode && nodeOf(k.obj) != everything {
+			if err := s.cache.IndexField(ctx, k.obj, indexNode, indexByNode); err != nil {
+				return fmt.Errorf("indexing %s by node: %w", k.kind, err)
+			}
+		}
 		inf, err := s.cache.GetInformer(ctx, k.obj, cache.BlockUntilSynced(false))
 		if err != nil {
 			return fmt.Errorf("watching %s: %w", k.kind, err)
 		}
 		if _, err := inf.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
-			AddFunc:    func(any) { s.changed() },
+			AddFunc:    func(o any) { s.touch(o) },
 			UpdateFunc: s.updated,
-			DeleteFunc: func(any) { s.changed() },
+			DeleteFunc: func(o any) { s.touch(o) },
 		}); err != nil {
 			return fmt.Errorf("watching %s: %w", k.kind, err)
 		}
@@ -203,19 +236,83 @@ func (s *Server) Start(ctx context.Context) error {
 		return err
 	}
 	close(s.ready)
-	go s.loop(ctx)
+	go func() {
+		<-ctx.Done()
+		s.queue.ShutDown()
+		s.closeSubscribers()
+	}()
+	go s.work(ctx)
 	return nil
 }
 
-// updated marks the view dirty when an update changed what it reads: a
-// node's status heartbeat (its conditions' heartbeat times, dropped by
-// fleet.Trim), or any change it drops, rebuilds nothing. At 10,000 nodes the
-// kubelets' heartbeats alone are ~30 updates a second, and each rebuild
-// reads every node and pod.
+// updated queues the nodes an update touched when it changed what the view
+// reads: a node's status heartbeat (its conditions' heartbeat times,
+// dropped by fleet.Trim), or any change it drops, builds nothing. At 10,000
+// nodes the kubelets' heartbeats alone are ~30 updates a second.
 func (s *Server) updated(old, cur any) {
-	if viewChanged(old, cur) {
-		s.changed()
+	for _, key := range touched(old, cur) {
+		s.queue.AddAfter(key, coalesce)
 	}
+}
+
+// touch queues the node of an object added or deleted.
+func (s *Server) touch(o any) {
+	for _, key := range touched(nil, o) {
+		s.queue.AddAfter(key, coalesce)
+	}
+}
+
+// touched are the queue keys of a change from old (nil: none) to cur: the
+// nodes of both versions (a pod not bound to one touches none), nothing
+// when the update changed nothing the view reads. The changes of a burst
+// are built once, coalesce after the first.
+func touched(old, cur any) []string {
+	if d, ok := cur.(toolscache.DeletedFinalStateUnknown); ok {
+		cur = d.Obj
+	}
+	if old != nil && !viewChanged(old, cur) {
+		return nil
+	}
+	var keys []string
+	for _, o := range []any{old, cur} {
+		if o == nil {
+			continue
+		}
+		if key := nodeOf(o); key != "" && !slices.Contains(keys, key) {
+			keys = append(keys, key)
+		}
+	}
+	return keys
+}
+
+// nodeOf is the node whose row an object is part of ("": none), or
+// everything for the objects every row may read.
+func nodeOf(o any) string {
+	switch v := o.(type) {
+	case *corev1.Node:
+		return v.Name
+	case *corev1.Pod:
+		return v.Spec.NodeName
+	case *resourcev1.ResourceClaim:
+		return fleet.ClaimNode(v)
+	case *resourcev1.ResourceSlice:
+		return ptr.Deref(v.Spec.NodeName, "")
+	case *maintenancev1.NodeMaintenance:
+		return v.Spec.NodeName
+	case *repairv1.NodeRepair:
+		return v.Spec.NodeName
+	case *repairv1.GPUFault:
+		return v.Spec.NodeName
+	}
+	return everything
+}
+
+// indexByNode indexes an object under its node (indexNode).
+func indexByNode(o client.Object) []string {
+	if n := nodeOf(o); n != "" && n != everything {
+		return []string{n}
+	}
+	return nil
 }
 
 // viewChanged reports whether two trimmed versions of an object differ in
@@ -237,39 +334,62 @@ func viewChanged(old, cur any) bool {
 	return !equality.Semantic.DeepEqual(was, c)
 }
 
-func (s *Server) changed() {
-	select {
-	case s.dirty <- struct{}{}:
-	default:
-	}
-}
-
-// loop rebuilds the view after each burst of changes (no polling: it
-// sleeps until an informer reports one).
-func (s *Server) loop(ctx context.Context) {
+// work is the queue's one worker: it takes every node queued so far and
+// builds their rows (no polling: it sleeps until a change is queued). A
+// failed build is retried with the queue's backoff, and said on the page.
+func (s *Server) work(ctx context.Context) {
 	for {
-		select {
-		case <-ctx.Done():
-			s.closeSubscribers()
+		key, stop := s.queue.Get()
+		if stop {
 			return
-		case <-s.dirty:
 		}
-		select {
-		case <-ctx.Done():
-			continue
-		case <-time.After(coalesce):
+		batch := []string{key}
+		for s.queue.Len() > 0 {
+			k, stop := s.queue.Get()
+			if stop {
+				break
+			}
+			batch = append(batch, k)
 		}
-		if err := s.rebuild(ctx); err != nil && ctx.Err() == nil {
+		err := s.refresh(ctx, batch)
+		for _, k := range batch {
+			if err != nil {
+				s.queue.AddRateLimited(k)
+			} else {
+				s.queue.Forget(k)
+			}
+			s.queue.Done(k)
+		}
+		if err != nil && ctx.Err() == nil {
 			s.broadcast(event("problem", map[string]string{"message": err.Error()}))
 		}
 	}
 }
 
+// refresh builds the rows of the nodes queued (the whole view when
+// everything is among them).
+func (s *Server) refresh(ctx context.Context, keys []string) error {
+	if slices.Contains(keys, everything) {
+		return s.rebuild(ctx)
+	}
+	snap, err := s.snapshotOf(ctx, keys)
+	if err != nil {
+		return err
+	}
+	return s.apply(fleet.Build(snap, s.opts.Clock.Now()), keys)
+}
+
 // snapshot lists every readable kind from the cache.
 func (s *Server) snapshot(ctx context.Context) (*fleet.Snapshot, error) {
+	return s.snapshotOf(ctx, nil)
+}
+
+// snapshotOf lists from the cache the given nodes and their objects (nil:
+// every node), with the objects every row may read.
+func (s *Server) snapshotOf(ctx context.Context, nodes []string) (*fleet.Snapshot, error) {
 	snap := &fleet.Snapshot{PoolLabel: s.opts.PoolLabel, Unavailable: maps.Clone(s.unavailable)}
 	for _, k := range s.kinds {
-		if err := s.cache.List(ctx, k.list); err != nil {
+		if err := s.listOf(ctx, k, nodes); err != nil {
 			return nil, fmt.Errorf("listing %s from the cache: %w", k.kind, err)
 		}
 		items, err := meta.ExtractList(k.list)
@@ -304,6 +424,37 @@ func (s *Server) snapshot(ctx context.Context) (*fleet.Snapshot, error) {
 	return snap, nil
 }
 
+// listOf fills k.list from the cache: every object, or those of the given
+// nodes (a node kind by name, the others by their node's index).
+func (s *Server) listOf(ctx context.Context, k kindInfo, nodes []string) error {
+	if nodes == nil || nodeOf(k.obj) == everything {
+		return s.cache.List(ctx, k.list)
+	}
+	var items []runtime.Object
+	for _, n := range nodes {
+		if k.kind == fleet.KindNode {
+			node := &corev1.Node{}
+			switch err := s.cache.Get(ctx, client.ObjectKey{Name: n}, node); {
+			case apierrors.IsNotFound(err):
+				continue // gone: its row goes
+			case err != nil:
+				return err
+			}
+			items = append(items, node)
+			continue
+		}
+		if err := s.cache.List(ctx, k.list, client.MatchingFields{indexNode: n}); err != nil {
+			return err
+		}
+		got, err := meta.ExtractList(k.list)
+		if err != nil {
+			return err
+		}
+		items = append(items, got...)
+	}
+	return meta.SetList(k.list, items)
+}
+
 // update is what the page receives after a change.
 type update struct {
 	Summary fleet.Summary `json:"summary"`
@@ -316,20 +467,55 @@ type update struct {
 	Removed     []string          `json:"removed"`
 }
 
+// rebuild builds the whole view again (at the start, and when the config
+// or a ComputeDomain changed).
 func (s *Server) rebuild(ctx context.Context) error {
 	snap, err := s.snapshot(ctx)
 	if err != nil {
 		return err
 	}
-	f := fleet.Build(snap, s.opts.Clock.Now())
+	return s.apply(fleet.Build(snap, s.opts.Clock.Now()), nil)
+}
+
+// apply puts the rows just built into the view and sends the page what
+// changed. nodes are the nodes they were built for (nil: every node, f is
+// the whole view): a node among them without a row is gone. The summary
+// is kept by taking each old row out and counting its new one in; only
+// with domains are the rows regrouped and the domains summarised again
+// (over every row).
+func (s *Server) apply(f *fleet.Fleet, nodes []string) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	u := update{Summary: f.Summary, DomainLabel: f.DomainLabel, Domains: f.Domains, Notes: f.Notes, Changed: []json.RawMessage{}, Removed: []string{}}
-	seen := make(map[string]bool, len(f.Rows))
+	now := s.opts.Clock.Now()
+	cur := s.current
+	if nodes == nil || cur == nil {
+		cur = &fleet.Fleet{TypeMeta: f.TypeMeta, Summary: fleet.Summary{Pools: map[string]int{}}, DomainLabel: f.DomainLabel,
+			Rows: make([]fleet.Row, 0, len(f.Rows)), Notes: f.Notes}
+		s.pos = map[string]int{}
+		nodes = slices.Collect(maps.Keys(s.rows))
+	}
+	u := update{Changed: []json.RawMessage{}, Removed: []string{}}
+	regroup := false
+	built := make(map[string]bool, len(f.Rows))
 	for i := range f.Rows {
-		r := &f.Rows[i]
-		seen[r.Node] = true
-		data, err := json.Marshal(r)
+		r := f.Rows[i]
+		built[r.Node] = true
+		s.rowsBuilt.Add(1)
+		if !r.Recheck.IsZero() {
+			s.queue.AddAfter(r.Node, r.Recheck.Sub(now)) // it changes with time alone then
+		}
+		if at, ok := s.pos[r.Node]; ok {
+			old := &cur.Rows[at]
+			cur.Summary.Add(old, -1)
+			regroup = regroup || old.Domain != r.Domain
+			cur.Rows[at] = r
+		} else {
+			s.pos[r.Node] = len(cur.Rows)
+			cur.Rows = append(cur.Rows, r)
+			regroup = true
+		}
+		cur.Summary.Add(&r, 1)
+		data, err := json.Marshal(&r)
 		if err != nil {
 			return err
 		}
@@ -338,19 +524,39 @@ func (s *Server) rebuild(ctx context.Context) error {
 			u.Changed = append(u.Changed, data)
 		}
 	}
-	for name := range s.rows {
-		if !seen[name] {
-			delete(s.rows, name)
-			u.Removed = append(u.Removed, name)
+	for _, name := range nodes {
+		if _, shown := s.rows[name]; built[name] || !shown {
+			continue
+		}
+		if at, ok := s.pos[name]; ok {
+			cur.Summary.Add(&cur.Rows[at], -1)
+			cur.Rows[at].Node = "" // dropped below
+			delete(s.pos, name)
+		}
+		delete(s.rows, name)
+		u.Removed = append(u.Removed, name)
+		regroup = true
+	}
+	if regroup {
+		cur.Rows = slices.DeleteFunc(cur.Rows, func(r fleet.Row) bool { return r.Node == "" })
+		fleet.SortRows(cur.Rows, cur.DomainLabel != "")
+		clear(s.pos)
+		for i := range cur.Rows {
+			s.pos[cur.Rows[i].Node] = i
 		}
 	}
-	domains, err := json.Marshal([]any{f.DomainLabel, f.Domains})
+	if cur.DomainLabel != "" {
+		cur.Domains = fleet.Domains(cur.Rows)
+	}
+	cur.Notes = f.Notes
+	domains, err := json.Marshal([]any{cur.DomainLabel, cur.Domains})
 	if err != nil {
 		return err
 	}
 	domainsChanged := !bytes.Equal(s.domains, domains)
 	s.domains = domains
-	s.current = f
+	s.current = cur
+	u.Summary, u.DomainLabel, u.Domains, u.Notes = cur.Summary, cur.DomainLabel, cur.Domains, cur.Notes
 	if len(u.Changed) > 0 || len(u.Removed) > 0 || domainsChanged {
 		s.broadcastLocked(event("update", u))
 	}
@@ -572,6 +778,10 @@ func (s *Server) ListenAndServe(ctx context.Context, address string, say func(st
 	say("%d nodes watched in %s; the fleet view is on http://%s/ (Ctrl-C stops)", s.nodeCount(), time.Since(began).Round(time.Millisecond), browsable(ln.Addr()))
 	return s.Serve(ctx, ln)
 }
+
+// RowsBuilt counts the rows the view has built since it started: the
+// first view builds one per node, a change one per node it touched.
+func (s *Server) RowsBuilt() int64 { return s.rowsBuilt.Load() }
 
 func (s *Server) nodeCount() int {
 	s.mu.Lock()
