@@ -116,8 +116,11 @@ type restReport struct {
 	StatusAlso []statusRun `json:"gpufleetStatusOtherBinary,omitempty"`
 	// UI: `gpufleet ui` against the same cluster; UIAlso: the same with
 	// -memory.ui-also's binary, right after.
-	UI     *uiRun `json:"gpufleetUI,omitempty"`
-	UIAlso *uiRun `json:"gpufleetUIOtherBinary,omitempty"`
+	// UIAgain: this build's view once more after the other's (the
+	// cluster's churn changes while they run: before, between, after).
+	UI      *uiRun `json:"gpufleetUI,omitempty"`
+	UIAlso  *uiRun `json:"gpufleetUIOtherBinary,omitempty"`
+	UIAgain *uiRun `json:"gpufleetUIAgain,omitempty"`
 }
 
 // statusRun is one `gpufleet status` run: its wall time, peak RSS and
@@ -304,6 +307,9 @@ func BenchmarkOperatorMemory(b *testing.B) {
 			ui := measureUI(b, other, env.Kubeconfig, cs, specs[len(specs)/2].Name, 4)
 			r.UIAlso = &ui
 			b.Logf("%s ui: %s", other, ui)
+			again := measureUI(b, bin, env.Kubeconfig, cs, specs[len(specs)/2].Name, 4)
+			r.UIAgain = &again
+			b.Logf("gpufleet ui again: %s", again)
 		}
 	}
 	r.LoadAfter = loadAverage()
@@ -678,7 +684,10 @@ func restMarkdown(sizes []restReport) string {
 			fmt.Fprintf(&s, "\n`gpufleet ui`: %s.\n", ui)
 		}
 		if ui := r.UIAlso; ui != nil {
-			fmt.Fprintf(&s, "\n`gpufleet ui` of the other binary: %s.\n", ui)
+			fmt.Fprintf(&s, "\n`gpufleet ui` of the other binary, next: %s.\n", ui)
+		}
+		if ui := r.UIAgain; ui != nil {
+			fmt.Fprintf(&s, "\n`gpufleet ui` again, last: %s.\n", ui)
 		}
 		for _, run := range r.Runs {
 			fmt.Fprintf(&s, "\n%s: startup requests %s; at rest %s.\n", run.Setting, formatCounts(run.StartupRequests), formatCounts(run.RestRequests))
