@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -16,6 +18,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
+	"k8s.io/client-go/util/workqueue"
 	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -50,20 +53,22 @@ func (d *Detector) Reconcile(ctx context.Context, req reconcile.Request) (reconc
 		return reconcile.Result{}, err
 	}
 	det := Detect(in)
-	for node, tracked := range det.Tracked {
-		if err := d.saveTracked(ctx, node, tracked); err != nil {
-			return reconcile.Result{}, err
-		}
-	}
 	for _, f := range det.Resolved {
 		if err := d.resolve(ctx, f); err != nil {
 			return reconcile.Result{}, err
 		}
 	}
+	// The repairs first, then the fault clocks: a burst of faults on
+	// hundreds of nodes writes a clock on each, and the repairs the pass
+	// allows must not wait behind them. A refused write stops none of the
+	// others; the pass runs again (with backoff) for what failed.
+	var errs []error
 	for _, r := range det.Create {
-		if err := d.create(ctx, r); err != nil {
-			return reconcile.Result{}, err
-		}
+		errs = append(errs, d.create(ctx, r))
+	}
+	errs = append(errs, d.saveAllTracked(ctx, det.Tracked)...)
+	if err := errors.Join(errs...); err != nil {
+		return reconcile.Result{}, err
 	}
 	return reconcile.Result{RequeueAfter: det.Next}, d.writeStatus(ctx, policy, det.Status, func() {
 		if c := meta.FindStatusCondition(det.Status.Conditions, conditionBusy); c != nil && c.Status == metav1.ConditionTrue {
@@ -237,6 +242,23 @@ func trackedOf(n *corev1.Node) map[string]time.Time {
 		}
 	}
 	return out
+}
+
+// trackWriters bounds the fault clocks one pass writes at once.
+const trackWriters = 16
+
+// saveAllTracked writes the nodes' fault clocks, trackWriters at once,
+// and returns the errors.
+func (d *Detector) saveAllTracked(ctx context.Context, tracked map[string]map[string]time.Time) []error {
+	nodes := slices.Sorted(maps.Keys(tracked))
+	errs := make([]error, len(nodes))
+	workqueue.ParallelizeUntil(ctx, trackWriters, len(nodes), func(i int) {
+		errs[i] = d.saveTracked(ctx, nodes[i], tracked[nodes[i]])
+	})
+	if err := ctx.Err(); err != nil {
+		errs = append(errs, err) // stopping: the writes not started did not run
+	}
+	return errs
 }
 
 // saveTracked writes a node's fault clock (nil or empty removes it).

@@ -1,0 +1,150 @@
+package repair
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/tools/events"
+	clocktesting "k8s.io/utils/clock/testing"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	maintenancev1 "github.com/gpufleet/gpufleet/api/maintenance/v1alpha1"
+	repairv1 "github.com/gpufleet/gpufleet/api/repair/v1alpha1"
+)
+
+// writeLog records a detector pass's writes in order, and holds the fault
+// clock writes until `hold` of them are in flight at once (or a second
+// passed), to see how many it sends together.
+type writeLog struct {
+	mu           sync.Mutex
+	order        []string
+	inFlight     int
+	most         int
+	hold         int
+	all          chan struct{}
+	refuseCreate string // the node whose NodeRepair the API server refuses
+}
+
+func (w *writeLog) funcs() interceptor.Funcs {
+	return interceptor.Funcs{
+		Create: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.CreateOption) error {
+			if r, ok := obj.(*repairv1.NodeRepair); ok {
+				w.mu.Lock()
+				w.order = append(w.order, "create "+r.Spec.NodeName)
+				w.mu.Unlock()
+				if r.Spec.NodeName == w.refuseCreate {
+					return apierrors.NewForbidden(repairv1.GroupVersion.WithResource("noderepairs").GroupResource(), r.Name, errors.New("refused by the test"))
+				}
+			}
+			return c.Create(ctx, obj, opts...)
+		},
+		Patch: func(ctx context.Context, c client.WithWatch, obj client.Object, patch client.Patch, opts ...client.PatchOption) error {
+			data, _ := patch.Data(obj)
+			if _, ok := obj.(*corev1.Node); !ok || !strings.Contains(string(data), annotationFaults) {
+				return c.Patch(ctx, obj, patch, opts...)
+			}
+			w.mu.Lock()
+			w.order = append(w.order, "clock "+obj.GetName())
+			w.inFlight++
+			w.most = max(w.most, w.inFlight)
+			if w.inFlight == w.hold {
+				close(w.all)
+			}
+			w.mu.Unlock()
+			select {
+			case <-w.all:
+			case <-time.After(time.Second):
+			}
+			w.mu.Lock()
+			w.inFlight--
+			w.mu.Unlock()
+			return c.Patch(ctx, obj, patch, opts...)
+		},
+	}
+}
+
+// TestDetectorCreatesTheRepairsBeforeTheFaultClocks: a burst of new faults
+// on 40 nodes (each gets its fault clock) in the pass that also starts two
+// repairs: the repairs are created before any clock is written, the clocks
+// go out trackWriters at once, and a repair the API server refuses stops
+// neither the other repair nor the clocks (the pass fails, to run again).
+func TestDetectorCreatesTheRepairsBeforeTheFaultClocks(t *testing.T) {
+	scheme := runtime.NewScheme()
+	for _, add := range []func(*runtime.Scheme) error{clientgoscheme.AddToScheme, repairv1.AddToScheme, maintenancev1.AddToScheme} {
+		if err := add(scheme); err != nil {
+			t.Fatal(err)
+		}
+	}
+	now := time.Date(2026, 12, 7, 12, 0, 0, 0, time.UTC)
+	policy := testPolicy(func(s *repairv1.NodeRepairPolicySpec) { s.MaxParallelPools = ptr.To[int32](2) })
+	objs := []client.Object{policy}
+	for i := range 2 { // past the threshold: repairs to start
+		n := faultyNode(fmt.Sprintf("old-%d", i), fmt.Sprintf("pool-old-%d", i), now.Add(-time.Minute))
+		objs = append(objs, &n)
+	}
+	const burst = 40
+	for i := range burst { // just seen: a clock each
+		n := faultyNode(fmt.Sprintf("new-%02d", i), fmt.Sprintf("pool-new-%02d", i), time.Time{})
+		objs = append(objs, &n)
+	}
+	for _, refuse := range []string{"", "old-0"} {
+		t.Run("refused "+refuse, func(t *testing.T) {
+			log := &writeLog{hold: trackWriters, all: make(chan struct{}), refuseCreate: refuse}
+			api := fake.NewClientBuilder().WithScheme(scheme).WithObjects(objs...).
+				WithStatusSubresource(&repairv1.NodeRepairPolicy{}, &repairv1.NodeRepair{}).WithInterceptorFuncs(log.funcs()).Build()
+			d := &Detector{Client: api, Clock: clocktesting.NewFakeClock(now), Recorder: events.NewFakeRecorder(100)}
+			_, err := d.Reconcile(t.Context(), reconcile.Request{NamespacedName: client.ObjectKeyFromObject(policy)})
+			if refuse == "" && err != nil {
+				t.Fatal(err)
+			}
+			if refuse != "" && !strings.Contains(fmt.Sprint(err), "refused by the test") {
+				t.Errorf("a refused repair: the pass returned %v, want the refusal (to run again)", err)
+			}
+			creates, clocks, firstClock := 0, 0, -1
+			for i, w := range log.order {
+				switch {
+				case strings.HasPrefix(w, "create "):
+					creates++
+					if firstClock >= 0 {
+						t.Errorf("%q written after the first fault clock (write %d): %v", w, i, log.order)
+					}
+				case firstClock < 0:
+					firstClock = i
+					fallthrough
+				default:
+					clocks++
+				}
+			}
+			if creates != 2 || clocks != burst {
+				t.Errorf("%d repairs created and %d clocks written; want 2 and %d", creates, clocks, burst)
+			}
+			if log.most != trackWriters {
+				t.Errorf("at most %d fault clocks written at once, want %d", log.most, trackWriters)
+			}
+			var list repairv1.NodeRepairList
+			if err := api.List(t.Context(), &list); err != nil {
+				t.Fatal(err)
+			}
+			want := 2
+			if refuse != "" {
+				want = 1
+			}
+			if len(list.Items) != want {
+				t.Errorf("%d NodeRepairs exist, want %d", len(list.Items), want)
+			}
+		})
+	}
+}
