@@ -415,6 +415,11 @@ func TestFleetViewBuildsTheRowsOfTheNodesAChangeTouches(t *testing.T) {
 		if built := srv.RowsBuilt() - before; built >= int64(nodes) {
 			t.Errorf("unschedulable=%v on one node built %d rows; the whole view is %d", cordon, built, nodes)
 		}
+		if cordon && srv.RowsBuilt() >= int64(2*nodes) {
+			// The informers' initial lists are in the first view: their
+			// objects are not built a second time.
+			t.Errorf("the first view and one change built %d rows; want the %d of the first view and one", srv.RowsBuilt(), nodes)
+		}
 	}
 	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "view-gpu-job"},
 		Spec: corev1.PodSpec{NodeName: "gpu-002", Containers: []corev1.Container{{Name: "main", Image: "registry.example/job:1",

@@ -133,15 +133,19 @@ func scaleScheduler(tb testing.TB, nNodes, pools, objects, inProgress int) (*Sch
 	return s, c
 }
 
-// BenchmarkSchedulerPass is one scheduling pass at 10,000 nodes and 1,000
-// NodeMaintenance objects (16 pools): every slot taken (the pass a
-// heartbeat-free change brings), and with one slot free (the pass of a
-// rollout: one object scheduled). The writes are answered at once, so the
-// figure is the operator's own CPU for a pass.
+// BenchmarkSchedulerPass is one scheduling pass at 1,000, 3,000 and 10,000
+// nodes with a NodeMaintenance on every tenth (16 pools): every slot taken
+// (the pass a heartbeat-free change brings), and with one slot free (the
+// pass of a rollout: one object scheduled). The writes are answered at
+// once, so the figure is the operator's own CPU for a pass: its growth
+// with the fleet is the pass's.
 func BenchmarkSchedulerPass(b *testing.B) {
-	for _, inProgress := range []int{50, 49} {
-		b.Run(fmt.Sprintf("nodes=10000/objects=1000/inProgress=%d", inProgress), func(b *testing.B) {
-			s, c := scaleScheduler(b, 10000, 16, 1000, inProgress)
+	for _, size := range []struct{ nodes, objects, inProgress int }{
+		{1000, 100, 50}, {1000, 100, 49}, {3000, 300, 50}, {3000, 300, 49}, {10000, 1000, 50}, {10000, 1000, 49},
+	} {
+		nodes, objects, inProgress := size.nodes, size.objects, size.inProgress
+		b.Run(fmt.Sprintf("nodes=%d/objects=%d/inProgress=%d", nodes, objects, inProgress), func(b *testing.B) {
+			s, c := scaleScheduler(b, nodes, 16, objects, inProgress)
 			ctx := context.Background()
 			b.ReportAllocs()
 			for b.Loop() {

@@ -214,8 +214,12 @@ func (s *Server) Start(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("watching %s: %w", k.kind, err)
 		}
-		if _, err := inf.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
-			AddFunc:    func(o any) { s.touch(o) },
+		if _, err := inf.AddEventHandler(toolscache.ResourceEventHandlerDetailedFuncs{
+			AddFunc: func(o any, initial bool) {
+				if !initial { // the first view, built once the caches are synced, has them
+					s.touch(o)
+				}
+			},
 			UpdateFunc: s.updated,
 			DeleteFunc: func(o any) { s.touch(o) },
 		}); err != nil {
