@@ -148,3 +148,57 @@ func TestDetectorCreatesTheRepairsBeforeTheFaultClocks(t *testing.T) {
 		})
 	}
 }
+
+// countingReader counts the GPUFault records its lists return.
+type countingReader struct {
+	client.Reader
+	read int
+}
+
+func (c *countingReader) List(ctx context.Context, list client.ObjectList, opts ...client.ListOption) error {
+	err := c.Reader.List(ctx, list, opts...)
+	if l, ok := list.(*repairv1.GPUFaultList); ok {
+		c.read += len(l.Items)
+	}
+	return err
+}
+
+// TestANodeEventReadsThatNodesGPUFaultsOnly: the isolator maps a slice or
+// node event to the out-of-service records of that node through the index
+// (100 nodes with 10 records each: one event reads 10, not 1,000); a
+// policy change maps to every out-of-service record.
+func TestANodeEventReadsThatNodesGPUFaultsOnly(t *testing.T) {
+	scheme := runtime.NewScheme()
+	if err := repairv1.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	var objs []client.Object
+	for n := range 100 {
+		for g := range 10 {
+			gf := &repairv1.GPUFault{}
+			gf.Name, gf.Spec.NodeName = fmt.Sprintf("node-%03d-gpu-%d", n, g), fmt.Sprintf("node-%03d", n)
+			if g%2 == 0 {
+				gf.Status.Class = repairv1.GPUClassResetGPU // out of service
+			}
+			objs = append(objs, gf)
+		}
+	}
+	api := fake.NewClientBuilder().WithScheme(scheme).WithObjects(objs...).
+		WithIndex(&repairv1.GPUFault{}, indexGPUNode, func(o client.Object) []string { return []string{o.(*repairv1.GPUFault).Spec.NodeName} }).Build()
+	c := &countingReader{Reader: api}
+	reqs, err := recordsOutOfService(t.Context(), c, "node-007")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(reqs) != 5 || c.read != 10 {
+		t.Errorf("one node's event: %d records queued after reading %d; want its 5 out of service, read from its 10", len(reqs), c.read)
+	}
+	for _, r := range reqs {
+		if !strings.HasPrefix(r.Name, "node-007-") {
+			t.Errorf("queued %s for an event of node-007", r.Name)
+		}
+	}
+	if all, err := recordsOutOfService(t.Context(), c, ""); err != nil || len(all) != 500 {
+		t.Errorf("a policy change: %d records queued (%v), want 500", len(all), err)
+	}
+}

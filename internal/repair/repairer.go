@@ -442,8 +442,8 @@ func (r *Repairer) runStackRestart(ctx context.Context, l *ladder, a repairv1.Ac
 func (r *Repairer) stackReturn(ctx context.Context, l *ladder) (res reconcile.Result, note string, done bool, err error) {
 	nr := l.nr
 	var faults repairv1.GPUFaultList
-	if err := r.Client.List(ctx, &faults); err != nil {
-		return res, "", false, fmt.Errorf("listing GPUFaults: %w", err)
+	if err := r.Client.List(ctx, &faults, client.MatchingFields{indexGPUNode: l.node.Name}); err != nil {
+		return res, "", false, fmt.Errorf("listing the GPUFaults of node %s: %w", l.node.Name, err)
 	}
 	var slices resourcev1.ResourceSliceList
 	if r.DRA {
@@ -648,8 +648,8 @@ func stillFaulty(node *corev1.Node, rule repairv1.Rule) bool {
 func (r *Repairer) stillFaulty(ctx context.Context, l *ladder, rule *repairv1.Rule) (bool, error) {
 	if len(l.nr.Spec.GPUs) > 0 {
 		var list repairv1.GPUFaultList
-		if err := r.Client.List(ctx, &list); err != nil {
-			return false, fmt.Errorf("listing GPUFaults: %w", err)
+		if err := r.Client.List(ctx, &list, client.MatchingFields{indexGPUNode: l.node.Name}); err != nil {
+			return false, fmt.Errorf("listing the GPUFaults of node %s: %w", l.node.Name, err)
 		}
 		return !gpusInService(l.nr.Spec.GPUs, l.node.Name, list.Items), nil
 	}
@@ -747,8 +747,8 @@ func (r *Repairer) gpuDrainRequest(ctx context.Context, l *ladder) (requestor.Re
 	known := false
 	if len(devices) == 0 {
 		var records repairv1.GPUFaultList
-		if err := r.Client.List(ctx, &records); err != nil {
-			return requestor.Request{}, "", fmt.Errorf("listing GPUFaults: %w", err)
+		if err := r.Client.List(ctx, &records, client.MatchingFields{indexGPUNode: node}); err != nil {
+			return requestor.Request{}, "", fmt.Errorf("listing the GPUFaults of node %s: %w", node, err)
 		}
 		held, known = allocatedPods(l.nr.Spec.GPUs, node, records.Items)
 	}

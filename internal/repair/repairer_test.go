@@ -173,7 +173,7 @@ func TestAFaultGetsTheVerificationWindowAfterTheReboot(t *testing.T) {
 			hold := holdNode(t, nr)
 			asked := metav1.NewTime(d.clock.Now())
 			nr.Status = repairv1.NodeRepairStatus{Phase: repairv1.PhaseRepairing, NextAction: 1, MaintenanceName: hold,
-				VerifyUntil: &asked, // the window before the reboot rung ended when the reboot was asked for
+				VerifyUntil:  &asked, // the window before the reboot rung ended when the reboot was asked for
 				BootIDBefore: node.Status.NodeInfo.BootID, RebootRequestedAt: &asked}
 			if err := env.Kube.Status().Update(t.Context(), nr); err != nil {
 				t.Fatal(err)

@@ -25,10 +25,13 @@ import (
 	"github.com/gpufleet/gpufleet/internal/maintenance/requestor"
 )
 
-// indexNode indexes NodeRepairs by node; indexSliceNode, ResourceSlices.
+// indexNode indexes NodeRepairs by node; indexSliceNode, ResourceSlices;
+// indexGPUNode, GPUFaults. (The API server serves the same field
+// selectors, for a client without this cache.)
 const (
 	indexNode      = "spec.nodeName"
 	indexSliceNode = "spec.nodeName"
+	indexGPUNode   = "spec.nodeName"
 )
 
 // +kubebuilder:rbac:groups=repair.gpufleet.dev,resources=noderepairpolicies,verbs=get;list;watch
@@ -82,6 +85,11 @@ func Setup(mgr manager.Manager, opts Options) error {
 		return []string{o.(*repairv1.NodeRepair).Spec.NodeName}
 	}); err != nil {
 		return fmt.Errorf("indexing NodeRepairs by node: %w", err)
+	}
+	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &repairv1.GPUFault{}, indexGPUNode, func(o client.Object) []string {
+		return []string{o.(*repairv1.GPUFault).Spec.NodeName}
+	}); err != nil {
+		return fmt.Errorf("indexing GPUFaults by node: %w", err)
 	}
 	repairsOf := func(ctx context.Context, node string) []reconcile.Request {
 		var list repairv1.NodeRepairList
@@ -166,20 +174,35 @@ var deviceTaintsChanged = predicate.Funcs{
 	},
 }
 
+// recordsOutOfService are the GPUFault records of node ("": every node) whose GPU
+// is out of service. A node's records come from the index: a slice or
+// node event of one node reads that node's records, not the fleet's (at
+// 10,000 nodes a burst of faults brings an event per faulty node).
+func recordsOutOfService(ctx context.Context, c client.Reader, node string) ([]reconcile.Request, error) {
+	var list repairv1.GPUFaultList
+	opts := []client.ListOption{client.UnsafeDisableDeepCopy}
+	if node != "" {
+		opts = append(opts, client.MatchingFields{indexGPUNode: node})
+	}
+	if err := c.List(ctx, &list, opts...); err != nil {
+		return nil, err
+	}
+	var reqs []reconcile.Request
+	for i := range list.Items {
+		if g := &list.Items[i]; !g.InService() {
+			reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(g)})
+		}
+	}
+	return reqs, nil
+}
+
 // setupIsolator registers the GPU isolator (the API server serves DRA).
 func setupIsolator(mgr manager.Manager, log logr.Logger) error {
 	c := mgr.GetClient()
 	gpusOfNode := func(ctx context.Context, node string) []reconcile.Request {
-		var list repairv1.GPUFaultList
-		if err := c.List(ctx, &list); err != nil {
-			log.Error(err, "listing GPUFaults for an event")
-			return nil
-		}
-		var reqs []reconcile.Request
-		for i := range list.Items {
-			if g := &list.Items[i]; !g.InService() && (node == "" || g.Spec.NodeName == node) {
-				reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(g)})
-			}
+		reqs, err := recordsOutOfService(ctx, c, node)
+		if err != nil {
+			log.Error(err, "listing GPUFaults for an event", "node", node)
 		}
 		return reqs
 	}

@@ -1,11 +1,13 @@
 package chaos
 
 import (
+	"cmp"
 	"context"
 	"flag"
 	"fmt"
 	"io"
 	"maps"
+	"math"
 	"net/http"
 	"os"
 	"runtime"
@@ -70,6 +72,10 @@ type gpuFault struct {
 	repair           string    // the NodeRepair whose spec.gpus has it
 	gfClear          time.Time // GPUFault class empty again
 	dtrGone          time.Time // DeviceTaintRule deleted
+	// notes: each isolation note the isolator wrote on the GPUFault, with
+	// the time from the injection (why a GPU is not isolated yet).
+	notes    []string
+	lastNote string
 }
 
 // repairSeen is one NodeRepair as the watches saw it.
@@ -145,6 +151,10 @@ func (w *burstWatch) onGPUFault(gf *repairv1.GPUFault) {
 			f.detected = now
 		case !f.detected.IsZero() && f.gfClear.IsZero() && gf.InService():
 			f.gfClear = now
+		}
+		if note := gf.Annotations[repair.AnnotationIsolation]; note != f.lastNote {
+			f.lastNote = note
+			f.notes = append(f.notes, fmt.Sprintf("+%.1f s %q", now.Sub(f.injected).Seconds(), note))
 		}
 	}
 }
@@ -407,10 +417,13 @@ type burstReportData struct {
 	FaultyNodes  int     `json:"faultyNodes"`
 	// FailedRepairs: each repair that ended RecoveryFailed, with its
 	// node and status message.
-	FailedRepairs  []string       `json:"failedRepairs,omitempty"`
-	Repairs        int            `json:"repairs"`
-	RepairsByPhase map[string]int `json:"repairsByPhase"`
-	IgnoredRecords int            `json:"ignoredRecords"`
+	FailedRepairs []string `json:"failedRepairs,omitempty"`
+	// SlowestIsolations: the three faults isolated last after their
+	// detection, with the isolation notes written on their GPUFault.
+	SlowestIsolations []string       `json:"slowestIsolations,omitempty"`
+	Repairs           int            `json:"repairs"`
+	RepairsByPhase    map[string]int `json:"repairsByPhase"`
+	IgnoredRecords    int            `json:"ignoredRecords"`
 	// ExtraRepairs: repairs of a faulty node after its first (e.g. a
 	// fault its first repair left); examples say which.
 	ExtraRepairs        int      `json:"extraRepairs"`
@@ -999,6 +1012,18 @@ func (w *burstWatch) report(threshold time.Duration) burstReportData {
 			from.add(burstMilestones[6], f.injected, r.resetPending)
 		}
 	}
+	slowest := slices.Clone(w.faults)
+	isolation := func(f *gpuFault) time.Duration {
+		if f.isolated.IsZero() || f.detected.IsZero() {
+			return time.Duration(math.MaxInt64)
+		}
+		return f.isolated.Sub(f.detected)
+	}
+	slices.SortFunc(slowest, func(a, b *gpuFault) int { return cmp.Compare(isolation(b), isolation(a)) })
+	for _, f := range slowest[:min(3, len(slowest))] {
+		rep.SlowestIsolations = append(rep.SlowestIsolations, fmt.Sprintf("node %s GPU %d (%s): detected +%.1f s, isolated +%.1f s; notes %s",
+			f.node, f.gpu, f.gfName, f.detected.Sub(f.injected).Seconds(), f.isolated.Sub(f.injected).Seconds(), strings.Join(f.notes, ", ")))
+	}
 	for _, f := range w.faults {
 		stages.add(burstStages[0], f.injected, f.detected)
 		stages.add(burstStages[1], f.detected, f.isolated)
@@ -1105,6 +1130,9 @@ func (r burstReportData) markdown() string {
 	fmt.Fprintf(&s, "| fault → back in service without reboot | %s | %s |\n", r.NVSentinel["fault → back in service without reboot"], p50p99(r.FromFaultMs[burstMilestones[7]]))
 	fmt.Fprintf(&s, "| drain rate | %s | %.2f evictions/s (first to last eviction), at most %d in one second |\n\n", r.NVSentinel["drain"], r.EvictionsPerSecond, r.PeakEvictionsPerSec)
 	fmt.Fprintf(&s, "The two runs differ: NVSentinel's limits, thresholds and hardware are its own; here every repair waits for one repair per pool, maxParallelPools and the NodeMaintenance limits.\n\n")
+	if len(r.SlowestIsolations) > 0 {
+		fmt.Fprintf(&s, "The faults isolated last after their detection:\n\n- %s\n\n", strings.Join(r.SlowestIsolations, "\n- "))
+	}
 	if len(r.FailedRepairs) > 0 {
 		fmt.Fprintf(&s, "Repairs that failed:\n\n- %s\n\n", strings.Join(r.FailedRepairs, "\n- "))
 	}
