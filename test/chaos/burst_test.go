@@ -23,6 +23,8 @@ import (
 	resourcev1 "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/util/wait"
 	toolscache "k8s.io/client-go/tools/cache"
@@ -114,6 +116,12 @@ type burstWatch struct {
 	nms       map[string]*nmSeen
 	podEvict  map[string]time.Time
 	podGone   map[string]time.Time
+	// A node's simulated GPU plugin pod taken down (evicted, deleted) and
+	// not yet replaced, and how long each replacement took to be bound to
+	// its node (what the simulated plugin counts as its restart).
+	pluginDown     map[string]pluginDown
+	pluginRestarts []time.Duration
+	pluginRestart  map[string]time.Duration // node -> its last one
 	ends      []time.Time       // NodeRepairs seen ending
 	active    map[string]string // active NodeRepair -> pool
 	ignored   int
@@ -125,6 +133,7 @@ type burstWatch struct {
 func newBurstWatch(faults []*gpuFault, maxPools int) *burstWatch {
 	w := &burstWatch{maxPools: maxPools, faults: faults, byGF: map[string][]*gpuFault{}, byNodePCI: map[string]*gpuFault{},
 		repairs: map[string]*repairSeen{}, nms: map[string]*nmSeen{}, podEvict: map[string]time.Time{}, podGone: map[string]time.Time{},
+		pluginDown: map[string]pluginDown{}, pluginRestart: map[string]time.Duration{},
 		active: map[string]string{}}
 	for _, f := range faults {
 		w.byGF[f.gfName] = append(w.byGF[f.gfName], f)
@@ -285,7 +294,54 @@ func (w *burstWatch) onNM(nm *maintenancev1.NodeMaintenance, gone bool) {
 	}
 }
 
+// pluginDown is a node's simulated GPU plugin pod taken down.
+type pluginDown struct {
+	uid types.UID
+	at  time.Time
+}
+
+// simPluginSelectors select the pods of the simulated GPU plugins'
+// DaemonSets.
+var simPluginSelectors = func() []labels.Selector {
+	var out []labels.Selector
+	for _, ds := range devcluster.SimGPUPluginDaemonSets() {
+		out = append(out, labels.SelectorFromSet(ds.Spec.Selector.MatchLabels))
+	}
+	return out
+}()
+
+// simPluginPod reports whether p is a pod of the simulated GPU plugins.
+func simPluginPod(p *corev1.Pod) bool {
+	return slices.ContainsFunc(simPluginSelectors, func(s labels.Selector) bool { return s.Matches(labels.Set(p.Labels)) })
+}
+
+// onPluginPod times a node's GPU plugin restart: from its pod's eviction
+// or deletion to a new pod bound to the node.
+func (w *burstWatch) onPluginPod(p *corev1.Pod, gone bool) {
+	node := p.Spec.NodeName
+	if node == "" {
+		return
+	}
+	now := time.Now()
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	down, isDown := w.pluginDown[node]
+	switch {
+	case (gone || p.DeletionTimestamp != nil) && !isDown:
+		w.pluginDown[node] = pluginDown{uid: p.UID, at: now}
+	case !gone && p.DeletionTimestamp == nil && isDown && p.UID != down.uid:
+		d := now.Sub(down.at)
+		w.pluginRestarts = append(w.pluginRestarts, d)
+		w.pluginRestart[node] = d
+		delete(w.pluginDown, node)
+	}
+}
+
 func (w *burstWatch) onPod(p *corev1.Pod, gone bool) {
+	if simPluginPod(p) {
+		w.onPluginPod(p, gone)
+		return
+	}
 	if p.Labels[burstLabel] == "" {
 		return
 	}
@@ -388,6 +444,12 @@ func (w *burstWatch) watch(ctx context.Context, b *testing.B, env *devcluster.En
 		},
 	})
 	add(&corev1.Pod{}, toolscache.ResourceEventHandlerFuncs{
+		// (A plugin pod's replacement arrives as an add, bound later.)
+		AddFunc: func(o any) {
+			if p := o.(*corev1.Pod); simPluginPod(p) {
+				w.onPod(p, false)
+			}
+		},
 		UpdateFunc: func(_, o any) { w.onPod(o.(*corev1.Pod), false) },
 		DeleteFunc: func(o any) {
 			if p, ok := deleted[*corev1.Pod](o); ok {
@@ -441,6 +503,12 @@ type burstReportData struct {
 	DispatchAllowed       int                `json:"dispatchAllowedAtThreshold"`
 	DispatchWithin5s      int                `json:"dispatchWithin5sOfThreshold"`
 	DispatchFromAllowedMs map[string]float64 `json:"dispatchFromAllowedMs"`
+	// PluginRestartMs: each simulated GPU plugin pod taken down (gpufleet
+	// restarts them when a repaired GPU stays out) to its replacement
+	// bound to the node; PluginsDownAtEnd: those not replaced by the end.
+	PluginRestartMs  map[string]float64 `json:"pluginRestartMs"`
+	PluginRestarts   int                `json:"pluginRestarts"`
+	PluginsDownAtEnd int                `json:"pluginsDownAtEnd"`
 	// Evictions of claim pods (deletionTimestamp seen).
 	Evictions           int     `json:"evictions"`
 	EvictionsPerSecond  float64 `json:"evictionsPerSecond"`
@@ -937,7 +1005,13 @@ func (w *burstWatch) report(threshold time.Duration) burstReportData {
 		}
 		rep.RepairsByPhase[phase]++
 		if r.phase == repairv1.PhaseRecoveryFailed {
-			rep.FailedRepairs = append(rep.FailedRepairs, fmt.Sprintf("%s (node %s, rule %s): %s", name, r.node, r.rule, r.message))
+			plugin := "its GPU plugin pod was not restarted"
+			if d, ok := w.pluginRestart[r.node]; ok {
+				plugin = fmt.Sprintf("its GPU plugin pod's replacement was bound %.1f s after the eviction", d.Seconds())
+			} else if down, ok := w.pluginDown[r.node]; ok {
+				plugin = fmt.Sprintf("its GPU plugin pod, taken down %s before the end, had no replacement yet", time.Since(down.at).Round(time.Second))
+			}
+			rep.FailedRepairs = append(rep.FailedRepairs, fmt.Sprintf("%s (node %s, rule %s): %s [%s]", name, r.node, r.rule, r.message, plugin))
 		}
 		var nm *nmSeen
 		if r.gpuMaintenance != "" {
@@ -1037,6 +1111,8 @@ func (w *burstWatch) report(threshold time.Duration) burstReportData {
 	rep.StagesMs = stages.percentiles()
 	slices.Sort(fromAllowed)
 	rep.DispatchFromAllowedMs = percentiles(fromAllowed)
+	restarts := slices.Sorted(slices.Values(w.pluginRestarts))
+	rep.PluginRestartMs, rep.PluginRestarts, rep.PluginsDownAtEnd = percentiles(restarts), len(restarts), len(w.pluginDown)
 	var ev []time.Time
 	for _, f := range w.faults {
 		for _, p := range f.pods {
@@ -1096,6 +1172,8 @@ func (r burstReportData) markdown() string {
 	fmt.Fprintf(&s, "| repairs of a faulty node after its first | %d |\n", r.ExtraRepairs)
 	fmt.Fprintf(&s, "| repairs allowed by the limits at their threshold / drain requested within 5 s of the threshold | %d / %d |\n", r.DispatchAllowed, r.DispatchWithin5s)
 	fmt.Fprintf(&s, "| from allowed (threshold, or the last repair ended before) to drain requested, p50 / p90 / p99 / max | %s |\n", pct(r.DispatchFromAllowedMs))
+	fmt.Fprintf(&s, "| GPU plugin pods taken down and replaced (the replacement bound to the node) / not replaced at the end; eviction → replacement, p50 / p90 / p99 / max | %d / %d; %s |\n",
+		r.PluginRestarts, r.PluginsDownAtEnd, pct(r.PluginRestartMs))
 	fmt.Fprintf(&s, "| claim pods evicted / evictions per second (first to last) / most in one second | %d / %.2f / %d |\n", r.Evictions, r.EvictionsPerSecond, r.PeakEvictionsPerSec)
 	fmt.Fprintf(&s, "| NodeMaintenance scheduling latency from a free slot, p50 / p90 / p99 / max | %s |\n", pct(r.NMSchedulingLatencyMs))
 	fmt.Fprintf(&s, "| operator API requests during the burst / per repair | %d / %.1f |\n", sum(r.OperatorRequests), r.RequestsPerRepair)
