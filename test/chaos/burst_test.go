@@ -122,9 +122,9 @@ type burstWatch struct {
 	pluginDown     map[string]pluginDown
 	pluginRestarts []time.Duration
 	pluginRestart  map[string]time.Duration // node -> its last one
-	ends      []time.Time       // NodeRepairs seen ending
-	active    map[string]string // active NodeRepair -> pool
-	ignored   int
+	ends           []time.Time              // NodeRepairs seen ending
+	active         map[string]string        // active NodeRepair -> pool
+	ignored        int
 	// Repair limits seen.
 	maxPerPool, maxPoolsSeen, events int
 	problems                         []string
