@@ -88,6 +88,8 @@ type repairSeen struct {
 	created        time.Time
 	resetPending   time.Time
 	resetDone      time.Time
+	resetOutcome   string // the ResetGPU outcome and its message
+	rebooted       bool   // a Reboot step in its timeline
 	validatePend   time.Time
 	validateDone   time.Time
 	ended          time.Time
@@ -218,8 +220,12 @@ func (w *burstWatch) onRepair(nr *repairv1.NodeRepair) {
 		switch {
 		case e.Step == string(repairv1.ActionResetGPU) && e.Outcome != repairv1.OutcomeRequested && e.Outcome != repairv1.OutcomeStarted && r.resetDone.IsZero():
 			r.resetDone = now
+			r.resetOutcome = strings.TrimSuffix(e.Outcome+": "+e.Message, ": ")
 		case e.Step == string(repairv1.ActionValidateGPU) && e.Outcome != repairv1.OutcomeRequested && e.Outcome != repairv1.OutcomeStarted && r.validateDone.IsZero():
 			r.validateDone = now
+		}
+		if e.Step == string(repairv1.ActionReboot) {
+			r.rebooted = true
 		}
 	}
 	if nr.Status.GPUMaintenanceName != "" {
@@ -482,10 +488,15 @@ type burstReportData struct {
 	FailedRepairs []string `json:"failedRepairs,omitempty"`
 	// SlowestIsolations: the three faults isolated last after their
 	// detection, with the isolation notes written on their GPUFault.
-	SlowestIsolations []string       `json:"slowestIsolations,omitempty"`
-	Repairs           int            `json:"repairs"`
-	RepairsByPhase    map[string]int `json:"repairsByPhase"`
-	IgnoredRecords    int            `json:"ignoredRecords"`
+	SlowestIsolations []string `json:"slowestIsolations,omitempty"`
+	// ResetOutcomes counts the repairs' ResetGPU outcomes (with the
+	// message when not Succeeded); Rebooted counts the repairs that went
+	// up the ladder to a reboot.
+	ResetOutcomes  map[string]int `json:"resetOutcomes,omitempty"`
+	Rebooted       int            `json:"rebooted"`
+	Repairs        int            `json:"repairs"`
+	RepairsByPhase map[string]int `json:"repairsByPhase"`
+	IgnoredRecords int            `json:"ignoredRecords"`
 	// ExtraRepairs: repairs of a faulty node after its first (e.g. a
 	// fault its first repair left); examples say which.
 	ExtraRepairs        int      `json:"extraRepairs"`
@@ -1004,6 +1015,15 @@ func (w *burstWatch) report(threshold time.Duration) burstReportData {
 			phase = "not ended"
 		}
 		rep.RepairsByPhase[phase]++
+		if r.resetOutcome != "" {
+			if rep.ResetOutcomes == nil {
+				rep.ResetOutcomes = map[string]int{}
+			}
+			rep.ResetOutcomes[r.resetOutcome]++
+		}
+		if r.rebooted {
+			rep.Rebooted++
+		}
 		if r.phase == repairv1.PhaseRecoveryFailed {
 			plugin := "its GPU plugin pod was not restarted"
 			if d, ok := w.pluginRestart[r.node]; ok {
@@ -1172,6 +1192,7 @@ func (r burstReportData) markdown() string {
 	fmt.Fprintf(&s, "| repairs of a faulty node after its first | %d |\n", r.ExtraRepairs)
 	fmt.Fprintf(&s, "| repairs allowed by the limits at their threshold / drain requested within 5 s of the threshold | %d / %d |\n", r.DispatchAllowed, r.DispatchWithin5s)
 	fmt.Fprintf(&s, "| from allowed (threshold, or the last repair ended before) to drain requested, p50 / p90 / p99 / max | %s |\n", pct(r.DispatchFromAllowedMs))
+	fmt.Fprintf(&s, "| repairs' ResetGPU outcomes / repairs that went on to a reboot | %s / %d |\n", formatCounts(r.ResetOutcomes), r.Rebooted)
 	fmt.Fprintf(&s, "| GPU plugin pods taken down and replaced (the replacement bound to the node) / not replaced at the end; eviction → replacement, p50 / p90 / p99 / max | %d / %d; %s |\n",
 		r.PluginRestarts, r.PluginsDownAtEnd, pct(r.PluginRestartMs))
 	fmt.Fprintf(&s, "| claim pods evicted / evictions per second (first to last) / most in one second | %d / %.2f / %d |\n", r.Evictions, r.EvictionsPerSecond, r.PeakEvictionsPerSec)
