@@ -109,7 +109,7 @@ func (c *Cluster) startSimGPUPlugins(ctx context.Context) error {
 			}
 			switch o := obj.(type) {
 			case *corev1.Pod:
-				if isSimPluginPod(o) {
+				if IsSimPluginPod(o) {
 					s.started.LoadOrStore(o.UID, s.cluster.simNow())
 				}
 				if o.Spec.NodeName != "" {
@@ -208,8 +208,9 @@ func (s *simDevicePlugin) startedAt(uid types.UID) (time.Time, bool) {
 	return t.(time.Time), true
 }
 
-// isSimPluginPod: a pod the default gpu.stackPods select.
-func isSimPluginPod(p *corev1.Pod) bool {
+// IsSimPluginPod reports whether p is a pod of the simulated GPU plugins:
+// one the default gpu.stackPods select.
+func IsSimPluginPod(p *corev1.Pod) bool {
 	for _, s := range simPluginSelectors {
 		if s.Matches(labels.Set(p.Labels)) {
 			return true
@@ -225,7 +226,7 @@ func isSimPluginPod(p *corev1.Pod) bool {
 func SimGPUPluginStart(node string, pods []*corev1.Pod, started func(types.UID) (time.Time, bool)) time.Time {
 	var start time.Time
 	for _, p := range pods {
-		if p.Spec.NodeName != node || p.DeletionTimestamp != nil || !isSimPluginPod(p) {
+		if p.Spec.NodeName != node || p.DeletionTimestamp != nil || !IsSimPluginPod(p) {
 			continue
 		}
 		at := p.CreationTimestamp.Time
@@ -261,7 +262,7 @@ func (s *simDevicePlugin) sync(ctx context.Context, node string) error {
 	since := SimGPUPluginStart(node, pods, s.startedAt)
 	// Between a plugin's pod going and its successor starting, nothing
 	// reports for the node: what it published stays as it was.
-	restarting := since.IsZero() && slices.ContainsFunc(pods, func(p *corev1.Pod) bool { return isSimPluginPod(p) && p.DeletionTimestamp != nil })
+	restarting := since.IsZero() && slices.ContainsFunc(pods, func(p *corev1.Pod) bool { return IsSimPluginPod(p) && p.DeletionTimestamp != nil })
 	if obj.(*corev1.Node).Labels[LabelDevicePluginOnly] != "true" {
 		if restarting {
 			return nil

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -144,6 +145,25 @@ func TestDetectorCreatesTheRepairsBeforeTheFaultClocks(t *testing.T) {
 			}
 			if len(list.Items) != want {
 				t.Errorf("%d NodeRepairs exist, want %d", len(list.Items), want)
+			}
+			// The operator restarts and the API server takes the write now:
+			// the next pass creates only the repair still missing and
+			// writes no clock again.
+			log.mu.Lock()
+			log.order, log.refuseCreate = nil, ""
+			log.mu.Unlock()
+			if _, err := d.Reconcile(t.Context(), reconcile.Request{NamespacedName: client.ObjectKeyFromObject(policy)}); err != nil {
+				t.Fatalf("the pass after: %v", err)
+			}
+			wantAfter := []string(nil)
+			if refuse != "" {
+				wantAfter = []string{"create " + refuse}
+			}
+			if !slices.Equal(log.order, wantAfter) {
+				t.Errorf("the pass after wrote %v, want %v", log.order, wantAfter)
+			}
+			if err := api.List(t.Context(), &list); err != nil || len(list.Items) != 2 {
+				t.Errorf("%d NodeRepairs after the pass after (%v), want 2", len(list.Items), err)
 			}
 		})
 	}

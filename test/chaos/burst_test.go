@@ -23,7 +23,6 @@ import (
 	resourcev1 "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -306,21 +305,6 @@ type pluginDown struct {
 	at  time.Time
 }
 
-// simPluginSelectors select the pods of the simulated GPU plugins'
-// DaemonSets.
-var simPluginSelectors = func() []labels.Selector {
-	var out []labels.Selector
-	for _, ds := range devcluster.SimGPUPluginDaemonSets() {
-		out = append(out, labels.SelectorFromSet(ds.Spec.Selector.MatchLabels))
-	}
-	return out
-}()
-
-// simPluginPod reports whether p is a pod of the simulated GPU plugins.
-func simPluginPod(p *corev1.Pod) bool {
-	return slices.ContainsFunc(simPluginSelectors, func(s labels.Selector) bool { return s.Matches(labels.Set(p.Labels)) })
-}
-
 // onPluginPod times a node's GPU plugin restart: from its pod's eviction
 // or deletion to a new pod bound to the node.
 func (w *burstWatch) onPluginPod(p *corev1.Pod, gone bool) {
@@ -344,7 +328,7 @@ func (w *burstWatch) onPluginPod(p *corev1.Pod, gone bool) {
 }
 
 func (w *burstWatch) onPod(p *corev1.Pod, gone bool) {
-	if simPluginPod(p) {
+	if devcluster.IsSimPluginPod(p) {
 		w.onPluginPod(p, gone)
 		return
 	}
@@ -452,7 +436,7 @@ func (w *burstWatch) watch(ctx context.Context, b *testing.B, env *devcluster.En
 	add(&corev1.Pod{}, toolscache.ResourceEventHandlerFuncs{
 		// (A plugin pod's replacement arrives as an add, bound later.)
 		AddFunc: func(o any) {
-			if p := o.(*corev1.Pod); simPluginPod(p) {
+			if p := o.(*corev1.Pod); devcluster.IsSimPluginPod(p) {
 				w.onPod(p, false)
 			}
 		},

@@ -253,15 +253,13 @@ func (s *Server) Start(ctx context.Context) error {
 // reads: a node's status heartbeat (its conditions' heartbeat times,
 // dropped by fleet.Trim), or any change it drops, builds nothing. At 10,000
 // nodes the kubelets' heartbeats alone are ~30 updates a second.
-func (s *Server) updated(old, cur any) {
-	for _, key := range touched(old, cur) {
-		s.queue.AddAfter(key, coalesce)
-	}
-}
+func (s *Server) updated(old, cur any) { s.enqueue(touched(old, cur)) }
 
 // touch queues the node of an object added or deleted.
-func (s *Server) touch(o any) {
-	for _, key := range touched(nil, o) {
+func (s *Server) touch(o any) { s.enqueue(touched(nil, o)) }
+
+func (s *Server) enqueue(keys []string) {
+	for _, key := range keys {
 		s.queue.AddAfter(key, coalesce)
 	}
 }
@@ -494,7 +492,7 @@ func (s *Server) apply(f *fleet.Fleet, nodes []string) error {
 	cur := s.current
 	if nodes == nil || cur == nil {
 		cur = &fleet.Fleet{TypeMeta: f.TypeMeta, Summary: fleet.Summary{Pools: map[string]int{}}, DomainLabel: f.DomainLabel,
-			Rows: make([]fleet.Row, 0, len(f.Rows)), Notes: f.Notes}
+			Rows: make([]fleet.Row, 0, len(f.Rows))}
 		s.pos = map[string]int{}
 		nodes = slices.Collect(maps.Keys(s.rows))
 	}
