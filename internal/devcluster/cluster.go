@@ -109,6 +109,7 @@ type Cluster struct {
 	// devicePluginOnce starts the simulated device plugin with the first
 	// device-plugin node.
 	devicePluginOnce sync.Once
+	simPlugins       *simDevicePlugin // set by the first
 	logf             func(string, ...any)
 	etcdURL          string
 	// simClock is the simulated hosts' clock (nil: the wall clock; tests).

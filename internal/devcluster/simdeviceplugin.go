@@ -71,6 +71,55 @@ type simDevicePlugin struct {
 	// started: when the loop first saw each plugin pod (its start, to
 	// the nanosecond; a creation time has whole seconds only).
 	started sync.Map // types.UID → time.Time
+	// queued: when a node was first queued since its last sync began.
+	queued sync.Map // node → time.Time
+	mu     sync.Mutex
+	waits  []time.Duration          // queued → sync began, every sync
+	last   map[string]SimPluginSync // node → its last sync
+}
+
+// SimPluginSync is one pass of the simulated GPU plugins over a node.
+type SimPluginSync struct {
+	// At: when it began; Waited: how long the node was queued before.
+	At     time.Time
+	Waited time.Duration
+	// PluginStart: the start of the node's plugin it published for (zero:
+	// none running); Err: what the pass failed with.
+	PluginStart time.Time
+	Err         string
+}
+
+// SimPluginSyncs reports the simulated GPU plugins' passes: how long
+// each node waited in their queue (every pass since the start, in
+// order) and the last pass over each node. A benchmark reads it to tell
+// the simulation's lag from gpufleet's.
+func (c *Cluster) SimPluginSyncs() (waits []time.Duration, last map[string]SimPluginSync) {
+	s := c.simPlugins
+	if s == nil {
+		return nil, nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.waits), maps.Clone(s.last)
+}
+
+// timedSync is sync, recording the node's wait in the queue and the pass.
+func (s *simDevicePlugin) timedSync(ctx context.Context, node string) error {
+	began := s.cluster.simNow()
+	var waited time.Duration
+	if q, ok := s.queued.LoadAndDelete(node); ok {
+		waited = began.Sub(q.(time.Time))
+	}
+	start, err := s.sync(ctx, node)
+	rec := SimPluginSync{At: began, Waited: waited, PluginStart: start}
+	if err != nil {
+		rec.Err = err.Error()
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.waits = append(s.waits, waited)
+	s.last[node] = rec
+	return err
 }
 
 // startSimGPUPlugins starts the loop once (the first GPU node calls it),
@@ -102,7 +151,12 @@ func (c *Cluster) startSimGPUPlugins(ctx context.Context) error {
 			return
 		}
 		s := &simDevicePlugin{cluster: c, pods: podInf.GetIndexer(), nodes: nodeInf.GetStore(),
-			queue: workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[string]())}
+			queue: workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[string]()), last: map[string]SimPluginSync{}}
+		c.simPlugins = s
+		add := func(node string) {
+			s.queued.LoadOrStore(node, s.cluster.simNow())
+			s.queue.Add(node)
+		}
 		enqueue := func(obj any) {
 			if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
 				obj = t.Obj
@@ -113,10 +167,10 @@ func (c *Cluster) startSimGPUPlugins(ctx context.Context) error {
 					s.started.LoadOrStore(o.UID, s.cluster.simNow())
 				}
 				if o.Spec.NodeName != "" {
-					s.queue.Add(o.Spec.NodeName)
+					add(o.Spec.NodeName)
 				}
 			case *corev1.Node:
-				s.queue.Add(o.Name)
+				add(o.Name)
 			}
 		}
 		handler := cache.ResourceEventHandlerFuncs{AddFunc: enqueue, UpdateFunc: func(_, n any) { enqueue(n) }, DeleteFunc: func(obj any) {
@@ -145,7 +199,7 @@ func (c *Cluster) startSimGPUPlugins(ctx context.Context) error {
 		}
 		go podInf.RunWithContext(simCtx)
 		go nodeInf.RunWithContext(simCtx)
-		runNodeLoop(simCtx, s.queue, []cache.InformerSynced{podInf.HasSynced, nodeInf.HasSynced}, s.sync, func(node string, err error) {
+		runNodeLoop(simCtx, s.queue, []cache.InformerSynced{podInf.HasSynced, nodeInf.HasSynced}, s.timedSync, func(node string, err error) {
 			s.cluster.logf("simulated GPU plugins of %s: %v", node, err)
 		}, 1) // one: with 8, a burst at 10,000 nodes sent a sync per node event where one worker's queue folds them
 	})
@@ -246,14 +300,14 @@ func SimGPUPluginStart(node string, pods []*corev1.Pod, started func(types.UID) 
 // does from the plugin's health reports) and gives the node's waiting pods
 // their GPUs. The pods are read from the API server, not the cache: a pass
 // must see the previous pass's allocations.
-func (s *simDevicePlugin) sync(ctx context.Context, node string) error {
+func (s *simDevicePlugin) sync(ctx context.Context, node string) (pluginStart time.Time, _ error) {
 	obj, ok, err := s.nodes.GetByKey(node)
 	if err != nil || !ok {
-		return err
+		return time.Time{}, err
 	}
 	objs, err := s.pods.ByIndex(devicePluginPodsByNode, node)
 	if err != nil {
-		return err
+		return time.Time{}, err
 	}
 	pods := make([]*corev1.Pod, 0, len(objs))
 	for _, o := range objs {
@@ -265,38 +319,38 @@ func (s *simDevicePlugin) sync(ctx context.Context, node string) error {
 	restarting := since.IsZero() && slices.ContainsFunc(pods, func(p *corev1.Pod) bool { return IsSimPluginPod(p) && p.DeletionTimestamp != nil })
 	if obj.(*corev1.Node).Labels[LabelDevicePluginOnly] != "true" {
 		if restarting {
-			return nil
+			return since, nil
 		}
-		return s.cluster.syncSliceTaints(ctx, obj.(*corev1.Node), since)
+		return since, s.cluster.syncSliceTaints(ctx, obj.(*corev1.Node), since)
 	}
 	if healthy, change := SimDevicePluginAllocatable(obj.(*corev1.Node), since); change && !restarting {
 		patch, err := json.Marshal(map[string]any{"status": map[string]any{"allocatable": map[string]string{string(ResourceGPU): strconv.Itoa(healthy)}}})
 		if err != nil {
-			return err
+			return since, err
 		}
 		if _, err := s.cluster.Client.CoreV1().Nodes().Patch(ctx, node, types.MergePatchType, patch, metav1.PatchOptions{}, "status"); err != nil {
-			return fmt.Errorf("advertising %d healthy GPUs: %w", healthy, err)
+			return since, fmt.Errorf("advertising %d healthy GPUs: %w", healthy, err)
 		}
 	}
 	if !slices.ContainsFunc(pods, func(p *corev1.Pod) bool {
 		return p.Annotations[AnnotationGPUs] == "" && podGPUs(p) > 0
 	}) {
-		return nil // nobody waits
+		return since, nil // nobody waits
 	}
 	live, err := s.cluster.Client.CoreV1().Pods("").List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + node})
 	if err != nil {
-		return err
+		return since, err
 	}
 	for key, gpus := range SimDevicePluginAllocate(obj.(*corev1.Node), live.Items, s.startedAt) {
 		patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{AnnotationGPUs: gpus}}})
 		if err != nil {
-			return err
+			return since, err
 		}
 		if _, err := s.cluster.Client.CoreV1().Pods(key.Namespace).Patch(ctx, key.Name, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
-			return fmt.Errorf("giving pod %s GPUs %s: %w", key, gpus, err)
+			return since, fmt.Errorf("giving pod %s GPUs %s: %w", key, gpus, err)
 		}
 	}
-	return nil
+	return since, nil
 }
 
 // SimDevicePluginAllocate is the simulated device plugin's decision for a

@@ -19,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
 	corev1 "k8s.io/api/core/v1"
 	resourcev1 "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -53,6 +54,7 @@ var (
 	burstObserve          = flag.Duration("burst.observe", 2*time.Minute, "with -burst.until=isolated: how long repairs run under the watch of the limit checks after the last isolation")
 	burstBound            = flag.Duration("burst.timeout", 25*time.Minute, "longest wait for every GPU to be back in service")
 	burstCPUProfile       = flag.String("burst.cpu-profile", "", "write the operator's CPU profile of the burst's first 60 s to this file")
+	burstOperatorLog      = flag.String("burst.operator-log", "", "copy the operator's log to this file at the end (default: not kept)")
 	burstReport           = flag.String("burst.report", "", "directory for burst-<nodes>.json and .md (default: results/ in the source tree)")
 )
 
@@ -123,9 +125,13 @@ type burstWatch struct {
 	pluginDown     map[string]pluginDown
 	pluginRestarts []time.Duration
 	pluginRestart  map[string]time.Duration // node -> its last one
-	ends           []time.Time              // NodeRepairs seen ending
-	active         map[string]string        // active NodeRepair -> pool
-	ignored        int
+	pluginUp       map[string]time.Time     // node -> its last replacement bound
+	// simPlugin: the simulated GPU plugins' last pass over a node (nil:
+	// not known).
+	simPlugin func(node string) (devcluster.SimPluginSync, bool)
+	ends      []time.Time       // NodeRepairs seen ending
+	active    map[string]string // active NodeRepair -> pool
+	ignored   int
 	// Repair limits seen.
 	maxPerPool, maxPoolsSeen, events int
 	problems                         []string
@@ -134,7 +140,7 @@ type burstWatch struct {
 func newBurstWatch(faults []*gpuFault, maxPools int) *burstWatch {
 	w := &burstWatch{maxPools: maxPools, faults: faults, byGF: map[string][]*gpuFault{}, byNodePCI: map[string]*gpuFault{},
 		repairs: map[string]*repairSeen{}, nms: map[string]*nmSeen{}, podEvict: map[string]time.Time{}, podGone: map[string]time.Time{},
-		pluginDown: map[string]pluginDown{}, pluginRestart: map[string]time.Duration{},
+		pluginDown: map[string]pluginDown{}, pluginRestart: map[string]time.Duration{}, pluginUp: map[string]time.Time{},
 		active: map[string]string{}}
 	for _, f := range faults {
 		w.byGF[f.gfName] = append(w.byGF[f.gfName], f)
@@ -323,6 +329,7 @@ func (w *burstWatch) onPluginPod(p *corev1.Pod, gone bool) {
 		d := now.Sub(down.at)
 		w.pluginRestarts = append(w.pluginRestarts, d)
 		w.pluginRestart[node] = d
+		w.pluginUp[node] = now
 		delete(w.pluginDown, node)
 	}
 }
@@ -498,6 +505,13 @@ type burstReportData struct {
 	DispatchAllowed       int                `json:"dispatchAllowedAtThreshold"`
 	DispatchWithin5s      int                `json:"dispatchWithin5sOfThreshold"`
 	DispatchFromAllowedMs map[string]float64 `json:"dispatchFromAllowedMs"`
+	// Controllers: per operator controller during the burst, its
+	// reconciles by result, retries after an error and how long a key
+	// waited in its queue (p50 / p99, from the operator's metrics).
+	Controllers []string `json:"controllers,omitempty"`
+	// SimPluginQueueMs: how long a node waited in the simulated GPU
+	// plugins' queue before their pass over it, during the burst.
+	SimPluginQueueMs map[string]float64 `json:"simPluginQueueMs,omitempty"`
 	// PluginRestartMs: each simulated GPU plugin pod taken down (gpufleet
 	// restarts them when a repaired GPU stays out) to its replacement
 	// bound to the node; PluginsDownAtEnd: those not replaced by the end.
@@ -636,11 +650,21 @@ func BenchmarkGPUFaultBurst(b *testing.B) {
 	defer stopChecker()
 	go chk.run(checkCtx)
 	w := newBurstWatch(faults, *burstMaxParallelPools)
+	w.simPlugin = func(node string) (devcluster.SimPluginSync, bool) {
+		_, last := env.SimPluginSyncs()
+		r, ok := last[node]
+		return r, ok
+	}
 	watchCtx, stopWatch := context.WithCancel(ctx)
 	defer stopWatch()
 	w.watch(watchCtx, b, env)
 	waitOperatorSettled(b, addr)
-	before := mustRequests(b, addr)
+	famsBefore, err := scrape(addr)
+	if err != nil {
+		b.Fatal(err)
+	}
+	before := apiRequests(famsBefore)
+	simWaitsBefore, _ := env.SimPluginSyncs()
 	agentBefore := agentRequests.Snapshot()
 	cpuBefore := cpuSecondsOf(op.pid())
 	selfBefore := cpuSecondsOf(os.Getpid())
@@ -698,7 +722,12 @@ func BenchmarkGPUFaultBurst(b *testing.B) {
 	selfCPU := cpuSecondsOf(os.Getpid()) - selfBefore
 	busyAfter, allAfter := machineCPU()
 	loadAfter := loadAverage()
-	after := mustRequests(b, addr)
+	famsAfter, err := scrape(addr)
+	if err != nil {
+		b.Fatal(err)
+	}
+	after := apiRequests(famsAfter)
+	simWaits, _ := env.SimPluginSyncs()
 	agentUsed := agentRequests.Since(agentBefore)
 	rss, hwm := memoryOf(op.pid())
 	cpuTotal := cpuSecondsOf(op.pid())
@@ -727,6 +756,8 @@ func BenchmarkGPUFaultBurst(b *testing.B) {
 		rep.RequestsPerRepair = float64(sum(rep.OperatorRequests)) / float64(rep.Repairs)
 		rep.AgentRequestsPerRepair = float64(sum(agentUsed)) / float64(rep.Repairs)
 	}
+	rep.Controllers = controllerLines(famsBefore, famsAfter)
+	rep.SimPluginQueueMs = percentiles(slices.Sorted(slices.Values(simWaits[min(len(simWaitsBefore), len(simWaits)):])))
 	rep.CPUSeconds, rep.CPUSecondsTotal = cpu, cpuTotal
 	rep.BenchCPUSeconds = selfCPU
 	rep.LoadAverage = [2]string{loadBefore, loadAfter}
@@ -740,6 +771,13 @@ func BenchmarkGPUFaultBurst(b *testing.B) {
 	md := rep.markdown()
 	b.Log("\n" + md)
 	writeBurstReport(b, rep, md)
+	if *burstOperatorLog != "" {
+		if data, err := os.ReadFile(op.logPath); err != nil {
+			b.Errorf("reading the operator's log: %v", err)
+		} else if err := os.WriteFile(*burstOperatorLog, data, 0o644); err != nil {
+			b.Errorf("keeping the operator's log: %v", err)
+		}
+	}
 	b.ReportMetric(rep.FromFaultMs["isolated (DeviceTaintRule created)"]["p99"], "ms-p99-isolation")
 	b.ReportMetric(rep.FromFaultMs["reset dispatched (ResetGPU pending)"]["p99"], "ms-p99-reset-dispatched")
 	b.ReportMetric(rep.FromFaultMs["back in service"]["p99"], "ms-p99-back-in-service")
@@ -1015,6 +1053,15 @@ func (w *burstWatch) report(threshold time.Duration) burstReportData {
 			} else if down, ok := w.pluginDown[r.node]; ok {
 				plugin = fmt.Sprintf("its GPU plugin pod, taken down %s before the end, had no replacement yet", time.Since(down.at).Round(time.Second))
 			}
+			if up, ok := w.pluginUp[r.node]; ok && w.simPlugin != nil {
+				if last, ok := w.simPlugin(r.node); ok {
+					plugin += fmt.Sprintf("; the simulated plugins' last pass over the node began %.1f s after that, queued %.1f s, for a plugin started %.1f s after it was bound",
+						last.At.Sub(up).Seconds(), last.Waited.Seconds(), last.PluginStart.Sub(up).Seconds())
+					if last.Err != "" {
+						plugin += ", and failed: " + last.Err
+					}
+				}
+			}
 			rep.FailedRepairs = append(rep.FailedRepairs, fmt.Sprintf("%s (node %s, rule %s): %s [%s]", name, r.node, r.rule, r.message, plugin))
 		}
 		var nm *nmSeen
@@ -1219,6 +1266,13 @@ func (r burstReportData) markdown() string {
 	if len(r.FailedRepairs) > 0 {
 		fmt.Fprintf(&s, "Repairs that failed:\n\n- %s\n\n", strings.Join(r.FailedRepairs, "\n- "))
 	}
+	if len(r.Controllers) > 0 {
+		fmt.Fprintf(&s, "The operator's controllers during the burst (reconciles by result; retries after an error; a key's wait in the queue, p50 / p99):\n\n- %s\n\n", strings.Join(r.Controllers, "\n- "))
+	}
+	if q := r.SimPluginQueueMs; q["count"] > 0 {
+		fmt.Fprintf(&s, "The simulated GPU plugins (one loop for every node, in the benchmark's process): %.0f passes during the burst; a node's wait in their queue p50 %.1f ms, p99 %.1f ms, max %.1f ms.\n\n",
+			q["count"], q["p50"], q["p99"], q["max"])
+	}
 	fmt.Fprintf(&s, "Operator requests during the burst: %s\n\nAgent requests during the burst: %s\n", formatCounts(r.OperatorRequests), formatCounts(r.AgentRequests))
 	if len(r.ExtraRepairExamples) > 0 {
 		fmt.Fprintf(&s, "\nRepairs after a node's first:\n\n")
@@ -1310,4 +1364,46 @@ func p50p99(d map[string]float64) string {
 func writeBurstReport(b *testing.B, r burstReportData, md string) {
 	base := writeReport(b, reportDir(b, *burstReport), fmt.Sprintf("burst-%d", r.Parameters["nodes"]), r, md)
 	b.Logf("report: %s.json, %s.md", base, base)
+}
+
+// controllerLines describes each operator controller's work between two
+// scrapes of its metrics: reconciles by result, retries after an error,
+// and the p50 / p99 of a key's wait in the controller's queue.
+func controllerLines(before, after map[string]*dto.MetricFamily) []string {
+	byResult := func(fams map[string]*dto.MetricFamily) map[string]int {
+		out := map[string]int{}
+		for _, m := range fams["controller_runtime_reconcile_total"].GetMetric() {
+			var c, r string
+			for _, l := range m.GetLabel() {
+				switch l.GetName() {
+				case "controller":
+					c = l.GetValue()
+				case "result":
+					r = l.GetValue()
+				}
+			}
+			out[c+"\x00"+r] += int(m.GetCounter().GetValue())
+		}
+		return out
+	}
+	results := diffCounts(byResult(before), byResult(after))
+	retries := diffCounts(countsByLabel(before, "workqueue_retries_total", "name"), countsByLabel(after, "workqueue_retries_total", "name"))
+	perController := map[string]map[string]int{}
+	for k, n := range results {
+		c, r, _ := strings.Cut(k, "\x00")
+		if n == 0 {
+			continue
+		}
+		if perController[c] == nil {
+			perController[c] = map[string]int{}
+		}
+		perController[c][r] = n
+	}
+	var out []string
+	for _, c := range slices.Sorted(maps.Keys(perController)) {
+		q := histogramQuantilesMs(after, "workqueue_queue_duration_seconds", map[string]string{"name": c}, 0.5, 0.99)
+		out = append(out, fmt.Sprintf("%s: %s; retries %d; queue wait %.0f / %.0f ms (over the operator's life)",
+			c, formatCounts(perController[c]), retries[c], q["p50"], q["p99"]))
+	}
+	return out
 }
