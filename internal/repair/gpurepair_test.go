@@ -241,3 +241,51 @@ func TestGPURecommendationEndsAtOnceAndShowsOnTheNode(t *testing.T) {
 		t.Errorf("events %q", evs)
 	}
 }
+
+// TestARepairIsolatesItsGPUBeforeTheDrain: in a burst of faults the
+// isolator's queue can be long, and a repair allowed at its threshold
+// reaches its drain first. The repair isolates the GPU itself before it
+// chooses the pods to drain (else a new pod could get the faulty GPU
+// after that choice, and the reset would find it in use); when the
+// isolator came first, the repair leaves its rule as it is.
+func TestARepairIsolatesItsGPUBeforeTheDrain(t *testing.T) {
+	for _, isolatorFirst := range []bool{false, true} {
+		t.Run(map[bool]string{false: "isolator behind", true: "isolator first"}[isolatorFirst], func(t *testing.T) {
+			d := newDirect(t)
+			d.r.DRA = true
+			nr, gf := gpuRepairSetUp(t, d, "b-1")
+			t.Cleanup(func() {
+				_ = env.Kube.Delete(context.Background(), &resourcev1.DeviceTaintRule{ObjectMeta: metav1.ObjectMeta{Name: "gpufleet-" + gf.Name}})
+			})
+			if isolatorFirst {
+				isolate(t, &repair.Isolator{Client: env.Kube, Recorder: d.rec}, gf)
+			}
+			d.reconcile(nr.Name) // Start
+			_, got := d.reconcile(nr.Name)
+			if got.Status.GPUMaintenanceName == "" {
+				t.Fatalf("no GPU drain requested; timeline %s", timelineSteps(got))
+			}
+			rule := taintRule(t, gf)
+			if rule == nil {
+				t.Fatalf("the GPU drain was requested and the GPU is not isolated; timeline %s", timelineSteps(got))
+			}
+			if sel := rule.Spec.DeviceSelector; sel == nil || ptr.Deref(sel.Device, "") != devcluster.SimGPUDevice(3) || ptr.Deref(sel.Pool, "") != "b-1" {
+				t.Errorf("the rule taints %+v, want device %s of pool b-1", sel, devcluster.SimGPUDevice(3))
+			}
+			steps := timelineSteps(got)
+			if isolatorFirst {
+				if strings.Contains(steps, "Isolate:") {
+					t.Errorf("timeline %s: the repair isolated a GPU the isolator had isolated", steps)
+				}
+				return
+			}
+			i, m := strings.Index(steps, "Isolate:Isolated"), strings.Index(steps, "Maintenance:Requested")
+			if i < 0 || m < 0 || i > m {
+				t.Errorf("timeline %s: want the isolation recorded before the drain request", steps)
+			}
+			if note := isolate(t, &repair.Isolator{Client: env.Kube, Recorder: d.rec}, gf).Annotations[repair.AnnotationIsolation]; !strings.Contains(note, rule.Name) {
+				t.Errorf("isolation note %q, want it to name %s", note, rule.Name)
+			}
+		})
+	}
+}

@@ -78,14 +78,27 @@ func (r *Isolator) Reconcile(ctx context.Context, req reconcile.Request) (reconc
 		}
 		return reconcile.Result{}, r.count(ctx)
 	}
+	if _, err := r.Converge(ctx, gf); err != nil {
+		return reconcile.Result{}, err
+	}
+	return reconcile.Result{}, r.count(ctx)
+}
+
+// Converge gives the GPU of record gf the isolation it needs now — a
+// DeviceTaintRule while it is out of service and published through DRA,
+// none once it is back — and notes it on the record. It returns the rule
+// it created, nil when it created none. The repair calls it too, before
+// it drains a GPU's pods (a faulty GPU is isolated first, even while the
+// isolator's queue is long), so both decide alike.
+func (r *Isolator) Converge(ctx context.Context, gf *repairv1.GPUFault) (created *resourcev1.DeviceTaintRule, _ error) {
 	want, err := r.desired(ctx, gf)
 	if err != nil {
-		return reconcile.Result{}, err
+		return nil, err
 	}
 	have := &resourcev1.DeviceTaintRule{}
 	if err := r.Client.Get(ctx, types.NamespacedName{Name: ruleName(gf)}, have); err != nil {
 		if !apierrors.IsNotFound(err) {
-			return reconcile.Result{}, fmt.Errorf("reading DeviceTaintRule %s: %w", ruleName(gf), err)
+			return nil, fmt.Errorf("reading DeviceTaintRule %s: %w", ruleName(gf), err)
 		}
 		have = nil
 	}
@@ -93,30 +106,31 @@ func (r *Isolator) Reconcile(ctx context.Context, req reconcile.Request) (reconc
 	log := ctrl.LoggerFrom(ctx).WithValues("node", gf.Spec.NodeName, "gpu", gf.Spec.GPU.Describe())
 	switch {
 	case want.rule != nil && have == nil:
-		if err := r.Client.Create(ctx, want.rule); err != nil && !apierrors.IsAlreadyExists(err) {
-			return reconcile.Result{}, fmt.Errorf("creating DeviceTaintRule %s: %w", want.rule.Name, err)
+		err := r.Client.Create(ctx, want.rule)
+		if err != nil && !apierrors.IsAlreadyExists(err) {
+			return nil, fmt.Errorf("creating DeviceTaintRule %s: %w", want.rule.Name, err)
 		}
-		log.Info("GPU isolated", "deviceTaintRule", want.rule.Name, "class", gf.Status.Class)
-		r.Recorder.Eventf(node, gf, corev1.EventTypeWarning, ReasonIsolated, actionIsolate, "%s of node %s isolated (%s): %s",
-			gf.Spec.GPU.Describe(), gf.Spec.NodeName, want.note, gf.Status.Summary)
+		if err == nil {
+			created = want.rule
+			log.Info("GPU isolated", "deviceTaintRule", want.rule.Name, "class", gf.Status.Class)
+			r.Recorder.Eventf(node, gf, corev1.EventTypeWarning, ReasonIsolated, actionIsolate, "%s of node %s isolated (%s): %s",
+				gf.Spec.GPU.Describe(), gf.Spec.NodeName, want.note, gf.Status.Summary)
+		}
 	case want.rule != nil && !sameSelector(have, want.rule):
 		have = have.DeepCopy()
 		have.Spec = want.rule.Spec
 		if err := r.Client.Update(ctx, have); err != nil {
-			return reconcile.Result{}, fmt.Errorf("updating DeviceTaintRule %s: %w", have.Name, err)
+			return nil, fmt.Errorf("updating DeviceTaintRule %s: %w", have.Name, err)
 		}
 	case want.rule == nil && have != nil:
 		if err := r.Client.Delete(ctx, have); client.IgnoreNotFound(err) != nil {
-			return reconcile.Result{}, fmt.Errorf("deleting DeviceTaintRule %s: %w", have.Name, err)
+			return nil, fmt.Errorf("deleting DeviceTaintRule %s: %w", have.Name, err)
 		}
 		log.Info("GPU back in service", "deviceTaintRule", have.Name)
 		r.Recorder.Eventf(node, gf, corev1.EventTypeNormal, ReasonReturned, actionIsolate, "%s of node %s is back in service (DeviceTaintRule %s deleted)",
 			gf.Spec.GPU.Describe(), gf.Spec.NodeName, have.Name)
 	}
-	if err := r.count(ctx); err != nil {
-		return reconcile.Result{}, err
-	}
-	return reconcile.Result{}, r.note(ctx, gf, want.note)
+	return created, r.note(ctx, gf, want.note)
 }
 
 // count sets the isolated-GPUs gauge from the rules in the cache (read

@@ -686,6 +686,9 @@ func (r *Repairer) gpuDrainRung(ctx context.Context, l *ladder) (bool, error) {
 			l.record("Maintenance", "Requested", fmt.Sprintf("NodeMaintenance %s/%s (found: created before this repair recorded it)", r.Namespace, name))
 			return false, nil
 		}
+		if err := r.isolateFirst(ctx, l); err != nil {
+			return false, err
+		}
 		req, n, err := r.gpuDrainRequest(ctx, l)
 		if err != nil {
 			return false, err
@@ -715,6 +718,36 @@ func (r *Repairer) gpuDrainRung(ctx context.Context, l *ladder) (bool, error) {
 		l.record("Maintenance", "DrainBlocked", "the GPUs' pods did not all leave"+why+"; resetting anyway (the agent resets only an idle GPU)")
 	}
 	return true, nil
+}
+
+// isolateFirst isolates the repair's GPUs before their pods are drained,
+// when the isolator has not done it yet (its queue is long in a burst of
+// faults): otherwise the scheduler could give a faulty GPU to a new pod
+// after the drain chose which pods to evict, and the reset would find the
+// GPU in use. The isolator's own decision applies (Converge): a GPU that
+// DRA does not publish, or a dry-run policy, gets no rule.
+func (r *Repairer) isolateFirst(ctx context.Context, l *ladder) error {
+	if !r.DRA {
+		return nil
+	}
+	var records repairv1.GPUFaultList
+	if err := r.Client.List(ctx, &records, client.MatchingFields{indexGPUNode: l.node.Name}); err != nil {
+		return fmt.Errorf("listing the GPUFaults of node %s: %w", l.node.Name, err)
+	}
+	iso := &Isolator{Client: r.Client, Recorder: r.Recorder}
+	for _, gf := range outOfService(l.node.Name, records.Items) {
+		if !slices.ContainsFunc(l.nr.Spec.GPUs, func(g repairv1.GPURef) bool { return g.PCIBusID == gf.Spec.GPU.PCIBusID }) {
+			continue
+		}
+		rule, err := iso.Converge(ctx, gf)
+		if err != nil {
+			return fmt.Errorf("isolating %s before its drain: %w", gf.Spec.GPU.Describe(), err)
+		}
+		if rule != nil {
+			l.record("Isolate", "Isolated", fmt.Sprintf("%s isolated before the drain: DeviceTaintRule %s", gf.Spec.GPU.Describe(), rule.Name))
+		}
+	}
+	return nil
 }
 
 // gpuDrainName names a repair's GPU drain NodeMaintenance.

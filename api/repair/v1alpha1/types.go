@@ -381,7 +381,7 @@ func (nr *NodeRepair) Recorded() bool {
 // TimelineEntry is one thing that happened during a repair.
 type TimelineEntry struct {
 	Time metav1.Time `json:"time"`
-	// Step: Start, an Action, Verify, Maintenance, Done.
+	// Step: Start, Isolate, an Action, Verify, Maintenance, Done.
 	Step string `json:"step"`
 	// Outcome: Requested, Succeeded, Failed, Skipped, ...
 	Outcome string `json:"outcome"`
