@@ -70,12 +70,30 @@ func (d *Detector) Reconcile(ctx context.Context, req reconcile.Request) (reconc
 	if err := errors.Join(errs...); err != nil {
 		return reconcile.Result{}, err
 	}
-	return reconcile.Result{RequeueAfter: det.Next}, d.writeStatus(ctx, policy, det.Status, func() {
+	err = d.writeStatus(ctx, policy, det.Status, func() {
 		if c := meta.FindStatusCondition(det.Status.Conditions, conditionBusy); c != nil && c.Status == metav1.ConditionTrue {
 			d.Recorder.Eventf(policy, nil, corev1.EventTypeNormal, ReasonBlocked, actionRepair, "%s", c.Message)
 		}
 	})
+	switch {
+	case apierrors.IsConflict(err):
+		// The cache held an older policy (often this pass's own previous
+		// status write, not seen yet): nothing is wrong; the pass runs
+		// again shortly on the newer one, without an error in the log.
+		retry := statusConflictRetry
+		if det.Next > 0 && det.Next < retry {
+			retry = det.Next
+		}
+		return reconcile.Result{RequeueAfter: retry}, nil
+	case err != nil:
+		return reconcile.Result{}, err
+	}
+	return reconcile.Result{RequeueAfter: det.Next}, nil
 }
+
+// statusConflictRetry: how soon a pass whose status write met a newer
+// policy runs again.
+const statusConflictRetry = time.Second
 
 var errBadSelector = errors.New("invalid nodeSelector")
 

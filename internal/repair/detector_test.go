@@ -222,3 +222,54 @@ func TestANodeEventReadsThatNodesGPUFaultsOnly(t *testing.T) {
 		t.Errorf("a policy change: %d records queued (%v), want 500", len(all), err)
 	}
 }
+
+// TestDetectorStatusConflictIsRetriedQuietly: a status write refused with
+// a conflict (the cache still held the policy before the pass's own
+// previous write) is no error: the pass runs again shortly, with the
+// repairs it created kept; any other refusal is returned, without a
+// requeue time beside it.
+func TestDetectorStatusConflictIsRetriedQuietly(t *testing.T) {
+	scheme := runtime.NewScheme()
+	for _, add := range []func(*runtime.Scheme) error{clientgoscheme.AddToScheme, repairv1.AddToScheme, maintenancev1.AddToScheme} {
+		if err := add(scheme); err != nil {
+			t.Fatal(err)
+		}
+	}
+	now := time.Date(2026, 12, 7, 12, 0, 0, 0, time.UTC)
+	policy := testPolicy(nil)
+	n := faultyNode("old-0", "pool-0", now.Add(-time.Minute))
+	for _, tc := range []struct {
+		name    string
+		refusal error
+		wantErr bool
+	}{
+		{"conflict", apierrors.NewConflict(repairv1.GroupVersion.WithResource("noderepairpolicies").GroupResource(), policy.Name, errors.New("modified")), false},
+		{"forbidden", apierrors.NewForbidden(repairv1.GroupVersion.WithResource("noderepairpolicies").GroupResource(), policy.Name, errors.New("refused by the test")), true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			api := fake.NewClientBuilder().WithScheme(scheme).WithObjects(policy.DeepCopy(), n.DeepCopy()).
+				WithStatusSubresource(&repairv1.NodeRepairPolicy{}, &repairv1.NodeRepair{}).
+				WithInterceptorFuncs(interceptor.Funcs{SubResourcePatch: func(ctx context.Context, c client.Client, sub string, obj client.Object, patch client.Patch, opts ...client.SubResourcePatchOption) error {
+					if _, ok := obj.(*repairv1.NodeRepairPolicy); ok {
+						return tc.refusal
+					}
+					return c.SubResource(sub).Patch(ctx, obj, patch, opts...)
+				}}).Build()
+			d := &Detector{Client: api, Clock: clocktesting.NewFakeClock(now), Recorder: events.NewFakeRecorder(100)}
+			res, err := d.Reconcile(t.Context(), reconcile.Request{NamespacedName: client.ObjectKeyFromObject(policy)})
+			if tc.wantErr {
+				if err == nil || res.RequeueAfter != 0 {
+					t.Errorf("refused: result %+v, error %v; want the error and no requeue time", res, err)
+				}
+				return
+			}
+			if err != nil || res.RequeueAfter <= 0 || res.RequeueAfter > statusConflictRetry {
+				t.Errorf("conflict: result %+v, error %v; want no error and a retry within %s", res, err, statusConflictRetry)
+			}
+			var list repairv1.NodeRepairList
+			if err := api.List(t.Context(), &list); err != nil || len(list.Items) != 1 {
+				t.Errorf("%d repairs after the pass (%v), want the one it started", len(list.Items), err)
+			}
+		})
+	}
+}
