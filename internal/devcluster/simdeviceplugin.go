@@ -14,6 +14,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	resourcev1 "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -67,6 +68,10 @@ type simDevicePlugin struct {
 	cluster *Cluster
 	pods    cache.Indexer
 	nodes   cache.Store
+	// slices: the simulated DRA driver's ResourceSlices, by name (a pass
+	// reads its node's from here, not from the API server: at 10,000
+	// nodes a GET per pass kept the loop minutes behind).
+	slices cache.Store
 	queue   workqueue.TypedRateLimitingInterface[string]
 	// started: when the loop first saw each plugin pod (its start, to
 	// the nanosecond; a creation time has whole seconds only).
@@ -150,8 +155,12 @@ func (c *Cluster) startSimGPUPlugins(ctx context.Context) error {
 		}}); err != nil {
 			return
 		}
-		s := &simDevicePlugin{cluster: c, pods: podInf.GetIndexer(), nodes: nodeInf.GetStore(),
-			queue: workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[string]()), last: map[string]SimPluginSync{}}
+		sliceInf := f.Resource().V1().ResourceSlices().Informer()
+		s := &simDevicePlugin{cluster: c, pods: podInf.GetIndexer(), nodes: nodeInf.GetStore(), slices: sliceInf.GetStore(),
+			// Retries per node only, no shared bucket: a burst of refused
+			// writes must not queue every node behind a 10-per-second limit.
+			queue: workqueue.NewTypedRateLimitingQueue(workqueue.NewTypedItemExponentialFailureRateLimiter[string](5*time.Millisecond, 10*time.Second)),
+			last:  map[string]SimPluginSync{}}
 		c.simPlugins = s
 		add := func(node string) {
 			s.queued.LoadOrStore(node, s.cluster.simNow())
@@ -171,6 +180,10 @@ func (c *Cluster) startSimGPUPlugins(ctx context.Context) error {
 				}
 			case *corev1.Node:
 				add(o.Name)
+			case *resourcev1.ResourceSlice:
+				if o.Spec.Driver == DRADriver && o.Spec.NodeName != nil {
+					add(*o.Spec.NodeName)
+				}
 			}
 		}
 		handler := cache.ResourceEventHandlerFuncs{AddFunc: enqueue, UpdateFunc: func(_, n any) { enqueue(n) }, DeleteFunc: func(obj any) {
@@ -183,6 +196,11 @@ func (c *Cluster) startSimGPUPlugins(ctx context.Context) error {
 			}
 		}}
 		if _, err = podInf.AddEventHandler(handler); err != nil {
+			return
+		}
+		// A slice published (its node may have been synced before it
+		// existed) or changed by someone else.
+		if _, err = sliceInf.AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: enqueue, UpdateFunc: func(_, n any) { enqueue(n) }}); err != nil {
 			return
 		}
 		// Nodes: what the plugins read (the simulated host's annotations,
@@ -199,7 +217,11 @@ func (c *Cluster) startSimGPUPlugins(ctx context.Context) error {
 		}
 		go podInf.RunWithContext(simCtx)
 		go nodeInf.RunWithContext(simCtx)
-		runNodeLoop(simCtx, s.queue, []cache.InformerSynced{podInf.HasSynced, nodeInf.HasSynced}, s.timedSync, func(node string, err error) {
+		go sliceInf.RunWithContext(simCtx)
+		runNodeLoop(simCtx, s.queue, []cache.InformerSynced{podInf.HasSynced, nodeInf.HasSynced, sliceInf.HasSynced}, s.timedSync, func(node string, err error) {
+			if apierrors.IsConflict(err) {
+				return // the cache is behind the loop's own last write: the pass runs again
+			}
 			s.cluster.logf("simulated GPU plugins of %s: %v", node, err)
 		}, 1) // one: with 8, a burst at 10,000 nodes sent a sync per node event where one worker's queue folds them
 	})
@@ -321,7 +343,7 @@ func (s *simDevicePlugin) sync(ctx context.Context, node string) (pluginStart ti
 		if restarting {
 			return since, nil
 		}
-		return since, s.cluster.syncSliceTaints(ctx, obj.(*corev1.Node), since)
+		return since, s.cluster.syncSliceTaints(ctx, obj.(*corev1.Node), since, s.slices)
 	}
 	if healthy, change := SimDevicePluginAllocatable(obj.(*corev1.Node), since); change && !restarting {
 		patch, err := json.Marshal(map[string]any{"status": map[string]any{"allocatable": map[string]string{string(ResourceGPU): strconv.Itoa(healthy)}}})

@@ -14,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/cache"
 	"k8s.io/utils/ptr"
 )
 
@@ -142,22 +143,23 @@ func SimDRATaints(h SimGPUHost, since time.Time) map[int][]resourcev1.DeviceTain
 }
 
 // syncSliceTaints writes the simulated driver's device taints (SimDRATaints)
-// into the node's ResourceSlice when they differ (one update; a taint
-// that stays keeps its timeAdded, a new or changed one gets the API
-// server's).
-func (c *Cluster) syncSliceTaints(ctx context.Context, node *corev1.Node, since time.Time) error {
+// into the node's ResourceSlice when they differ (one update of the slice
+// as the loop's cache holds it — a stale one is refused and the pass runs
+// again; a taint that stays keeps its timeAdded, a new or changed one gets
+// the API server's).
+func (c *Cluster) syncSliceTaints(ctx context.Context, node *corev1.Node, since time.Time, published cache.Store) error {
 	h, err := ReadSimGPUHost(node)
 	if err != nil || h.GPUs == 0 {
 		return err
 	}
 	want := SimDRATaints(h, since)
-	api := c.Client.ResourceV1().ResourceSlices()
-	slice, err := api.Get(ctx, node.Name+"-"+DRADriver, metav1.GetOptions{})
-	if apierrors.IsNotFound(err) {
-		return nil // a device-plugin node, or not published yet (its creation brings the node back)
+	obj, ok, err := published.GetByKey(node.Name + "-" + DRADriver)
+	if err != nil || !ok {
+		return err // a device-plugin node, or not published yet (the slice's creation queues the node)
 	}
-	if err != nil {
-		return err
+	slice := obj.(*resourcev1.ResourceSlice).DeepCopy()
+	if slice.Spec.NodeName == nil || *slice.Spec.NodeName != node.Name || !metav1.IsControlledBy(slice, node) {
+		return nil // an earlier node's slice, about to be replaced
 	}
 	changed := false
 	for d := range slice.Spec.Devices {
@@ -187,7 +189,7 @@ func (c *Cluster) syncSliceTaints(ctx context.Context, node *corev1.Node, since 
 	if !changed {
 		return nil
 	}
-	if _, err := api.Update(ctx, slice, metav1.UpdateOptions{}); err != nil {
+	if _, err := c.Client.ResourceV1().ResourceSlices().Update(ctx, slice, metav1.UpdateOptions{}); err != nil {
 		return fmt.Errorf("updating the device taints of ResourceSlice %s: %w", slice.Name, err)
 	}
 	return nil
