@@ -72,7 +72,7 @@ type simDevicePlugin struct {
 	// reads its node's from here, not from the API server: at 10,000
 	// nodes a GET per pass kept the loop minutes behind).
 	slices cache.Store
-	queue   workqueue.TypedRateLimitingInterface[string]
+	queue  workqueue.TypedRateLimitingInterface[string]
 	// started: when the loop first saw each plugin pod (its start, to
 	// the nanosecond; a creation time has whole seconds only).
 	started sync.Map // types.UID → time.Time
