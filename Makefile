@@ -140,7 +140,7 @@ bench-scale: tools ## Every capability at SCALE_NODES simulated nodes (default 1
 	  go test -count=1 -run '^$$' -bench 'BenchmarkOperatorMemory' -benchtime 1x -timeout 120m ./test/chaos/ -args -memory.nodes=$(SCALE_NODES) -memory.wait-running=false -chaos.memory-env=,GOMEMLIMIT=921MiB; \
 	  go test -count=1 -run '^$$' -bench 'BenchmarkScaleRollout' -benchtime 1x -timeout 120m ./test/chaos/ -args -scale.nodes=$(SCALE_NODES) -scale.objects=1000 -scale.pods-per-node=0 -scale.max-parallel=50 -scale.max-unavailable=51 -scale.pools=16 -scale.pool-max-parallel=4 -scale.window -scale.idle=30s -scale.open-after-create; \
 	  go test -count=1 -run '^$$' -bench 'BenchmarkAgentAPILoad' -benchtime 1x -timeout 30m ./test/chaos/ -args -agentload.agents=200 -agentload.scale-to=$(SCALE_NODES); \
-	  go test -count=1 -run '^$$' -bench 'BenchmarkGPUFaultBurst' -benchtime 1x -timeout 90m ./test/chaos/ -args -burst.nodes=$(SCALE_NODES) -burst.faults=$$(($(SCALE_NODES)/10)) -burst.pods-per-node=0 -burst.until=isolated; \
+	  go test -count=1 -run '^$$' -bench 'BenchmarkGPUFaultBurst' -benchtime 1x -timeout 90m ./test/chaos/ -args -burst.nodes=$(SCALE_NODES) -burst.faults=$$(($(SCALE_NODES)/10)) -burst.pods-per-node=0 -burst.until=isolated -burst.agent-workers=64 -burst.observe=5m; \
 	  go test -count=1 -run '^$$' -bench 'BenchmarkClusterPolicyScale' -benchtime 1x -timeout 90m ./internal/gpustack/ -args -gpustack.nodes=$(GPUSTACK_NODES) -gpustack.ready-timeout=30m; \
 	} 2>&1 | grep -v '^\s*>' | tee results/bench-scale.txt
 	go run ./hack/scalereport -dir results -nodes $(SCALE_NODES) -gpustack-nodes $(GPUSTACK_NODES)

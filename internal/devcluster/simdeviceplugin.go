@@ -127,6 +127,14 @@ func (s *simDevicePlugin) timedSync(ctx context.Context, node string) error {
 	return err
 }
 
+// simPluginWorkers: the simulated GPU plugins' passes at once. Each node
+// has its own plugin on a real cluster, which taints a device within a
+// second of its XID; one loop for 10,000 nodes sends its slice updates one
+// after the other (~5 a second on a busy local API server), and a burst of
+// 1,000 XIDs then kept a node waiting minutes for its taint. The queue
+// never hands one node to two workers.
+const simPluginWorkers = 8
+
 // startSimGPUPlugins starts the loop once (the first GPU node calls it),
 // after creating the plugins' DaemonSets.
 func (c *Cluster) startSimGPUPlugins(ctx context.Context) error {
@@ -223,7 +231,7 @@ func (c *Cluster) startSimGPUPlugins(ctx context.Context) error {
 				return // the cache is behind the loop's own last write: the pass runs again
 			}
 			s.cluster.logf("simulated GPU plugins of %s: %v", node, err)
-		}, 1) // one: with 8, a burst at 10,000 nodes sent a sync per node event where one worker's queue folds them
+		}, simPluginWorkers)
 	})
 	return err
 }
