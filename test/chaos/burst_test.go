@@ -23,6 +23,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	resourcev1 "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -492,6 +493,11 @@ type burstReportData struct {
 	// fault its first repair left); examples say which.
 	ExtraRepairs        int      `json:"extraRepairs"`
 	ExtraRepairExamples []string `json:"extraRepairExamples,omitempty"`
+	// OpenAtEnd: the repairs and NodeMaintenance objects still open when
+	// the benchmark stopped watching, where each stood (with the pods of
+	// a drain's node that are being deleted), to tell a stuck step from
+	// one the window cut short.
+	OpenAtEnd []string `json:"openAtEnd,omitempty"`
 	// FromFaultMs: per fault, from its injection to each milestone.
 	FromFaultMs map[string]map[string]float64 `json:"fromFaultMs"`
 	// StagesMs: per repair (or fault), each stage between milestones,
@@ -734,6 +740,7 @@ func BenchmarkGPUFaultBurst(b *testing.B) {
 	stopChecker()
 	stopWatch()
 	chk.final(ctx, b, 0)
+	openWork := openRepairWork(ctx, env)
 	if err := <-profiled; err != nil {
 		b.Errorf("operator CPU profile: %v", err)
 	}
@@ -768,6 +775,7 @@ func BenchmarkGPUFaultBurst(b *testing.B) {
 	rep.NMSchedulingLatencyMs = percentiles(chk.latencies())
 	rep.MaxInProgress, rep.MaxHeld, rep.CheckedEvents = chk.maxInProgress, chk.maxUnavailable, chk.events+rep.CheckedEvents
 	rep.Violations = append(rep.Violations, chk.violations()...)
+	rep.OpenAtEnd = openWork
 	md := rep.markdown()
 	b.Log("\n" + md)
 	writeBurstReport(b, rep, md)
@@ -1280,6 +1288,9 @@ func (r burstReportData) markdown() string {
 			fmt.Fprintf(&s, "- %s\n", e)
 		}
 	}
+	if len(r.OpenAtEnd) > 0 {
+		fmt.Fprintf(&s, "\nOpen at the end:\n\n- %s\n", strings.Join(r.OpenAtEnd, "\n- "))
+	}
 	if len(r.Violations) > 0 {
 		fmt.Fprintf(&s, "\nViolations:\n\n")
 		for _, v := range r.Violations {
@@ -1405,5 +1416,53 @@ func controllerLines(before, after map[string]*dto.MetricFamily) []string {
 		out = append(out, fmt.Sprintf("%s: %s; retries %d; queue wait %.0f / %.0f ms (over the operator's life)",
 			c, formatCounts(perController[c]), retries[c], q["p50"], q["p99"]))
 	}
+	return out
+}
+
+// openRepairWork describes the repairs and NodeMaintenance objects still
+// open: a repair's last timeline step and message; a NodeMaintenance's
+// phase and condition, with the pods of its node being deleted (how long
+// since, their finalizers and phase).
+func openRepairWork(ctx context.Context, env *devcluster.Env) []string {
+	var out []string
+	var repairs repairv1.NodeRepairList
+	if err := env.Kube.List(ctx, &repairs); err != nil {
+		return []string{"listing NodeRepairs: " + err.Error()}
+	}
+	for _, r := range repairs.Items {
+		if r.Status.Phase != repairv1.PhaseRepairing && r.Status.Phase != "" {
+			continue
+		}
+		last := "none"
+		if e := r.LastEntry(); e != nil {
+			last = fmt.Sprintf("%s %s %s ago: %s", e.Step, e.Outcome, time.Since(e.Time.Time).Round(time.Second), e.Message)
+		}
+		out = append(out, fmt.Sprintf("NodeRepair %s (node %s): last step %s; message %q", r.Name, r.Spec.NodeName, last, r.Status.Message))
+	}
+	var nms maintenancev1.NodeMaintenanceList
+	if err := env.Kube.List(ctx, &nms); err != nil {
+		return append(out, "listing NodeMaintenances: "+err.Error())
+	}
+	for _, nm := range nms.Items {
+		if nm.IsReady() {
+			continue
+		}
+		cond := "no Ready condition"
+		if c := meta.FindStatusCondition(nm.Status.Conditions, maintenancev1.ConditionTypeReady); c != nil {
+			cond = fmt.Sprintf("Ready %s %s since %s: %s", c.Status, c.Reason, time.Since(c.LastTransitionTime.Time).Round(time.Second), c.Message)
+		}
+		line := fmt.Sprintf("NodeMaintenance %s (node %s, requestor %s): %s", nm.Name, nm.Spec.NodeName, nm.Spec.RequestorID, cond)
+		pods, err := env.Client.CoreV1().Pods("").List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + nm.Spec.NodeName})
+		if err != nil {
+			line += "; listing its node's pods: " + err.Error()
+		}
+		for _, p := range pods.Items {
+			if p.DeletionTimestamp != nil {
+				line += fmt.Sprintf("; pod %s/%s deleted %s ago (phase %s, finalizers %v)", p.Namespace, p.Name, time.Since(p.DeletionTimestamp.Time).Round(time.Second), p.Status.Phase, p.Finalizers)
+			}
+		}
+		out = append(out, line)
+	}
+	slices.Sort(out)
 	return out
 }
