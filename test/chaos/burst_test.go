@@ -664,7 +664,7 @@ func BenchmarkGPUFaultBurst(b *testing.B) {
 	watchCtx, stopWatch := context.WithCancel(ctx)
 	defer stopWatch()
 	w.watch(watchCtx, b, env)
-	waitOperatorSettled(b, addr)
+	waitOperatorSettled(b, op)
 	famsBefore, err := scrape(addr)
 	if err != nil {
 		b.Fatal(err)

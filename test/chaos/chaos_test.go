@@ -6,6 +6,7 @@ package chaos
 
 import (
 	"context"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"maps"
@@ -312,6 +313,41 @@ func (o *operatorProcess) startWith(t testing.TB, capabilities string) {
 	if err := o.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// controllersStarted reports whether every controller whose event sources
+// this process's log shows starting has started its workers (controller-
+// runtime starts them once its caches synced).
+func (o *operatorProcess) controllersStarted() bool {
+	o.mu.Lock()
+	path := o.logPath
+	o.mu.Unlock()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return false
+	}
+	sources, workers := map[string]bool{}, map[string]bool{}
+	for line := range strings.SplitSeq(string(data), "\n") {
+		var l struct {
+			Msg        string `json:"msg"`
+			Controller string `json:"controller"`
+		}
+		if json.Unmarshal([]byte(line), &l) != nil || l.Controller == "" {
+			continue
+		}
+		switch l.Msg {
+		case "Starting EventSource":
+			sources[l.Controller] = true
+		case "Starting workers":
+			workers[l.Controller] = true
+		}
+	}
+	for c := range sources {
+		if !workers[c] {
+			return false
+		}
+	}
+	return len(workers) > 0
 }
 
 // isLeader reports whether this process's log says it acquired the lease.

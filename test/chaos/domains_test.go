@@ -171,15 +171,15 @@ func BenchmarkNVLinkDomainRollout(b *testing.B) {
 	op := &operatorProcess{bin: bin, kubeconfig: kubeconfig, dir: b.TempDir(), metricsAddr: addr}
 	op.startWith(b, "maintenance")
 	defer op.kill()
-	waitOperatorSettled(b, addr)
-	runs := []domainRun{domainRollout(ctx, b, env, addr, "node by node", nil, jobs, nodes, mpo, upgrade)}
+	waitOperatorSettled(b, op)
+	runs := []domainRun{domainRollout(ctx, b, env, op, "node by node", nil, jobs, nodes, mpo, upgrade)}
 	byDomain := &maintenancev1.MaintenanceDomains{NodeLabel: devcluster.LabelGPUClique}
 	second := "with spec.domains"
 	if *domainsMaxDisrupted != "" {
 		byDomain.MaxDisruptedDomains = ptr.To(intstr.Parse(*domainsMaxDisrupted))
 		second += " (maxDisruptedDomains " + *domainsMaxDisrupted + ")"
 	}
-	runs = append(runs, domainRollout(ctx, b, env, addr, second, byDomain, jobs, nodes, mpo, upgrade))
+	runs = append(runs, domainRollout(ctx, b, env, op, second, byDomain, jobs, nodes, mpo, upgrade))
 
 	rep := domainsReportData{
 		Commit: gitCommit(), Date: time.Now().UTC().Format(time.RFC3339), LoadAverage: loadAverage(),
@@ -483,10 +483,11 @@ func setDomainConfig(ctx context.Context, b *testing.B, env *devcluster.Env, max
 // -domains.held under maxParallelOperations 0, then raised), each deleted
 // upgrade after it is Ready; it returns when every object is gone and
 // every job runs again.
-func domainRollout(ctx context.Context, b *testing.B, env *devcluster.Env, addr, name string, domains *maintenancev1.MaintenanceDomains,
+func domainRollout(ctx context.Context, b *testing.B, env *devcluster.Env, op *operatorProcess, name string, domains *maintenancev1.MaintenanceDomains,
 	jobs map[string]*domainJob, nodes, mpo int, upgrade time.Duration) domainRun {
 	setDomainConfig(ctx, b, env, map[bool]int{true: 0, false: mpo}[*domainsHeld], domains)
-	waitOperatorSettled(b, addr)
+	waitOperatorSettled(b, op)
+	addr := op.metricsAddr
 	watchCtx, stopWatch := context.WithCancel(ctx)
 	w := newDomainWatch(jobs)
 	w.run(watchCtx, b, env)

@@ -193,7 +193,7 @@ func BenchmarkScaleRollout(b *testing.B) {
 	op := &operatorProcess{bin: bin, kubeconfig: kubeconfig, dir: b.TempDir(), metricsAddr: addr}
 	op.startWith(b, strings.Join(operator.CapabilityNames(), ","))
 	defer op.kill()
-	startup := waitOperatorSettled(b, addr)
+	startup := waitOperatorSettled(b, op)
 
 	mocfg := &maintenancev1.MaintenanceOperatorConfig{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "default"},
@@ -480,11 +480,18 @@ func scaleWorkloads(b *testing.B, env *devcluster.Env, pods int, pdbs bool) {
 // waitOperatorSettled waits until the operator's metrics are served and
 // its request count has not moved for 5 s (caches synced, first
 // reconciles done); it returns the requests so far.
-func waitOperatorSettled(b *testing.B, addr string) map[string]int {
+func waitOperatorSettled(b *testing.B, op *operatorProcess) map[string]int {
 	var last map[string]int
 	stableSince := time.Now()
-	err := wait.PollUntilContextTimeout(context.Background(), 500*time.Millisecond, 3*time.Minute, true, func(context.Context) (bool, error) {
-		fams, err := scrape(addr)
+	err := wait.PollUntilContextTimeout(context.Background(), 500*time.Millisecond, 5*time.Minute, true, func(context.Context) (bool, error) {
+		// Every controller's workers started: its caches synced. Until
+		// then no request may be sent for a minute at 10,000 nodes (the
+		// informers' initial lists stream on their watches), which is not
+		// rest.
+		if !op.controllersStarted() {
+			return false, nil
+		}
+		fams, err := scrape(op.metricsAddr)
 		if err != nil {
 			return false, nil //nolint:nilerr // not serving yet
 		}
