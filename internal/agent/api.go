@@ -52,6 +52,11 @@ type API interface {
 	// ResourceSlices lists the ResourceSlices of node (none when the API
 	// server serves no DRA).
 	ResourceSlices(ctx context.Context, node string) ([]resourcev1.ResourceSlice, error)
+	// Fresh is this API reading the node and its GPUFault records from
+	// the API server instead of the cache: after a write met a newer
+	// version than the cache holds, reading the cache again would only
+	// conflict again until it catches up.
+	Fresh() API
 }
 
 // MergePatch is the JSON merge patch from before to after, carrying
@@ -234,6 +239,25 @@ func (k *kubeAPI) PatchNodeStatus(ctx context.Context, node *corev1.Node, patch 
 	return k.core.Patch(types.StrategicMergePatchType).Resource("nodes").Name(node.Name).SubResource("status").
 		Body(patch).Do(ctx).Into(node)
 }
+
+func (k *kubeAPI) Fresh() API { return freshAPI{k} }
+
+// freshAPI reads the node and its GPUFault records from the API server.
+type freshAPI struct{ *kubeAPI }
+
+func (f freshAPI) Node(ctx context.Context, name string) (*corev1.Node, error) {
+	n := &corev1.Node{}
+	return n, f.core.Get().Resource("nodes").Name(name).Do(ctx).Into(n)
+}
+
+func (f freshAPI) GPUFaults(ctx context.Context, node string) ([]repairv1.GPUFault, error) {
+	var l repairv1.GPUFaultList
+	err := f.repair.Get().Resource("gpufaults").
+		Param("fieldSelector", fields.OneTermEqualSelector("spec.nodeName", node).String()).Do(ctx).Into(&l)
+	return l.Items, err
+}
+
+func (f freshAPI) Fresh() API { return f }
 
 func (k *kubeAPI) NodeMaintenances(ctx context.Context, node string) ([]maintenancev1.NodeMaintenance, error) {
 	var l maintenancev1.NodeMaintenanceList

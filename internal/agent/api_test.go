@@ -96,6 +96,9 @@ func (c clientAPI) PatchNodeRepairStatus(ctx context.Context, before, after *rep
 	return c.Status().Patch(ctx, after, p)
 }
 
+// Fresh: the fake client has no cache.
+func (c clientAPI) Fresh() API { return c }
+
 func (c clientAPI) PatchNodeStatus(ctx context.Context, node *corev1.Node, patch []byte) error {
 	return c.Status().Patch(ctx, node, client.RawPatch(types.StrategicMergePatchType, patch))
 }

@@ -186,12 +186,17 @@ func RecordValidation(ctx context.Context, c API, clk clock.PassiveClock, nodeNa
 }
 
 // updateRecords writes what decide makes of the node's records, and the
-// node's GPUProblem condition, reading again after a conflict with the GPU
-// monitor.
+// node's GPUProblem condition, reading again after a conflict (with the
+// GPU monitor, or with the node's own status updates): from the API server
+// then, since a cache that was behind stays behind for a while — on a busy
+// cluster six reads of the cache in 3 s all conflicted, and a reset that
+// had worked was recorded as failed, which sends the repair on to a reboot.
 func updateRecords(ctx context.Context, c API, clk clock.PassiveClock, nodeName string, decide func([]repairv1.GPUFault) []repairv1.GPUFault) error {
-	backoff := wait.Backoff{Steps: 6, Duration: 50 * time.Millisecond, Factor: 2, Jitter: 0.1}
+	backoff := wait.Backoff{Steps: 10, Duration: 50 * time.Millisecond, Factor: 2, Jitter: 0.1, Cap: 5 * time.Second}
+	read := c
 	return retry.OnError(backoff, apierrors.IsConflict, func() error {
-		records, err := nodeRecords(ctx, c, nodeName)
+		defer func() { read = c.Fresh() }()
+		records, err := nodeRecords(ctx, read, nodeName)
 		if err != nil {
 			return err
 		}
@@ -203,7 +208,7 @@ func updateRecords(ctx context.Context, c API, clk clock.PassiveClock, nodeName 
 		if err != nil {
 			return err
 		}
-		node, err := c.Node(ctx, nodeName)
+		node, err := read.Node(ctx, nodeName)
 		if err != nil {
 			return fmt.Errorf("reading node %s: %w", nodeName, err)
 		}

@@ -512,3 +512,61 @@ func TestAgentValidatesEachGPU(t *testing.T) {
 		}
 	})
 }
+
+// staleNodeAPI serves the node as it was before a status update that its
+// cache has not seen yet, as an informer behind on a busy cluster does;
+// Fresh reads the stored node.
+type staleNodeAPI struct {
+	clientAPI
+	stale  *corev1.Node
+	served int
+}
+
+func (s *staleNodeAPI) Node(context.Context, string) (*corev1.Node, error) {
+	s.served++
+	return s.stale.DeepCopy(), nil
+}
+
+func (s *staleNodeAPI) Fresh() API { return s.clientAPI }
+
+// TestAgentResetGPUOnAStaleNodeCacheSucceeds: a reset that worked is
+// recorded as Succeeded although the agent's cache of its node is behind
+// (the kubelet updated the node's status meanwhile): the condition write
+// conflicts once, the next try reads the node from the API server. Before,
+// every try read the cache again, all conflicted, and the reset was
+// recorded Failed — which sends the repair on to a reboot of the node.
+func TestAgentResetGPUOnAStaleNodeCacheSucceeds(t *testing.T) {
+	out := rec(name3, ref3(), repairv1.GPUFaultStatus{Class: repairv1.GPUClassResetGPU, Summary: "Xid 48 (" + meta48 + ")",
+		Faults: []repairv1.GPUFaultEntry{x48(t0, t0, 1, true)}, Occurrences: []metav1.Time{mt(t0)}})
+	out.ResourceVersion = ""
+	nr := testRepair(gNode, repairv1.ActionResetGPU)
+	nr.Spec.GPUs = []repairv1.GPURef{ref3()}
+	nr.Status.GPUMaintenanceName = "repair-r-gpu"
+	drained := holding("gpufleet-system", "repair-r-gpu", repairv1.RequestorID, gNode, maintenancev1.PhaseReady)
+	c := newFakeClient(t, interceptor.Funcs{}, nr, out.DeepCopy(), gpuNode(gNode), drained.DeepCopy())
+	stale := getNode(t, c)
+	// The kubelet's status update the cache has not seen.
+	moved := stale.DeepCopy()
+	moved.Status.Conditions = append(moved.Status.Conditions, corev1.NodeCondition{Type: "KubeletHeartbeat", Status: corev1.ConditionTrue})
+	if err := c.Status().Update(t.Context(), moved); err != nil {
+		t.Fatal(err)
+	}
+	api := &staleNodeAPI{clientAPI: clientAPI{c}, stale: stale}
+	a := &Agent{Client: api, NodeName: gNode, Executor: &recordingExecutor{}, Clock: clocktesting.NewFakePassiveClock(agentNow)}
+	if err := reconcileRepair(t, a, repairName); err != nil {
+		t.Fatal(err)
+	}
+	got := &repairv1.NodeRepair{}
+	if err := c.Get(t.Context(), client.ObjectKey{Name: repairName}, got); err != nil {
+		t.Fatal(err)
+	}
+	if last := got.Status.Timeline[len(got.Status.Timeline)-1]; last.Step != string(repairv1.ActionResetGPU) || last.Outcome != repairv1.OutcomeSucceeded {
+		t.Errorf("the reset's outcome %+v, want Succeeded", last)
+	}
+	if cond := conditionOf(getNode(t, c)); cond == nil {
+		t.Errorf("no %s condition written", repairv1.ConditionGPUProblem)
+	}
+	if f := listFaults(t, c)[0]; f.InService() {
+		t.Errorf("the GPU is back in service before its validation: %+v", f.Status)
+	}
+}

@@ -347,6 +347,9 @@ func (r *Repairer) awaitReboot(ctx context.Context, l *ladder) (reconcile.Result
 		return reconcile.Result{}, r.end(ctx, l, repairv1.PhaseRecoveryFailed, "the node agent did not reboot node "+node.Name+": "+last.Message)
 	}
 	rebooted := nr.Status.Pending == nil && node.Status.NodeInfo.BootID != nr.Status.BootIDBefore && nodeReady(node)
+	if rebooted && strings.HasPrefix(nr.Status.Message, "waiting for node "+node.Name+" to come back from the reboot") {
+		nr.Status.Message = ""
+	}
 	if rebooted && nr.Validates() {
 		// The node stays held (cordoned) until its GPUs pass their
 		// validation after the reboot.
@@ -396,15 +399,19 @@ func (r *Repairer) awaitReboot(ctx context.Context, l *ladder) (reconcile.Result
 		started = &metav1.Time{Time: l.now} // written by an older version: the bound counts from now
 		nr.Status.RebootRequestedAt = started
 	}
-	if waited := l.now.Sub(started.Time); waited < limit {
-		return reconcile.Result{RequeueAfter: limit - waited}, nil // node events bring us back sooner
-	}
-	why := "its boot ID did not change"
+	why, now := "its boot ID did not change", "its boot ID has not changed yet"
 	if node.Status.NodeInfo.BootID != nr.Status.BootIDBefore {
-		why = "it did not become Ready"
+		why, now = "it did not become Ready", "back with a new boot ID, not Ready yet"
 	}
 	if nr.Status.Pending != nil {
-		why = "the node agent did not run the reboot"
+		why, now = "the node agent did not run the reboot", "the node agent has not run the reboot yet"
+	}
+	if waited := l.now.Sub(started.Time); waited < limit {
+		// Said on the repair while it lasts; it changes only with the
+		// node's state, so it is written once, not on every look.
+		nr.Status.Message = fmt.Sprintf("waiting for node %s to come back from the reboot: %s (at most %s, until %s)",
+			node.Name, now, limit, started.Add(limit).UTC().Format(time.RFC3339))
+		return reconcile.Result{RequeueAfter: limit - waited}, nil // node events bring us back sooner
 	}
 	nr.Status.Pending = nil
 	return reconcile.Result{}, r.end(ctx, l, repairv1.PhaseRecoveryFailed,

@@ -124,6 +124,14 @@ func TestRebootThatNeverCompletesFailsTheRepairAndReleasesTheNode(t *testing.T) 
 	if got.Status.Phase != repairv1.PhaseRepairing || res.RequeueAfter != time.Minute {
 		t.Fatalf("19 minutes into a 20-minute reboot bound: phase %s, requeue %s; want Repairing, 1m", got.Status.Phase, res.RequeueAfter)
 	}
+	// The wait is said on the repair, once: another look writes nothing.
+	if !strings.Contains(got.Status.Message, "waiting for node a-2 to come back from the reboot: its boot ID has not changed yet (at most 20m0s") {
+		t.Errorf("while waiting for the reboot: message %q", got.Status.Message)
+	}
+	waiting := got.ResourceVersion
+	if _, again := d.reconcile(nr.Name); again.ResourceVersion != waiting {
+		t.Errorf("another look during the reboot wait wrote the repair again: %q", again.Status.Message)
+	}
 	// Past it: RecoveryFailed, the node is released and labelled, a
 	// Warning names the node.
 	d.clock.Step(time.Minute)
