@@ -749,6 +749,12 @@ func BenchmarkGPUFaultBurst(b *testing.B) {
 	rep.Commit, rep.Date = gitCommit(), time.Now().UTC().Format(time.RFC3339)
 	rep.Command = fmt.Sprintf("flock /tmp/cluster-test.lock env GPUFLEET_BIN_DIR=$PWD/bin go test -count=1 -run '^$' -bench BenchmarkGPUFaultBurst -benchtime 1x -timeout 60m ./test/chaos/ -args -burst.nodes=%d -burst.faults=%d -burst.pools=%d -burst.pods-per-node=%d -burst.until=%s",
 		nodes, nFaults, pools, *burstPodsPerNode, *burstUntil)
+	if *burstAgentWorkers > 0 {
+		rep.Command += fmt.Sprintf(" -burst.agent-workers=%d", *burstAgentWorkers)
+	}
+	if *burstUntil == "isolated" {
+		rep.Command += fmt.Sprintf(" -burst.observe=%s", *burstObserve)
+	}
 	rep.Parameters = map[string]any{"nodes": nodes, "gpusPerNode": 8, "pools": pools, "faults": nFaults, "xid": *burstXID,
 		"claimPods": claimPods, "podsPerNode": *burstPodsPerNode, "podTerminationSeconds": 1,
 		"maxParallelPools": *burstMaxParallelPools, "maxParallelOperations": *burstMaxParallel, "maxUnavailable": *burstMaxUnavailable,
