@@ -187,7 +187,12 @@ func TestAFaultGetsTheVerificationWindowAfterTheReboot(t *testing.T) {
 				t.Fatal(err)
 			}
 			// The agent rebooted the node; the condition is still the old one.
+			// The simulated kubelet reports Ready again at its next status
+			// update, after Reboot returns.
 			if err := env.Reboot(t.Context(), tc.node, 0); err != nil {
+				t.Fatal(err)
+			}
+			if err := env.WaitNodesReady(t.Context(), tc.node); err != nil {
 				t.Fatal(err)
 			}
 			d.clock.Step(10 * time.Second)
