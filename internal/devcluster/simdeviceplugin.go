@@ -79,9 +79,16 @@ type simDevicePlugin struct {
 	// queued: when a node was first queued since its last sync began.
 	queued sync.Map // node → time.Time
 	mu     sync.Mutex
-	waits  []time.Duration          // queued → sync began, every sync
-	last   map[string]SimPluginSync // node → its last sync
+	// waits: queued → sync began, of the latest passes (at most
+	// 2×simPluginWaitsKept: a dev cluster runs for days); dropped counts
+	// the older passes no longer kept.
+	waits   []time.Duration
+	dropped int
+	last    map[string]SimPluginSync // node → its last sync
 }
+
+// simPluginWaitsKept: how many passes' queue waits are kept at least.
+const simPluginWaitsKept = 1 << 17
 
 // SimPluginSync is one pass of the simulated GPU plugins over a node.
 type SimPluginSync struct {
@@ -94,18 +101,42 @@ type SimPluginSync struct {
 	Err         string
 }
 
-// SimPluginSyncs reports the simulated GPU plugins' passes: how long
-// each node waited in their queue (every pass since the start, in
-// order) and the last pass over each node. A benchmark reads it to tell
-// the simulation's lag from gpufleet's.
-func (c *Cluster) SimPluginSyncs() (waits []time.Duration, last map[string]SimPluginSync) {
+// SimPluginPasses is how many passes the simulated GPU plugins have made.
+// With SimPluginWaitsSince and SimPluginLastSync a benchmark tells the
+// simulation's lag from gpufleet's.
+func (c *Cluster) SimPluginPasses() int {
 	s := c.simPlugins
 	if s == nil {
-		return nil, nil
+		return 0
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return slices.Clone(s.waits), maps.Clone(s.last)
+	return s.dropped + len(s.waits)
+}
+
+// SimPluginWaitsSince returns how long each node waited in the simulated
+// GPU plugins' queue before each pass after the first n (those still
+// kept), in order.
+func (c *Cluster) SimPluginWaitsSince(n int) []time.Duration {
+	s := c.simPlugins
+	if s == nil {
+		return nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.waits[min(max(n-s.dropped, 0), len(s.waits)):])
+}
+
+// SimPluginLastSync is the simulated GPU plugins' last pass over node.
+func (c *Cluster) SimPluginLastSync(node string) (SimPluginSync, bool) {
+	s := c.simPlugins
+	if s == nil {
+		return SimPluginSync{}, false
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	r, ok := s.last[node]
+	return r, ok
 }
 
 // timedSync is sync, recording the node's wait in the queue and the pass.
@@ -120,11 +151,21 @@ func (s *simDevicePlugin) timedSync(ctx context.Context, node string) error {
 	if err != nil {
 		rec.Err = err.Error()
 	}
+	s.record(node, rec)
+	return err
+}
+
+// record keeps a pass over node: its queue wait among the latest ones,
+// and as the node's last pass.
+func (s *simDevicePlugin) record(node string, rec SimPluginSync) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.waits = append(s.waits, waited)
+	if len(s.waits) == 2*simPluginWaitsKept {
+		s.waits = append(s.waits[:0], s.waits[simPluginWaitsKept:]...)
+		s.dropped += simPluginWaitsKept
+	}
+	s.waits = append(s.waits, rec.Waited)
 	s.last[node] = rec
-	return err
 }
 
 // simPluginWorkers: the simulated GPU plugins' passes at once. Each node

@@ -200,3 +200,34 @@ func TestSimDevicePluginAllocatable(t *testing.T) {
 		})
 	}
 }
+
+// TestSimPluginPassesKeepTheLatestWaits: the queue waits of the simulated
+// GPU plugins' passes are kept for the latest passes only (a dev cluster
+// runs for days); the passes after a mark are returned while kept.
+func TestSimPluginPassesKeepTheLatestWaits(t *testing.T) {
+	s := &simDevicePlugin{last: map[string]SimPluginSync{}}
+	c := &Cluster{simPlugins: s}
+	total := 2*simPluginWaitsKept + 5
+	for i := range total {
+		s.record("gpu-000", SimPluginSync{Waited: time.Duration(i)})
+	}
+	if got := c.SimPluginPasses(); got != total {
+		t.Errorf("%d passes counted, want %d", got, total)
+	}
+	if n := len(s.waits); n > 2*simPluginWaitsKept {
+		t.Errorf("%d waits kept, want at most %d", n, 2*simPluginWaitsKept)
+	}
+	since := c.SimPluginWaitsSince(total - 3)
+	if len(since) != 3 || since[0] != time.Duration(total-3) || since[2] != time.Duration(total-1) {
+		t.Errorf("the waits of the last 3 passes: %v", since)
+	}
+	if got := c.SimPluginWaitsSince(0); len(got) != len(s.waits) || got[0] != time.Duration(simPluginWaitsKept) {
+		t.Errorf("the waits since the start: %d kept, first %v; want those still kept", len(got), got[0])
+	}
+	if last, ok := c.SimPluginLastSync("gpu-000"); !ok || last.Waited != time.Duration(total-1) {
+		t.Errorf("last pass %+v, %t", last, ok)
+	}
+	if _, ok := (&Cluster{}).SimPluginLastSync("gpu-000"); ok {
+		t.Errorf("a cluster without the simulated plugins reported a pass")
+	}
+}

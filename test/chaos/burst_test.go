@@ -656,11 +656,7 @@ func BenchmarkGPUFaultBurst(b *testing.B) {
 	defer stopChecker()
 	go chk.run(checkCtx)
 	w := newBurstWatch(faults, *burstMaxParallelPools)
-	w.simPlugin = func(node string) (devcluster.SimPluginSync, bool) {
-		_, last := env.SimPluginSyncs()
-		r, ok := last[node]
-		return r, ok
-	}
+	w.simPlugin = env.SimPluginLastSync
 	watchCtx, stopWatch := context.WithCancel(ctx)
 	defer stopWatch()
 	w.watch(watchCtx, b, env)
@@ -670,7 +666,7 @@ func BenchmarkGPUFaultBurst(b *testing.B) {
 		b.Fatal(err)
 	}
 	before := apiRequests(famsBefore)
-	simWaitsBefore, _ := env.SimPluginSyncs()
+	simPassesBefore := env.SimPluginPasses()
 	agentBefore := agentRequests.Snapshot()
 	cpuBefore := cpuSecondsOf(op.pid())
 	selfBefore := cpuSecondsOf(os.Getpid())
@@ -733,7 +729,7 @@ func BenchmarkGPUFaultBurst(b *testing.B) {
 		b.Fatal(err)
 	}
 	after := apiRequests(famsAfter)
-	simWaits, _ := env.SimPluginSyncs()
+	simWaits := env.SimPluginWaitsSince(simPassesBefore)
 	agentUsed := agentRequests.Since(agentBefore)
 	rss, hwm := memoryOf(op.pid())
 	cpuTotal := cpuSecondsOf(op.pid())
@@ -770,7 +766,7 @@ func BenchmarkGPUFaultBurst(b *testing.B) {
 		rep.AgentRequestsPerRepair = float64(sum(agentUsed)) / float64(rep.Repairs)
 	}
 	rep.Controllers = controllerLines(famsBefore, famsAfter)
-	rep.SimPluginQueueMs = percentiles(slices.Sorted(slices.Values(simWaits[min(len(simWaitsBefore), len(simWaits)):])))
+	rep.SimPluginQueueMs = percentiles(slices.Sorted(slices.Values(simWaits)))
 	rep.CPUSeconds, rep.CPUSecondsTotal = cpu, cpuTotal
 	rep.BenchCPUSeconds = selfCPU
 	rep.LoadAverage = [2]string{loadBefore, loadAfter}
@@ -1387,23 +1383,8 @@ func writeBurstReport(b *testing.B, r burstReportData, md string) {
 // scrapes of its metrics: reconciles by result, retries after an error,
 // and the p50 / p99 of a key's wait in the controller's queue.
 func controllerLines(before, after map[string]*dto.MetricFamily) []string {
-	byResult := func(fams map[string]*dto.MetricFamily) map[string]int {
-		out := map[string]int{}
-		for _, m := range fams["controller_runtime_reconcile_total"].GetMetric() {
-			var c, r string
-			for _, l := range m.GetLabel() {
-				switch l.GetName() {
-				case "controller":
-					c = l.GetValue()
-				case "result":
-					r = l.GetValue()
-				}
-			}
-			out[c+"\x00"+r] += int(m.GetCounter().GetValue())
-		}
-		return out
-	}
-	results := diffCounts(byResult(before), byResult(after))
+	const family = "controller_runtime_reconcile_total"
+	results := diffCounts(countsByLabel(before, family, "controller", "result"), countsByLabel(after, family, "controller", "result"))
 	retries := diffCounts(countsByLabel(before, "workqueue_retries_total", "name"), countsByLabel(after, "workqueue_retries_total", "name"))
 	perController := map[string]map[string]int{}
 	for k, n := range results {

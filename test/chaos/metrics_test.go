@@ -143,14 +143,22 @@ func memoryOf(pid int) (rss, hwm int) {
 // cpuSecondsOf reads utime+stime of a process.
 func cpuSecondsOf(pid int) float64 { return devcluster.CPUTimeOf(pid).Seconds() }
 
-// countsByLabel sums a counter family's values by one label.
-func countsByLabel(fams map[string]*dto.MetricFamily, family, label string) map[string]int {
+// countsByLabel sums a counter family's values by the values of labels
+// (joined by NUL when there are several; a series without the first label
+// is left out).
+func countsByLabel(fams map[string]*dto.MetricFamily, family string, labels ...string) map[string]int {
 	out := map[string]int{}
 	for _, m := range fams[family].GetMetric() {
+		values := make([]string, len(labels))
+		found := false
 		for _, l := range m.GetLabel() {
-			if l.GetName() == label {
-				out[l.GetValue()] += int(m.GetCounter().GetValue())
+			if i := slices.Index(labels, l.GetName()); i >= 0 {
+				values[i] = l.GetValue()
+				found = found || i == 0
 			}
+		}
+		if found {
+			out[strings.Join(values, "\x00")] += int(m.GetCounter().GetValue())
 		}
 	}
 	return out
