@@ -2,6 +2,7 @@ package repair_test
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -287,5 +288,45 @@ func TestARepairIsolatesItsGPUBeforeTheDrain(t *testing.T) {
 				t.Errorf("isolation note %q, want it to name %s", note, rule.Name)
 			}
 		})
+	}
+}
+
+// refusingRules is the API server refusing every DeviceTaintRule (an
+// admission policy, a missing permission).
+type refusingRules struct{ client.Client }
+
+func (c refusingRules) Create(ctx context.Context, obj client.Object, opts ...client.CreateOption) error {
+	if _, ok := obj.(*resourcev1.DeviceTaintRule); ok {
+		return apierrors.NewForbidden(resourcev1.Resource("devicetaintrules"), obj.GetName(), errors.New("refused by the test"))
+	}
+	return c.Client.Create(ctx, obj, opts...)
+}
+
+// TestARefusedIsolationDoesNotHoldTheRepair: when the API server refuses
+// the DeviceTaintRule, the repair says so in its timeline and drains and
+// resets the GPU all the same (the drain and reset mend it; the isolator
+// keeps trying on its own), instead of retrying the drain forever behind
+// an error only the log shows.
+func TestARefusedIsolationDoesNotHoldTheRepair(t *testing.T) {
+	d := newDirect(t)
+	d.r.DRA = true
+	d.r.Client = refusingRules{env.Kube}
+	nr, gf := gpuRepairSetUp(t, d, "b-1")
+	d.reconcile(nr.Name) // Start
+	_, got := d.reconcile(nr.Name)
+	if got.Status.GPUMaintenanceName == "" {
+		t.Fatalf("no GPU drain requested after a refused isolation; timeline %s", timelineSteps(got))
+	}
+	if taintRule(t, gf) != nil {
+		t.Errorf("a DeviceTaintRule exists although the API server refused it")
+	}
+	var failed *repairv1.TimelineEntry
+	for i, e := range got.Status.Timeline {
+		if e.Step == "Isolate" && e.Outcome == repairv1.OutcomeFailed {
+			failed = &got.Status.Timeline[i]
+		}
+	}
+	if failed == nil || !strings.Contains(failed.Message, "refused by the test") {
+		t.Errorf("timeline %s (%+v): want the refused isolation recorded with its reason", timelineSteps(got), failed)
 	}
 }

@@ -732,7 +732,9 @@ func (r *Repairer) gpuDrainRung(ctx context.Context, l *ladder) (bool, error) {
 // faults): otherwise the scheduler could give a faulty GPU to a new pod
 // after the drain chose which pods to evict, and the reset would find the
 // GPU in use. The isolator's own decision applies (Converge): a GPU that
-// DRA does not publish, or a dry-run policy, gets no rule.
+// DRA does not publish, or a dry-run policy, gets no rule. A rule the API
+// server refuses does not hold the repair back (the timeline says so, and
+// the isolator goes on trying): the drain and reset still mend the GPU.
 func (r *Repairer) isolateFirst(ctx context.Context, l *ladder) error {
 	if !r.DRA {
 		return nil
@@ -748,7 +750,8 @@ func (r *Repairer) isolateFirst(ctx context.Context, l *ladder) error {
 		}
 		rule, err := iso.Converge(ctx, gf)
 		if err != nil {
-			return fmt.Errorf("isolating %s before its drain: %w", gf.Spec.GPU.Describe(), err)
+			l.record("Isolate", repairv1.OutcomeFailed, fmt.Sprintf("%s not isolated before the drain (the isolator goes on trying): %v", gf.Spec.GPU.Describe(), err))
+			continue
 		}
 		if rule != nil {
 			l.record("Isolate", "Isolated", fmt.Sprintf("%s isolated before the drain: DeviceTaintRule %s", gf.Spec.GPU.Describe(), rule.Name))
