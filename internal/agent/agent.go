@@ -75,13 +75,23 @@ func (a *Agent) Reconcile(ctx context.Context, name string) error {
 			return fmt.Errorf("reading node %s before %s: %w", nr.Spec.NodeName, p.Action, err)
 		}
 		if Disruptive(p.Action) {
+			// The node as the API server has it now: a cordon lifted from
+			// outside must be seen before the node or its GPU is stopped.
+			if node, err = a.Client.Fresh().Node(ctx, nr.Spec.NodeName); err != nil {
+				return fmt.Errorf("reading node %s before %s: %w", nr.Spec.NodeName, p.Action, err)
+			}
 			nms, err := a.Client.NodeMaintenances(ctx, nr.Spec.NodeName)
 			if err != nil {
 				return fmt.Errorf("reading the NodeMaintenance objects of node %s before %s: %w", nr.Spec.NodeName, p.Action, err)
 			}
-			if ok, why := Authorize(nr, nr.Spec.NodeName, a.Namespace, nms); !ok {
+			switch verdict, why := Authorize(nr, node, a.Namespace, nms); verdict {
+			case Refuse:
 				log.Info("not running a disruptive action outside the NodeMaintenance that must hold the node", "node", nr.Spec.NodeName, "action", p.Action, "why", why)
 				return a.record(ctx, nr, p.Action, repairv1.OutcomeRefused, why)
+			case Wait:
+				// Retried with backoff; the repair controller's bound ends
+				// the wait (its pending action is then withdrawn).
+				return fmt.Errorf("%s", why)
 			}
 		}
 		if p.Action == repairv1.ActionReboot && nr.Validates() {

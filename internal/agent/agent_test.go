@@ -372,16 +372,37 @@ func TestAgentStaleReadOfItsOwnStartIsNotAnError(t *testing.T) {
 }
 
 // TestAgentRefusesADisruptiveActionOutsideItsNodeMaintenance: a pending
-// reboot that no Ready NodeMaintenance of the repair holds the node for is
-// not run; the refusal and its reason are the action's outcome in the
-// timeline. With the object Ready, the same reboot runs.
+// reboot whose NodeMaintenance does not hold the node at this moment
+// (draining again, or the node uncordoned from outside) waits: nothing
+// runs, nothing is recorded, the agent looks again with backoff. One that
+// no NodeMaintenance can ever authorize (the object holds another node) is
+// refused: the refusal and its reason are the action's outcome in the
+// timeline. With the object Ready and the node cordoned, the reboot runs.
 func TestAgentRefusesADisruptiveActionOutsideItsNodeMaintenance(t *testing.T) {
 	nr := testRepair("gpu-1", repairv1.ActionReboot)
 	nr.Status.MaintenanceName = "repair-r"
 	nm := holding("gpufleet-system", "repair-r", repairv1.RequestorID, "gpu-1", maintenancev1.PhaseDraining)
 	exec := &recordingExecutor{}
-	a := newTestAgent(t, "gpu-1", exec, nil, nr, testobj.Node("gpu-1"), &nm)
+	a := newTestAgent(t, "gpu-1", exec, nil, nr, testobj.Node("gpu-1", testobj.Unschedulable()), &nm)
 	a.Namespace = "gpufleet-system"
+	if err := reconcileRepair(t, a, repairName); err == nil || !strings.Contains(err.Error(), "does not hold the node at this moment (phase Draining)") {
+		t.Fatalf("a reboot while its NodeMaintenance drains: %v, want a wait", err)
+	}
+	if got := getRepair(t, a); len(exec.calls) != 0 || len(got.Status.Timeline) != len(nr.Status.Timeline) || got.Status.Pending == nil {
+		t.Fatalf("waiting: ran %v, timeline %+v, pending %+v", exec.calls, got.Status.Timeline, got.Status.Pending)
+	}
+	// Gone, and another node's in its place: nothing can authorize it.
+	other := &maintenancev1.NodeMaintenance{}
+	if err := a.Client.(clientAPI).Get(t.Context(), types.NamespacedName{Namespace: "gpufleet-system", Name: "repair-r"}, other); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Client.(clientAPI).Delete(t.Context(), other); err != nil {
+		t.Fatal(err)
+	}
+	wrong := holding("gpufleet-system", "repair-r", repairv1.RequestorID, "gpu-2", maintenancev1.PhaseReady)
+	if err := a.Client.(clientAPI).Create(t.Context(), &wrong); err != nil {
+		t.Fatal(err)
+	}
 	if err := reconcileRepair(t, a, repairName); err != nil {
 		t.Fatal(err)
 	}
@@ -390,7 +411,7 @@ func TestAgentRefusesADisruptiveActionOutsideItsNodeMaintenance(t *testing.T) {
 	}
 	got := getRepair(t, a)
 	last := got.Status.Timeline[len(got.Status.Timeline)-1]
-	if last.Step != "Reboot" || last.Outcome != "Refused" || !strings.Contains(last.Message, "does not hold the node yet (phase Draining)") || got.Status.Pending != nil {
+	if last.Step != "Reboot" || last.Outcome != "Refused" || !strings.Contains(last.Message, "NodeMaintenance repair-r not found for node gpu-1") || got.Status.Pending != nil {
 		t.Fatalf("timeline %+v, pending %+v", got.Status.Timeline, got.Status.Pending)
 	}
 
@@ -400,7 +421,7 @@ func TestAgentRefusesADisruptiveActionOutsideItsNodeMaintenance(t *testing.T) {
 	if err := a.Client.(clientAPI).Get(t.Context(), types.NamespacedName{Namespace: "gpufleet-system", Name: "repair-r"}, stored); err != nil {
 		t.Fatal(err)
 	}
-	stored.Status = ready.Status
+	stored.Spec.NodeName, stored.Status = "gpu-1", ready.Status
 	if err := a.Client.(clientAPI).Update(t.Context(), stored); err != nil {
 		t.Fatal(err)
 	}

@@ -464,7 +464,9 @@ func TestAgentValidatesEachGPU(t *testing.T) {
 		return nr
 	}
 	run := func(t *testing.T, nr *repairv1.NodeRepair, exec Executor, objs ...client.Object) (client.Client, *repairv1.NodeRepair) {
-		c := newFakeClient(t, interceptor.Funcs{}, append(objs, nr, gpuNode(gNode), held.DeepCopy())...)
+		node := gpuNode(gNode)
+		node.Spec.Unschedulable = true // cordoned by the repair's NodeMaintenance
+		c := newFakeClient(t, interceptor.Funcs{}, append(objs, nr, node, held.DeepCopy())...)
 		a := &Agent{Client: clientAPI{c}, NodeName: gNode, Executor: exec, Clock: clocktesting.NewFakePassiveClock(agentNow), ValidationRetry: time.Millisecond}
 		if err := reconcileRepair(t, a, repairName); err != nil {
 			t.Fatal(err)

@@ -393,7 +393,7 @@ func maintenanceOf(nms []*maintenancev1.NodeMaintenance) *Maintenance {
 	}
 	m := &Maintenance{
 		Namespace: best.Namespace, Name: best.Name, Requestor: best.Spec.RequestorID, Phase: best.Phase(),
-		DrainBlocked: best.DrainBlocked(), Deleting: best.DeletionTimestamp != nil, Others: len(nms) - 1,
+		DrainBlocked: drainHeld(best), Deleting: best.DeletionTimestamp != nil, Others: len(nms) - 1,
 	}
 	if m.Phase == maintenancev1.PhasePending {
 		if c := meta.FindStatusCondition(best.Status.Conditions, maintenancev1.ConditionTypeReady); c != nil {
@@ -509,4 +509,9 @@ func age(t metav1.Time, now time.Time) string {
 		return fmt.Sprintf("%dh", int(d.Hours()))
 	}
 	return fmt.Sprintf("%dd", int(d.Hours()/24))
+}
+
+func drainHeld(nm *maintenancev1.NodeMaintenance) bool {
+	held, _ := nm.DrainHeld()
+	return held
 }

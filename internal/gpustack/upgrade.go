@@ -99,6 +99,7 @@ type UpgradeAction struct {
 const (
 	ActRequest       = "Request"       // create the NodeMaintenance
 	ActRestartDriver = "RestartDriver" // delete the old driver pod
+	ActDrainNode     = "DrainNode"     // widen the NodeMaintenance's drain to the whole node, for a reboot
 	ActReboot        = "Reboot"        // ask the repair engine for a reboot
 	ActFinish        = "Finish"        // delete the NodeMaintenance
 	ActFail          = "Fail"          // mark failed, release the node
@@ -122,8 +123,14 @@ func PlanUpgrades(nodes []UpgradeNode, limit int, byDomain bool, timeout time.Du
 	for _, n := range nodes {
 		nm := n.Maintenance
 		switch {
-		case n.MaintenanceIsOurs && !nm.IsReady():
-			// waiting for the maintenance scheduler and the drain
+		case n.MaintenanceIsOurs && nm.DrainTimedOut() && !DrainsForReboot(nm.Spec.DrainSpec):
+			// The GPU pods did not all leave within the drain's timeout:
+			// restarting the driver under them would end them, so the
+			// node's upgrade fails instead (as NVIDIA's upgrade does).
+			acts = append(acts, UpgradeAction{ActFail, n.Name})
+		case n.MaintenanceIsOurs && !holds(nm):
+			// waiting for the maintenance scheduler and the drain (for
+			// a reboot: the whole node's, or its timeout)
 		case n.MaintenanceIsOurs && !n.Current:
 			restarted, err := time.Parse(time.RFC3339, nm.Annotations[annotationRestartedAt])
 			switch {
@@ -152,6 +159,10 @@ func PlanUpgrades(nodes []UpgradeNode, limit int, byDomain bool, timeout time.Du
 				b.Phase == "" && now.Sub(b.Created) >= timeout:
 				acts = append(acts, UpgradeAction{ActFail, n.Name})
 			}
+		case n.MaintenanceIsOurs && n.ModuleInUse != "" && nm.Annotations[annotationRestartedAt] != "" && !DrainsForReboot(nm.Spec.DrainSpec):
+			// The reboot would end every pod of the node, not only the GPU
+			// pods the upgrade drained: the whole node is drained first.
+			acts = append(acts, UpgradeAction{ActDrainNode, n.Name})
 		case n.MaintenanceIsOurs && n.ModuleInUse != "" && nm.Annotations[annotationRestartedAt] != "":
 			acts = append(acts, UpgradeAction{ActReboot, n.Name})
 		case n.MaintenanceIsOurs:
@@ -165,6 +176,35 @@ func PlanUpgrades(nodes []UpgradeNode, limit int, byDomain bool, timeout time.Du
 		}
 	}
 	return acts
+}
+
+// holds reports whether the upgrade's NodeMaintenance holds its node for
+// the upgrade's next step: Ready for the status of its current spec or,
+// once its drain was widened for a reboot, past that drain's timeout (the
+// reboot then goes on, as a repair's does).
+func holds(nm *maintenancev1.NodeMaintenance) bool {
+	if nm.Status.ObservedGeneration < nm.Generation {
+		return false // the lifecycle has not acted on the latest spec yet
+	}
+	return nm.IsReady() || (DrainsForReboot(nm.Spec.DrainSpec) && nm.DrainTimedOut())
+}
+
+// DrainsForReboot reports whether a drain is one a reboot needs: every pod
+// of the node (but DaemonSet and mirror pods), bare and emptyDir pods too
+// (the reboot ends them anyway), each evicted with its grace period and
+// PodDisruptionBudget.
+func DrainsForReboot(d *maintenancev1.DrainSpec) bool {
+	return d != nil && d.Force && d.DeleteEmptyDir && d.PodSelector == "" && len(d.PodEvictionFilters) == 0
+}
+
+// rebootDrain is the drain of a node about to reboot inside an upgrade's
+// NodeMaintenance: the whole node, within the upgrade's drain timeout.
+func rebootDrain(d *maintenancev1.DrainSpec) *maintenancev1.DrainSpec {
+	out := &maintenancev1.DrainSpec{Force: true, DeleteEmptyDir: true, TimeoutSeconds: ptr.To[int32](300)}
+	if d != nil && d.TimeoutSeconds != nil {
+		out.TimeoutSeconds = ptr.To(*d.TimeoutSeconds)
+	}
+	return out
 }
 
 // needsRequest: the node runs an old driver and nothing holds it, so its
@@ -508,6 +548,17 @@ func (r *Reconciler) act(ctx context.Context, policy *nvidiav1.ClusterPolicy, up
 			return fmt.Errorf("deleting the old driver pod on %s: %w", a.Node, err)
 		}
 		return nil
+	case ActDrainNode:
+		nm := n.Maintenance.DeepCopy()
+		patch := client.MergeFromWithOptions(n.Maintenance, client.MergeFromWithOptimisticLock{})
+		nm.Spec.DrainSpec = rebootDrain(nm.Spec.DrainSpec)
+		if err := r.Client.Patch(ctx, nm, patch); err != nil {
+			return fmt.Errorf("widening the drain of %s for its reboot: %w", a.Node, err)
+		}
+		r.Recorder.Eventf(policy, node, corev1.EventTypeNormal, ReasonModuleInUse, actionUpgrade,
+			"New driver on node %s cannot load (%s): draining the whole node (NodeMaintenance %s/%s) before its reboot",
+			a.Node, n.ModuleInUse, nm.Namespace, nm.Name)
+		return nil
 	case ActReboot:
 		return r.askReboot(ctx, policy, n, now)
 	case ActFinish:
@@ -523,6 +574,9 @@ func (r *Reconciler) act(ctx context.Context, policy *nvidiav1.ClusterPolicy, up
 	case ActFail:
 		why := "New driver on node %s not Ready in time"
 		switch b := n.Reboot; {
+		case !n.Maintenance.IsReady() && n.Maintenance.DrainTimedOut() && !DrainsForReboot(n.Maintenance.Spec.DrainSpec):
+			_, held := n.Maintenance.DrainHeld()
+			why = "GPU pods of node %s not drained within the drain's timeout, driver not restarted under them (" + strings.ReplaceAll(held, "%", "%%") + ")"
 		case b == nil:
 		case b.Phase == repairv1.PhaseSucceeded:
 			why = "New driver on node %s not Ready in time after the reboot"
@@ -580,6 +634,16 @@ func (r *Reconciler) askReboot(ctx context.Context, policy *nvidiav1.ClusterPoli
 	return r.setUpgradeLabel(ctx, n.Name, upgradeStateRebooting)
 }
 
+// GPUPodFilters select the pods a driver restart affects: those requesting
+// an nvidia.com/ resource (the device plugin's), and those with a
+// ResourceClaim allocated by NVIDIA's DRA driver.
+func GPUPodFilters() []maintenancev1.PodEvictionFilterEntry {
+	return []maintenancev1.PodEvictionFilterEntry{
+		{ByResourceNameRegex: ptr.To(`^nvidia\.com/`)},
+		{ByDRADriverRegex: ptr.To(`^` + regexp.QuoteMeta(nvidiav1.DRADriver) + `$`)},
+	}
+}
+
 func (r *Reconciler) setUpgradeLabel(ctx context.Context, node, value string) error {
 	var v any = value
 	if value == "" {
@@ -597,7 +661,7 @@ func (r *Reconciler) setUpgradeLabel(ctx context.Context, node, value string) er
 func upgradeRequest(policy *nvidiav1.ClusterPolicy, up *nvidiav1.DriverUpgradePolicySpec, ns, node string) requestor.Request {
 	drain := &maintenancev1.DrainSpec{
 		Force: true, DeleteEmptyDir: true, TimeoutSeconds: ptr.To[int32](300),
-		PodEvictionFilters: []maintenancev1.PodEvictionFilterEntry{{ByResourceNameRegex: ptr.To(`^nvidia\.com/`)}},
+		PodEvictionFilters: GPUPodFilters(),
 	}
 	var wait *maintenancev1.WaitForPodCompletionSpec
 	if up != nil {

@@ -108,13 +108,64 @@ func TestPlanUpgrades(t *testing.T) {
 			nodes: []UpgradeNode{func() UpgradeNode { n := old("a"); n.Maintenance = nm(true, ""); return n }()}, limit: 1,
 			want: nil,
 		},
-		"the new driver cannot load, the old module is in use: ask for a reboot": {
+		"the new driver cannot load, the old module is in use: drain the whole node for the reboot first": {
 			nodes: []UpgradeNode{func() UpgradeNode {
 				n := withNM(cur("a"), nm(true, t0.Add(-time.Minute).Format(time.RFC3339)))
+				n.Maintenance.Spec.DrainSpec = upgradeRequest(&nvidiav1.ClusterPolicy{}, nil, "ns", "a").Drain
+				n.Ready, n.ModuleInUse = false, "nvidia-driver-ctr: Could not unload NVIDIA driver kernel modules, driver is in use"
+				return n
+			}()}, limit: 1,
+			want: []UpgradeAction{{ActDrainNode, "a"}},
+		},
+		"the whole node drained for the reboot: ask for it": {
+			nodes: []UpgradeNode{func() UpgradeNode {
+				n := withNM(cur("a"), nm(true, t0.Add(-time.Minute).Format(time.RFC3339)))
+				n.Maintenance.Spec.DrainSpec = rebootDrain(nil)
 				n.Ready, n.ModuleInUse = false, "nvidia-driver-ctr: Could not unload NVIDIA driver kernel modules, driver is in use"
 				return n
 			}()}, limit: 1,
 			want: []UpgradeAction{{ActReboot, "a"}},
+		},
+		"the whole node's drain asked for, not yet acted on (generation ahead): wait": {
+			nodes: []UpgradeNode{func() UpgradeNode {
+				n := withNM(cur("a"), nm(true, t0.Add(-time.Minute).Format(time.RFC3339)))
+				n.Maintenance.Spec.DrainSpec = rebootDrain(nil)
+				n.Maintenance.Generation, n.Maintenance.Status.ObservedGeneration = 2, 1
+				n.Ready, n.ModuleInUse = false, "x: module nvidia is in use"
+				return n
+			}()}, limit: 1,
+			want: nil,
+		},
+		"the whole node's drain past its timeout: the reboot goes on": {
+			nodes: []UpgradeNode{func() UpgradeNode {
+				n := withNM(cur("a"), nm(false, t0.Add(-time.Minute).Format(time.RFC3339)))
+				n.Maintenance.Spec.DrainSpec = rebootDrain(nil)
+				n.Maintenance.Status.Conditions = append(n.Maintenance.Status.Conditions, metav1.Condition{Type: maintenancev1.ConditionTypeDrainBlocked,
+					Status: metav1.ConditionTrue, Reason: maintenancev1.DrainBlockedReasonTimedOut})
+				n.Ready, n.ModuleInUse = false, "x: module nvidia is in use"
+				return n
+			}()}, limit: 1,
+			want: []UpgradeAction{{ActReboot, "a"}},
+		},
+		"the GPU pods' drain past its timeout: the node fails, its driver is not restarted under them": {
+			nodes: []UpgradeNode{func() UpgradeNode {
+				n := withNM(old("a"), nm(false, ""))
+				n.Maintenance.Spec.DrainSpec = upgradeRequest(&nvidiav1.ClusterPolicy{}, nil, "ns", "a").Drain
+				n.Maintenance.Status.Conditions = append(n.Maintenance.Status.Conditions, metav1.Condition{Type: maintenancev1.ConditionTypeDrainBlocked,
+					Status: metav1.ConditionTrue, Reason: maintenancev1.DrainBlockedReasonTimedOut})
+				return n
+			}()}, limit: 1,
+			want: []UpgradeAction{{ActFail, "a"}},
+		},
+		"the GPU pods' drain refused at once: wait (not a timeout)": {
+			nodes: []UpgradeNode{func() UpgradeNode {
+				n := withNM(old("a"), nm(false, ""))
+				n.Maintenance.Spec.DrainSpec = upgradeRequest(&nvidiav1.ClusterPolicy{}, nil, "ns", "a").Drain
+				n.Maintenance.Status.Conditions = append(n.Maintenance.Status.Conditions, metav1.Condition{Type: maintenancev1.ConditionTypeDrainBlocked,
+					Status: metav1.ConditionTrue, Reason: maintenancev1.DrainBlockedReasonRefused})
+				return n
+			}()}, limit: 1,
+			want: nil,
 		},
 		"module in use but the restart is not ours (no restart recorded): no reboot": {
 			nodes: []UpgradeNode{func() UpgradeNode {
@@ -499,7 +550,7 @@ func TestUpgradeOfA1xPolicyWithoutValidatorDoesNotWaitForIt(t *testing.T) {
 }
 
 func TestUpgradeRequestFollowsTheUpgradePolicy(t *testing.T) {
-	gpuPods := []maintenancev1.PodEvictionFilterEntry{{ByResourceNameRegex: ptr.To(`^nvidia\.com/`)}}
+	gpuPods := []maintenancev1.PodEvictionFilterEntry{{ByResourceNameRegex: ptr.To(`^nvidia\.com/`)}, {ByDRADriverRegex: ptr.To(`^gpu\.nvidia\.com$`)}}
 	tests := map[string]struct {
 		policy    *nvidiav1.DriverUpgradePolicySpec
 		wantDrain *maintenancev1.DrainSpec

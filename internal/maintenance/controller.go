@@ -2,8 +2,10 @@ package maintenance
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"maps"
 	"slices"
 	"sort"
@@ -51,6 +53,12 @@ type Reconciler struct {
 	// ComputeDomains names what waitForComputeDomains waits for (nil:
 	// UIDs are shown).
 	ComputeDomains *ComputeDomainNames
+	// BoundedRequestors are the requestors whose objects are never
+	// garbage-collected (maxNodeMaintenanceTimeSeconds): gpufleet's own
+	// repairs and driver upgrades, which release their objects within
+	// their own bounds and may hold a node Ready for longer (a reboot, a
+	// validation, a GPU kept out of service for a person).
+	BoundedRequestors []string
 
 	// own: our status writes and finalizer removals the cache may not
 	// show yet.
@@ -62,6 +70,8 @@ type Reconciler struct {
 	// daemonSets: the DaemonSets the drains found lately (drainDaemonSets()).
 	daemonSets     *daemonSetsSeen
 	daemonSetsOnce sync.Once
+	// claims: the DRA drivers of the drained pods' claims (claimDrivers()).
+	claims podClaimDrivers
 }
 
 // evictions returns the evictor of the drains, made at first use.
@@ -131,6 +141,11 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 	res, err := r.step(ctx, nm, node, ev)
 	r.watchPods(nm)
 	r.stopEvictionsUnlessDraining(nm)
+	if nm.InProgress() {
+		// A requestor that changed the spec (a driver upgrade asking for a
+		// whole-node drain) waits for the status of the new generation.
+		nm.Status.ObservedGeneration = nm.Generation
+	}
 	if !equality.Semantic.DeepEqual(&orig.Status, &nm.Status) {
 		nm.Status.ObservedGeneration = nm.Generation
 		if uerr := patchStatus(ctx, r.Client, orig, nm); uerr != nil {
@@ -299,6 +314,9 @@ func (r *Reconciler) step(ctx context.Context, nm *maintenancev1.NodeMaintenance
 		}
 		return reconcile.Result{}, nil
 	}
+	if again, err := r.reassertCordon(ctx, nm, node, ev); err != nil || again {
+		return reconcile.Result{}, err
+	}
 	switch phase {
 	case maintenancev1.PhaseScheduled:
 		return r.cordon(ctx, nm, node)
@@ -322,10 +340,72 @@ func (r *Reconciler) step(ctx context.Context, nm *maintenancev1.NodeMaintenance
 			// The requestor withdrew its failure: the node is ready again.
 			setPhase(nm, maintenancev1.PhaseReady, "node is ready for maintenance", now)
 		}
+		if drainSpecChanged(nm) {
+			// The requestor asked for more of the node (a driver upgrade
+			// that must reboot drains what the reboot would end).
+			ev.Eventf(nm, node, corev1.EventTypeNormal, ReasonDrainAgain, actionDrain,
+				"drainSpec changed while Ready: draining node %s again with it", node.Name)
+			r.enterDraining(ctx, nm, node, ev)
+			return reconcile.Result{}, nil
+		}
 		return r.collectGarbage(ctx, nm)
 	default:
 		return reconcile.Result{}, nil // an unknown phase written by someone else: leave it
 	}
+}
+
+// reassertCordon cordons again a node that was uncordoned from outside
+// while its maintenance held it (waiting for pods, draining, Ready or
+// failed): pods may land on it, and a requestor about to reboot it would
+// end them. A Ready object drains again what landed meanwhile (again:
+// the step is done). The cache is checked against the API server first:
+// its view may still be from before the maintenance's own cordon.
+func (r *Reconciler) reassertCordon(ctx context.Context, nm *maintenancev1.NodeMaintenance, node *corev1.Node, ev *pendingevents.Recorder) (again bool, err error) {
+	switch nm.Phase() {
+	case maintenancev1.PhaseWaitForPodCompletion, maintenancev1.PhaseDraining, maintenancev1.PhaseReady, maintenancev1.PhaseRequestorFailed:
+	default:
+		return false, nil
+	}
+	if !nm.CordonRequested() || node.Spec.Unschedulable {
+		return false, nil
+	}
+	live, err := r.Kube.CoreV1().Nodes().Get(ctx, node.Name, metav1.GetOptions{})
+	if err != nil {
+		return false, client.IgnoreNotFound(fmt.Errorf("reading node %s: %w", node.Name, err))
+	}
+	if live.Spec.Unschedulable {
+		return false, nil // the cache is behind
+	}
+	if err := r.setUnschedulable(ctx, live, true); err != nil {
+		return false, err
+	}
+	msg := fmt.Sprintf("Node %s was uncordoned while %s/%s held it (phase %s); cordoned again", node.Name, nm.Namespace, nm.Name, nm.Phase())
+	if nm.Phase() == maintenancev1.PhaseReady && nm.Spec.DrainSpec != nil {
+		msg += ", and drained again: pods may have landed on it"
+		r.enterDraining(ctx, nm, node, ev)
+		again = true
+	}
+	ev.Eventf(nm, node, corev1.EventTypeWarning, ReasonRecordoned, actionCordon, "%s", msg)
+	return again, nil
+}
+
+// drainSpecChanged reports whether a drained object's drainSpec is no
+// longer the one its drain was for (recorded as the drain began; an
+// object drained before that was recorded is taken as unchanged).
+func drainSpecChanged(nm *maintenancev1.NodeMaintenance) bool {
+	st := nm.Status.Drain
+	return nm.Spec.DrainSpec != nil && st != nil && st.SpecHash != "" && st.SpecHash != drainSpecHash(nm.Spec.DrainSpec)
+}
+
+// drainSpecHash identifies a drainSpec.
+func drainSpecHash(spec *maintenancev1.DrainSpec) string {
+	data, err := json.Marshal(spec)
+	if err != nil {
+		return ""
+	}
+	h := fnv.New64a()
+	_, _ = h.Write(data)
+	return strconv.FormatUint(h.Sum64(), 16)
 }
 
 // cordon is the step of a Scheduled object: cordon the node (its state
@@ -405,7 +485,7 @@ func (r *Reconciler) enter(nm *maintenancev1.NodeMaintenance, node *corev1.Node,
 			setPhase(nm, phase, "no drainSpec: nothing to drain", now)
 			return
 		}
-		nm.Status.Drain = &maintenancev1.DrainStatus{StartTime: &t}
+		nm.Status.Drain = &maintenancev1.DrainStatus{StartTime: &t, SpecHash: drainSpecHash(nm.Spec.DrainSpec)}
 		setPhase(nm, phase, "draining node", now)
 	case maintenancev1.PhaseReady:
 		setPhase(nm, phase, "node is ready for maintenance", now)
@@ -520,7 +600,8 @@ func (r *Reconciler) computeDomainWait(ctx context.Context, node *corev1.Node) (
 }
 
 // collectGarbage deletes an object that has been Ready for longer than
-// maxNodeMaintenanceTimeSeconds (RequestorFailed objects are kept).
+// maxNodeMaintenanceTimeSeconds (RequestorFailed objects are kept, and so
+// are those of BoundedRequestors, with condition Retained saying why).
 func (r *Reconciler) collectGarbage(ctx context.Context, nm *maintenancev1.NodeMaintenance) (reconcile.Result, error) {
 	c := meta.FindStatusCondition(nm.Status.Conditions, maintenancev1.ConditionTypeReady)
 	if c == nil || c.Status != metav1.ConditionTrue {
@@ -533,6 +614,18 @@ func (r *Reconciler) collectGarbage(ctx context.Context, nm *maintenancev1.NodeM
 	age := r.Clock.Since(c.LastTransitionTime.Time)
 	if age < maxAge {
 		return reconcile.Result{RequeueAfter: maxAge - age}, nil
+	}
+	if slices.Contains(r.BoundedRequestors, nm.Spec.RequestorID) {
+		if meta.FindStatusCondition(nm.Status.Conditions, maintenancev1.ConditionTypeRetained) == nil {
+			owner := "its requestor"
+			if ref := metav1.GetControllerOf(nm); ref != nil {
+				owner = ref.Kind + " " + ref.Name
+			}
+			setCondition(nm, maintenancev1.ConditionTypeRetained, metav1.ConditionTrue, ReasonRetained, fmt.Sprintf(
+				"Ready since %s, longer than maxNodeMaintenanceTimeSeconds (%s), and not garbage-collected: requestor %s is gpufleet's own and ends it within its own bounds (%s); delete it to release the node",
+				c.LastTransitionTime.UTC().Format(time.RFC3339), maxAge, nm.Spec.RequestorID, owner), r.Clock.Now())
+		}
+		return reconcile.Result{}, nil
 	}
 	if err := r.Client.Delete(ctx, nm, client.Preconditions{UID: &nm.UID}); err != nil {
 		return reconcile.Result{}, client.IgnoreNotFound(fmt.Errorf("garbage-collecting: %w", err))
@@ -615,11 +708,8 @@ func (r *Reconciler) finalize(ctx context.Context, nm *maintenancev1.NodeMainten
 }
 
 func (r *Reconciler) release(ctx context.Context, nm *maintenancev1.NodeMaintenance, node *corev1.Node) error {
-	if !node.Spec.Unschedulable {
-		return nil
-	}
 	if !nm.CordonedTheNode() {
-		if before := nm.NodeUnschedulableBefore(); before != nil && *before {
+		if before := nm.NodeUnschedulableBefore(); before != nil && *before && node.Spec.Unschedulable {
 			r.Recorder.Eventf(nm, node, corev1.EventTypeNormal, ReasonLeftCordoned, actionRelease,
 				"Node %s was cordoned before the maintenance; leaving it cordoned", node.Name)
 		}
@@ -635,7 +725,10 @@ func (r *Reconciler) release(ctx context.Context, nm *maintenancev1.NodeMaintena
 		return nil
 	}
 	// The node's state shows the uncordon; no event (it would be one more
-	// request per maintenance, telling what the node says).
+	// request per maintenance, telling what the node says). Sent even when
+	// the cache shows the node schedulable: it may not show this
+	// maintenance's own cordon yet (a short maintenance), and a node left
+	// cordoned by an ended maintenance is what this must never do.
 	return r.setUnschedulable(ctx, node, false)
 }
 

@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/kubectl/pkg/drain"
+	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
@@ -46,7 +47,7 @@ func (r *Reconciler) drain(ctx context.Context, nm *maintenancev1.NodeMaintenanc
 	now := r.Clock.Now()
 	if nm.Status.Drain == nil || nm.Status.Drain.StartTime == nil {
 		t := metav1.NewTime(now)
-		nm.Status.Drain = &maintenancev1.DrainStatus{StartTime: &t}
+		nm.Status.Drain = &maintenancev1.DrainStatus{StartTime: &t, SpecHash: drainSpecHash(spec)}
 	}
 	st := nm.Status.Drain
 	all, synced := r.Pods.Pods(node.Name)
@@ -61,12 +62,23 @@ func (r *Reconciler) drain(ctx context.Context, nm *maintenancev1.NodeMaintenanc
 	clearCondition(nm, maintenancev1.ConditionTypeInvalidSpec)
 	list, errs := helper.GetPodsForDeletion(node.Name)
 	if len(errs) > 0 {
-		// Pods the drain may not remove (bare pods without force, local
-		// storage without deleteEmptyDir): nothing is evicted, as kubectl
-		// drain does; the user must change the spec or the pods.
+		// Pods of the drain that kubectl's rules forbid removing (bare
+		// pods without force, local storage without deleteEmptyDir):
+		// nothing is evicted, as kubectl drain does; the user must change
+		// the spec or the pods. A refusal is not a timeout: only once the
+		// timeout has passed may a requestor go on without the drain.
+		elapsed, timeout := now.Sub(st.StartTime.Time), seconds(spec.TimeoutSeconds, 300)
 		msg := fmt.Sprintf("cannot drain node %s: %s", node.Name, joinErrors(errs))
+		if timeout > 0 && elapsed >= timeout {
+			r.blocked(nm, node, ReasonDrainBlocked, fmt.Sprintf("drain of node %s not done after %s: %s", node.Name, timeout, msg), ev)
+			return reconcile.Result{RequeueAfter: backoff(elapsed)}, nil
+		}
 		r.blocked(nm, node, ReasonDrainFailed, msg, ev)
-		return reconcile.Result{RequeueAfter: backoff(now.Sub(st.StartTime.Time))}, nil
+		next := backoff(elapsed)
+		if timeout > 0 {
+			next = min(next, timeout-elapsed)
+		}
+		return reconcile.Result{RequeueAfter: next}, nil
 	}
 	pods := list.Pods()
 	if st.EvictionPods == 0 && st.TotalPods == 0 {
@@ -97,6 +109,8 @@ func (r *Reconciler) drain(ctx context.Context, nm *maintenancev1.NodeMaintenanc
 	if timeout > 0 && elapsed >= timeout {
 		r.blocked(nm, node, ReasonDrainBlocked, fmt.Sprintf("drain of node %s not done after %s; blocking pods: %s",
 			node.Name, timeout, summarize(remaining, 10)), ev)
+	} else if c := meta.FindStatusCondition(nm.Status.Conditions, maintenancev1.ConditionTypeDrainBlocked); c != nil && c.Reason == ReasonDrainFailed {
+		clearCondition(nm, maintenancev1.ConditionTypeDrainBlocked) // no longer refused: the evictions go on
 	}
 	if refused > 0 {
 		return reconcile.Result{RequeueAfter: retryIn}, nil
@@ -129,20 +143,29 @@ func (r *Reconciler) drain(ctx context.Context, nm *maintenancev1.NodeMaintenanc
 
 // drainHelper configures kubectl's drain library for spec, listing the
 // node's pods from all (the watched pods); an error is an invalid spec.
+// The drain's own choice of pods (the operator's pod left out, the
+// eviction filters) is made first: kubectl's rules (a pod without a
+// controller, local storage) then apply to the pods it chose only, so a
+// pod the drain never meant to evict cannot refuse it.
 func (r *Reconciler) drainHelper(ctx context.Context, spec *maintenancev1.DrainSpec, node *corev1.Node, all []corev1.Pod) (*drain.Helper, error) {
-	filters, err := evictionFilters(spec.PodEvictionFilters)
+	filters, err := evictionFilters(spec.PodEvictionFilters, r.claimDrivers(ctx))
 	if err != nil {
 		return nil, err
 	}
+	chosen := make([]corev1.Pod, 0, len(all))
+	for i := range all {
+		if r.skipOwnPod(all[i]).Delete && filters(all[i]).Delete {
+			chosen = append(chosen, all[i])
+		}
+	}
 	helper := &drain.Helper{
 		Ctx:                 ctx,
-		Client:              podsFrom{Interface: r.Kube, pods: all, daemonSets: r.drainDaemonSets()},
+		Client:              podsFrom{Interface: r.Kube, pods: chosen, daemonSets: r.drainDaemonSets()},
 		Force:               spec.Force,
 		IgnoreAllDaemonSets: true,
 		DeleteEmptyDirData:  spec.DeleteEmptyDir,
 		PodSelector:         string(spec.PodSelector),
 		GracePeriodSeconds:  -1, // the pod's own terminationGracePeriodSeconds
-		AdditionalFilters:   []drain.PodFilter{r.skipOwnPod, filters},
 	}
 	if !nodeReady(node) {
 		helper.SkipWaitForDeleteTimeoutSeconds = int(terminatingGrace / time.Second)
@@ -272,25 +295,51 @@ func (r *Reconciler) skipOwnPod(p corev1.Pod) drain.PodDeleteStatus {
 }
 
 // evictionFilters compiles podEvictionFilters: a pod is drained if it
-// requests a resource whose name matches any filter. No filters: all pods.
-func evictionFilters(entries []maintenancev1.PodEvictionFilterEntry) (drain.PodFilter, error) {
-	var res []*regexp.Regexp
+// requests a resource whose name matches a filter's byResourceNameRegex,
+// or has a device allocated by a DRA driver matching its byDRADriverRegex
+// (drivers names the drivers of a pod's claims). No filters: all pods.
+func evictionFilters(entries []maintenancev1.PodEvictionFilterEntry, drivers func(*corev1.Pod) []string) (drain.PodFilter, error) {
+	var res, draRes []*regexp.Regexp
 	for i, e := range entries {
-		if e.ByResourceNameRegex == nil || *e.ByResourceNameRegex == "" {
-			return nil, fmt.Errorf("drainSpec.podEvictionFilters[%d]: byResourceNameRegex is empty", i)
+		byName, byDriver := ptr.Deref(e.ByResourceNameRegex, ""), ptr.Deref(e.ByDRADriverRegex, "")
+		if byName == "" && byDriver == "" {
+			return nil, fmt.Errorf("drainSpec.podEvictionFilters[%d]: byResourceNameRegex and byDRADriverRegex are both empty", i)
 		}
-		re, err := regexp.Compile(*e.ByResourceNameRegex)
-		if err != nil {
-			return nil, fmt.Errorf("drainSpec.podEvictionFilters[%d].byResourceNameRegex %q: %w", i, *e.ByResourceNameRegex, err)
+		if byName != "" {
+			re, err := regexp.Compile(byName)
+			if err != nil {
+				return nil, fmt.Errorf("drainSpec.podEvictionFilters[%d].byResourceNameRegex %q: %w", i, byName, err)
+			}
+			res = append(res, re)
 		}
-		res = append(res, re)
+		if byDriver != "" {
+			re, err := regexp.Compile(byDriver)
+			if err != nil {
+				return nil, fmt.Errorf("drainSpec.podEvictionFilters[%d].byDRADriverRegex %q: %w", i, byDriver, err)
+			}
+			draRes = append(draRes, re)
+		}
 	}
 	return func(p corev1.Pod) drain.PodDeleteStatus {
-		if len(res) == 0 || podUsesResource(&p, res) {
+		if len(entries) == 0 || podUsesResource(&p, res) || (len(draRes) > 0 && len(p.Spec.ResourceClaims) > 0 && anyMatches(drivers(&p), draRes)) {
 			return drain.MakePodDeleteStatusOkay()
 		}
 		return drain.MakePodDeleteStatusSkip()
 	}, nil
+}
+
+func anyMatches(names []string, res []*regexp.Regexp) bool {
+	for _, n := range names {
+		if n == unreadableClaim {
+			return true
+		}
+		for _, re := range res {
+			if re.MatchString(n) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 func podUsesResource(p *corev1.Pod, res []*regexp.Regexp) bool {

@@ -17,6 +17,16 @@ const (
 	ReasonWaitingForRequestors = "WaitingForRequestors"
 	ReasonGarbageCollected     = "GarbageCollected"
 	ReasonNodeDeleted          = "NodeDeleted" // Warning
+	// ReasonRecordoned (Warning): the node was uncordoned from outside
+	// while its maintenance held it; cordoned again (and, once Ready,
+	// drained again).
+	ReasonRecordoned = "Recordoned"
+	// ReasonDrainAgain: the drainSpec of a Ready object changed; drained
+	// again with it.
+	ReasonDrainAgain = "DrainAgain"
+	// ReasonRetained: an object past maxNodeMaintenanceTimeSeconds is kept
+	// (its requestor ends it within its own bounds).
+	ReasonRetained = "Retained"
 )
 
 // Event reasons emitted on the MaintenanceOperatorConfig.

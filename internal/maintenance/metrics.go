@@ -107,7 +107,7 @@ var (
 		"When the drain of a NodeMaintenance in phase Draining began (Unix time).",
 		[]string{"namespace", "name", "node"}, nil)
 	drainBlockedDesc = prometheus.NewDesc("gpufleet_maintenance_drain_blocked",
-		"1 for a NodeMaintenance whose drain is past its timeout with pods still on the node (condition DrainBlocked).",
+		"1 for a NodeMaintenance whose drain does not finish: refused by the drain rules (condition DrainBlocked, reason DrainFailed) or past its timeout with pods still on the node (reason DrainBlocked).",
 		[]string{"namespace", "name", "node"}, nil)
 )
 
@@ -153,7 +153,7 @@ func (c *objectCollector) Collect(ch chan<- prometheus.Metric) {
 		if phase == maintenancev1.PhaseDraining && nm.Status.Drain != nil && nm.Status.Drain.StartTime != nil {
 			ch <- prometheus.MustNewConstMetric(drainStartDesc, prometheus.GaugeValue, float64(nm.Status.Drain.StartTime.Unix()), labels...)
 		}
-		if nm.DrainBlocked() {
+		if held, _ := nm.DrainHeld(); held {
 			ch <- prometheus.MustNewConstMetric(drainBlockedDesc, prometheus.GaugeValue, 1, labels...)
 		}
 	}

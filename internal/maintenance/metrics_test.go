@@ -52,7 +52,7 @@ func TestObjectCollector(t *testing.T) {
 	}
 	c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(objects...).Build()
 	want := `
-# HELP gpufleet_maintenance_drain_blocked 1 for a NodeMaintenance whose drain is past its timeout with pods still on the node (condition DrainBlocked).
+# HELP gpufleet_maintenance_drain_blocked 1 for a NodeMaintenance whose drain does not finish: refused by the drain rules (condition DrainBlocked, reason DrainFailed) or past its timeout with pods still on the node (reason DrainBlocked).
 # TYPE gpufleet_maintenance_drain_blocked gauge
 gpufleet_maintenance_drain_blocked{name="stuck",namespace="default",node="node-stuck"} 1
 # HELP gpufleet_maintenance_drain_start_time_seconds When the drain of a NodeMaintenance in phase Draining began (Unix time).

@@ -37,7 +37,10 @@ var schedulerKey = reconcile.Request{NamespacedName: types.NamespacedName{Name: 
 // seen its previous decisions: until the cache shows an object it moved to
 // Scheduled, its passes plan with the object as written.
 type Scheduler struct {
-	Client    client.Client
+	Client client.Client
+	// Live reads a node from the API server when the cache shows it
+	// cordoned as its maintenance is scheduled (nil: the cache is trusted).
+	Live      client.Reader
 	Namespace string
 	Clock     clock.PassiveClock
 	Recorder  events.EventRecorder
@@ -195,7 +198,12 @@ func (s *Scheduler) Reconcile(ctx context.Context, _ reconcile.Request) (reconci
 	errs := make([]error, len(plan.Schedule))
 	workqueue.ParallelizeUntil(ctx, scheduleWriters, len(plan.Schedule), func(i int) {
 		o := plan.Schedule[i]
-		errs[i] = s.schedule(ctx, byKey[o.Key()], unschedulable[o.NodeName])
+		before, err := s.unschedulableBefore(ctx, o.NodeName, unschedulable[o.NodeName])
+		if err != nil {
+			errs[i] = err
+			return
+		}
+		errs[i] = s.schedule(ctx, byKey[o.Key()], before)
 	})
 	if err := ctx.Err(); err != nil {
 		return reconcile.Result{}, err // stopping: the pieces not started did not run
@@ -283,6 +291,26 @@ func (s *Scheduler) config(ctx context.Context) (*maintenancev1.MaintenanceOpera
 		return nil, fmt.Errorf("reading MaintenanceOperatorConfig: %w", err)
 	}
 	return &cfg, nil
+}
+
+// unschedulableBefore is whether node was unschedulable before the
+// maintenance about to be scheduled on it (cached: what the snapshot
+// shows; nil: the node is gone). A node the cache shows cordoned is read
+// from the API server: the cache may not show yet the uncordon of the
+// maintenance that just ended on it, and that cordon taken for an
+// administrator's would keep the node cordoned when this one ends.
+func (s *Scheduler) unschedulableBefore(ctx context.Context, node string, cached *bool) (*bool, error) {
+	if cached == nil || !*cached || s.Live == nil {
+		return cached, nil
+	}
+	var n corev1.Node
+	if err := s.Live.Get(ctx, types.NamespacedName{Name: node}, &n); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("reading node %s before scheduling its maintenance: %w", node, err)
+	}
+	return ptr.To(n.Spec.Unschedulable), nil
 }
 
 // schedule moves one object from Pending to Scheduled, recording whether

@@ -47,6 +47,9 @@ type Options struct {
 	Namespace string
 	PodName   string
 	Clock     clock.PassiveClock
+	// BoundedRequestors: requestors whose objects are never
+	// garbage-collected (Reconciler.BoundedRequestors).
+	BoundedRequestors []string
 }
 
 // Setup registers the scheduler and the lifecycle controller with mgr.
@@ -77,7 +80,7 @@ func Setup(mgr manager.Manager, opts Options) error {
 	}
 	alarm := NewAlarm(timers)
 	sched := &Scheduler{
-		Client: mgr.GetClient(), Namespace: opts.Namespace, Clock: opts.Clock,
+		Client: mgr.GetClient(), Live: mgr.GetAPIReader(), Namespace: opts.Namespace, Clock: opts.Clock,
 		Recorder: mgr.GetEventRecorder("gpufleet-maintenance-scheduler"), Reasons: reasons, Alarm: alarm,
 		ComputeDomains: computeDomains,
 	}
@@ -113,6 +116,7 @@ func Setup(mgr manager.Manager, opts Options) error {
 	rec := &Reconciler{
 		Client: mgr.GetClient(), Kube: kube, Pods: pods, Namespace: opts.Namespace, PodName: opts.PodName, Clock: opts.Clock,
 		Recorder: mgr.GetEventRecorder("gpufleet-maintenance"), ComputeDomains: computeDomains,
+		BoundedRequestors: opts.BoundedRequestors,
 	}
 	if err := mgr.Add(rec.evictions()); err != nil {
 		return fmt.Errorf("adding the evictor: %w", err)

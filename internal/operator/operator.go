@@ -116,7 +116,9 @@ var registry = []Capability{
 		AddToScheme: maintenancev1.AddToScheme,
 		Cache:       func(Options) map[client.Object]cache.ByObject { return maintenance.CacheObjects() },
 		Setup: func(mgr manager.Manager, o Options) error {
-			if err := maintenance.Setup(mgr, maintenance.Options{Namespace: o.Namespace, PodName: o.PodName, Clock: o.Clock}); err != nil {
+			if err := maintenance.Setup(mgr, maintenance.Options{Namespace: o.Namespace, PodName: o.PodName, Clock: o.Clock,
+				// gpufleet's own requestors end their objects within their own bounds.
+				BoundedRequestors: []string{repairv1.RequestorID, gpustack.UpgradeRequestor}}); err != nil {
 				return err
 			}
 			maintenance.ServeObjectMetrics(mgr.GetCache(), mgr.Elected())

@@ -45,6 +45,8 @@ type Detection struct {
 	// Create: NodeRepairs to create, complete. A repair to run has no
 	// DryRun and no IgnoreReason; the others are records only.
 	Create []*repairv1.NodeRepair
+	// Prune: finished NodeRepairs of the policy past its historyLimit.
+	Prune []*repairv1.NodeRepair
 	// Status is the policy's new status.
 	Status repairv1.NodeRepairPolicyStatus
 	// Next is when a fault will cross its threshold (0: none).
@@ -162,6 +164,11 @@ func Detect(in DetectInput) Detection {
 		case dec.Start:
 			r := newRepair(in.Policy, dec.Node, nodePool[dec.Node], f, in.Now)
 			r.Spec.Actions = PlannedActions(f.Rule, spec.AllowReboot)
+			if !isGPURule(f.Rule) {
+				if why := recurring(in.Repairs, dec.Node, f.Rule.Name, spec.RepairAfter, in.Now); why != "" {
+					r.Spec.Recommendation, r.Spec.Actions = why, nil
+				}
+			}
 			if isGPURule(f.Rule) {
 				gpus := outOfService(dec.Node, in.GPUFaults)
 				gpuRepair(r, gpus, spec.GPU.ReplaceAfter, in.Now)
@@ -198,6 +205,90 @@ func Detect(in DetectInput) Detection {
 	}
 	setBlocked(in.Policy, status, blocked, in.Now)
 	out.Status = *status
+	out.Prune = prune(in.Policy, in.Repairs, in.Now)
+	return out
+}
+
+// repairAfter resolves a policy's repairAfter (default 3 within 24 h, as
+// gpu.replaceAfter).
+func repairAfter(limit *repairv1.RepeatLimit) (int, time.Duration) {
+	if limit == nil {
+		return defaultReplaceCount, defaultReplaceWindow
+	}
+	return int(limit.Count), time.Duration(limit.WindowSeconds) * time.Second
+}
+
+// counts reports whether a repair counts for repairAfter: one that ran
+// (not a dry-run or ignore record, not a reboot another controller asked for).
+func counts(r *repairv1.NodeRepair) bool {
+	return !r.Recorded() && !r.Requested()
+}
+
+// recurring says why a node condition fault of rule on node is not
+// repaired again ("" when it is): it comes back for the count-th time
+// within the window (the repairs of it that ran, and this one).
+func recurring(repairs []repairv1.NodeRepair, node, rule string, limit *repairv1.RepeatLimit, now time.Time) string {
+	count, window := repairAfter(limit)
+	n := 1 // this occurrence
+	for i := range repairs {
+		r := &repairs[i]
+		if r.Spec.NodeName == node && r.Spec.Fault.Rule == rule && counts(r) && !r.CreationTimestamp.Time.Before(now.Add(-window)) {
+			n++
+		}
+	}
+	if n < count {
+		return ""
+	}
+	return truncate(fmt.Sprintf("fault %s came back %d times within %s on node %s (repairAfter %d): not repaired again; replace or investigate the node (its repairs did not last)",
+		rule, n, window, node, count), 1024)
+}
+
+// defaultHistoryLimit is historyLimit's default.
+const defaultHistoryLimit = 10
+
+// prune picks the policy's finished NodeRepairs to delete: per node, all
+// but the newest historyLimit. Never a repair in progress, a failed one
+// whose fault has not cleared (it suspends its pool, and may hold its
+// node for a person), or one repairAfter still counts.
+func prune(policy *repairv1.NodeRepairPolicy, repairs []repairv1.NodeRepair, now time.Time) []*repairv1.NodeRepair {
+	limit := defaultHistoryLimit
+	if l := policy.Spec.HistoryLimit; l != nil && *l > 0 {
+		limit = int(*l)
+	}
+	_, window := repairAfter(policy.Spec.RepairAfter)
+	byNode := map[string][]*repairv1.NodeRepair{}
+	for i := range repairs {
+		r := &repairs[i]
+		if r.Spec.Policy != policy.Name {
+			continue
+		}
+		switch r.Status.Phase {
+		case "", repairv1.PhaseRepairing:
+			continue
+		case repairv1.PhaseRecoveryFailed:
+			if r.Labels[labelResolved] != "true" {
+				continue
+			}
+		}
+		if counts(r) && !r.CreationTimestamp.Time.Before(now.Add(-window)) {
+			continue
+		}
+		byNode[r.Spec.NodeName] = append(byNode[r.Spec.NodeName], r)
+	}
+	var out []*repairv1.NodeRepair
+	for _, list := range byNode {
+		if len(list) <= limit {
+			continue
+		}
+		sort.Slice(list, func(i, j int) bool {
+			if !list[i].CreationTimestamp.Equal(&list[j].CreationTimestamp) {
+				return list[j].CreationTimestamp.Before(&list[i].CreationTimestamp)
+			}
+			return list[i].Name > list[j].Name
+		})
+		out = append(out, list[limit:]...)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	return out
 }
 

@@ -67,6 +67,12 @@ func (d *Detector) Reconcile(ctx context.Context, req reconcile.Request) (reconc
 		errs = append(errs, d.create(ctx, r))
 	}
 	errs = append(errs, d.saveAllTracked(ctx, det.Tracked)...)
+	for _, r := range det.Prune {
+		// Past historyLimit: the newest stay for the fleet view's history.
+		if err := d.Client.Delete(ctx, r, client.Preconditions{UID: &r.UID}); client.IgnoreNotFound(err) != nil && !apierrors.IsConflict(err) {
+			errs = append(errs, fmt.Errorf("deleting NodeRepair %s past the policy's historyLimit: %w", r.Name, err))
+		}
+	}
 	if err := errors.Join(errs...); err != nil {
 		return reconcile.Result{}, err
 	}

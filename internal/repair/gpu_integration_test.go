@@ -51,7 +51,7 @@ func gpuPolicy(t *testing.T, mut func(*repairv1.NodeRepairPolicySpec)) {
 		if err := env.Kube.Get(t.Context(), types.NamespacedName{Name: "test"}, p); err != nil {
 			return err
 		}
-		p.Spec.Drain.Force = true // the test's pods have no controller
+		p.Spec.Drain.Force = ptr.To(true) // the test's pods have no controller
 		if mut != nil {
 			mut(&p.Spec)
 		}

@@ -675,7 +675,7 @@ func TestRebootRepairHonoursPDBAndGoesOnAfterTheDrainTimeout(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Force is needed to evict a bare pod; without it the drain reports it.
-	p.Spec.Drain.TimeoutSeconds, p.Spec.Drain.Force = ptr.To[int32](3), true
+	p.Spec.Drain.TimeoutSeconds, p.Spec.Drain.Force = ptr.To[int32](3), ptr.To(true)
 	if err := env.Kube.Update(t.Context(), p); err != nil {
 		t.Fatal(err)
 	}

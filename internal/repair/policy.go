@@ -8,6 +8,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/utils/ptr"
 
 	repairv1 "github.com/gpufleet/gpufleet/api/repair/v1alpha1"
 )
@@ -185,6 +186,17 @@ func PlannedActions(r repairv1.Rule, allowReboot bool) []repairv1.Action {
 		out = append(out, a)
 	}
 	return out
+}
+
+// DrainFlags are the force and deleteEmptyDir of a repair's drains:
+// unset, both true (a reboot ends bare pods and loses emptyDir data
+// anyway; an eviction gives them their grace period and PodDisruption
+// Budgets).
+func DrainFlags(spec *repairv1.DrainSpec) (force, deleteEmptyDir bool) {
+	if spec == nil {
+		return true, true
+	}
+	return ptr.Deref(spec.Force, true), ptr.Deref(spec.DeleteEmptyDir, true)
 }
 
 // DrainTimeout is max(10 min, the largest terminationGracePeriodSeconds of

@@ -32,6 +32,7 @@ const (
 	defaultVerificationSeconds = 60
 	defaultActionTimeout       = 600 * time.Second
 	defaultRebootTimeout       = 1200 * time.Second
+	defaultMaintenanceTimeout  = 3600 * time.Second
 )
 
 // Repairer walks one NodeRepair up the ladder, one step per reconcile:
@@ -207,8 +208,8 @@ func (r *Repairer) step(ctx context.Context, l *ladder) (reconcile.Result, error
 	idx := int(nr.Status.NextAction)
 	if idx < len(nr.Spec.Actions) && nr.Spec.Actions[idx] != repairv1.ActionReboot {
 		if nr.Spec.Actions[idx] == repairv1.ActionResetGPU {
-			if drained, err := r.gpuDrainRung(ctx, l); err != nil || !drained {
-				return reconcile.Result{}, err
+			if res, drained, err := r.gpuDrainRung(ctx, l); err != nil || !drained {
+				return res, err
 			}
 		}
 		if a := nr.Spec.Actions[idx]; !a.AgentRuns() {
@@ -263,20 +264,17 @@ func (r *Repairer) rebootRung(ctx context.Context, l *ladder) (reconcile.Result,
 			return reconcile.Result{}, err
 		}
 		nr.Status.MaintenanceName = req.Name
+		nr.Status.MaintenanceRequestedAt = ptr.To(metav1.NewTime(l.now))
 		l.record("Maintenance", "Requested", fmt.Sprintf("NodeMaintenance %s/%s: cordon and drain", req.Namespace, req.Name))
 		return reconcile.Result{}, nil
 	}
-	nm, err := requestor.Get(ctx, r.Client, r.Namespace, nr.Status.MaintenanceName)
+	nm, res, err := r.awaitHold(ctx, l, nr.Status.MaintenanceName)
 	if err != nil || nm == nil {
-		return reconcile.Result{}, err // gone: the cache will show it again, or the repair was deleted
+		return res, err
 	}
-	if !nm.IsReady() && !nm.DrainBlocked() {
-		nr.Status.Message = maintenanceWait(nm)
-		return reconcile.Result{}, nil // the NodeMaintenance watch brings us back
-	}
-	nr.Status.Message = ""
 	if !nm.IsReady() {
-		l.record("Maintenance", "DrainTimedOut", "drain did not finish in time; rebooting anyway")
+		_, why := nm.DrainHeld()
+		l.record("Maintenance", "DrainTimedOut", "drain did not finish within its timeout; rebooting anyway: "+why)
 	}
 	t := metav1.NewTime(l.now)
 	nr.Status.BootIDBefore = l.node.Status.NodeInfo.BootID
@@ -304,7 +302,7 @@ func (r *Repairer) heldReboot(ctx context.Context, l *ladder) (reconcile.Result,
 	case nm.Spec.NodeName != node.Name:
 		return reconcile.Result{}, r.end(ctx, l, repairv1.PhaseRecoveryFailed,
 			fmt.Sprintf("NodeMaintenance %s/%s holds node %s, not %s; not rebooting", r.Namespace, nm.Name, nm.Spec.NodeName, node.Name))
-	case !nm.IsReady():
+	case !nm.IsReady() && !nm.DrainTimedOut():
 		return reconcile.Result{}, r.end(ctx, l, repairv1.PhaseRecoveryFailed,
 			fmt.Sprintf("NodeMaintenance %s/%s does not hold the node yet (%s); not rebooting", r.Namespace, nm.Name, maintenanceWait(nm)))
 	}
@@ -312,15 +310,26 @@ func (r *Repairer) heldReboot(ctx context.Context, l *ladder) (reconcile.Result,
 	if err := r.Live.List(ctx, &pods, client.MatchingFields{"spec.nodeName": node.Name}); err != nil {
 		return reconcile.Result{}, fmt.Errorf("listing pods on node %s: %w", node.Name, err)
 	}
-	left := 0
-	for i := range pods.Items {
-		if p := &pods.Items[i]; p.DeletionTimestamp == nil && !requestor.SurvivesDrain(p) && p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed {
-			left++
+	if left := rebootEnds(pods.Items); len(left) > 0 && !nm.DrainTimedOut() {
+		// The requestor's maintenance did not drain them (a driver
+		// upgrade drains GPU pods only until it needs a reboot): the
+		// reboot waits for them, bounded, rather than ending them without
+		// their grace period and budgets.
+		limit := seconds(l.policy.Spec.ActionTimeoutSeconds, defaultActionTimeout)
+		waited := l.now.Sub(nr.CreationTimestamp.Time)
+		what := fmt.Sprintf("%d pod(s) on node %s that the reboot would end are still running and NodeMaintenance %s/%s did not drain them: %s",
+			len(left), node.Name, r.Namespace, nm.Name, summarize(left, 5))
+		if waited >= limit {
+			return reconcile.Result{}, r.end(ctx, l, repairv1.PhaseRecoveryFailed, fmt.Sprintf("not rebooting after %s: %s", limit, what))
 		}
+		nr.Status.Message = "waiting before the reboot: " + what
+		return reconcile.Result{RequeueAfter: limit - waited}, nil // the NodeMaintenance's events bring us back sooner
 	}
+	nr.Status.Message = ""
 	msg := fmt.Sprintf("rebooting inside NodeMaintenance %s/%s of %s", r.Namespace, nm.Name, nm.Spec.RequestorID)
-	if left > 0 {
-		msg += fmt.Sprintf("; %d pod(s) it did not drain end with the reboot", left)
+	if !nm.IsReady() {
+		_, why := nm.DrainHeld()
+		msg += "; its drain did not finish within its timeout: " + why
 	}
 	l.record("Maintenance", "Held", msg)
 	t := metav1.NewTime(l.now)
@@ -343,8 +352,16 @@ func verifyingSinceReboot(nr *repairv1.NodeRepair) bool {
 // past the reboot timeout the repair fails instead of holding the node.
 func (r *Repairer) awaitReboot(ctx context.Context, l *ladder) (reconcile.Result, error) {
 	nr, node := l.nr, l.node
-	if last := nr.LastEntry(); nr.Status.Pending == nil && last != nil && last.Step == string(repairv1.ActionReboot) && last.Outcome == repairv1.OutcomeRefused {
-		return reconcile.Result{}, r.end(ctx, l, repairv1.PhaseRecoveryFailed, "the node agent did not reboot node "+node.Name+": "+last.Message)
+	if last := nr.LastEntry(); nr.Status.Pending == nil && last != nil && last.Step == string(repairv1.ActionReboot) &&
+		(last.Outcome == repairv1.OutcomeRefused || last.Outcome == repairv1.OutcomeFailed) {
+		// Refused, or the reboot command failed: the node is not coming
+		// back with a new boot, and nothing is to wait for. Reboot is the
+		// last rung: the repair ends (the node released).
+		verb := "did not reboot"
+		if last.Outcome == repairv1.OutcomeFailed {
+			verb = "could not reboot"
+		}
+		return reconcile.Result{}, r.end(ctx, l, repairv1.PhaseRecoveryFailed, fmt.Sprintf("the node agent %s node %s: %s", verb, node.Name, last.Message))
 	}
 	rebooted := nr.Status.Pending == nil && node.Status.NodeInfo.BootID != nr.Status.BootIDBefore && nodeReady(node)
 	if rebooted && strings.HasPrefix(nr.Status.Message, "waiting for node "+node.Name+" to come back from the reboot") {
@@ -360,8 +377,15 @@ func (r *Repairer) awaitReboot(ctx context.Context, l *ladder) (reconcile.Result
 		case v.Outcome != repairv1.OutcomeSucceeded:
 			l.events.Eventf(node, nr, corev1.EventTypeWarning, ReasonValidationFailed, actionRepair,
 				"Node %s: %s failed its validation after the reboot: %s", node.Name, gpuNames(nr.Spec.GPUs), v.Message)
+			held, err := r.holdForReplacement(ctx, l)
+			if err != nil {
+				return reconcile.Result{}, err
+			}
+			if held == "" {
+				held = "; it stays isolated"
+			}
 			return reconcile.Result{}, r.end(ctx, l, repairv1.PhaseRecoveryFailed,
-				fmt.Sprintf("%s failed its validation after the reboot (%s): replace it; it stays isolated", gpuNames(nr.Spec.GPUs), v.Message))
+				fmt.Sprintf("%s failed its validation after the reboot (%s): replace it%s", gpuNames(nr.Spec.GPUs), v.Message, held))
 		}
 	}
 	if rebooted {
@@ -385,8 +409,12 @@ func (r *Repairer) awaitReboot(ctx context.Context, l *ladder) (reconcile.Result
 			if l.now.Before(nr.Status.VerifyUntil.Time) {
 				return reconcile.Result{RequeueAfter: nr.Status.VerifyUntil.Sub(l.now)}, nil
 			}
+			held, err := r.holdForReplacement(ctx, l)
+			if err != nil {
+				return reconcile.Result{}, err
+			}
 			return reconcile.Result{}, r.end(ctx, l, repairv1.PhaseRecoveryFailed,
-				fmt.Sprintf("fault persists after the reboot (%s after the node came back)", window))
+				fmt.Sprintf("fault persists after the reboot (%s after the node came back)%s", window, held))
 		}
 		return reconcile.Result{}, r.end(ctx, l, repairv1.PhaseSucceeded, "node rebooted (new boot ID) and the fault cleared"+validatedSuffix(nr))
 	}
@@ -547,6 +575,7 @@ func (r *Repairer) maintenanceRequest(ctx context.Context, l *ladder) (requestor
 	}
 	d := l.policy.Spec.Drain
 	timeout := int32(DrainTimeout(&d, pods.Items) / time.Second)
+	force, emptyDir := DrainFlags(&d)
 	return requestor.Request{
 		RequestorID: Requestor, Namespace: r.Namespace, Name: "repair-" + l.nr.Name, NodeName: l.node.Name, Owner: l.nr,
 		Cordon: ptr.To(true),
@@ -554,7 +583,7 @@ func (r *Repairer) maintenanceRequest(ctx context.Context, l *ladder) (requestor
 		// Ready, or cordoned) it takes nothing more from the cluster and
 		// does not wait for a maintenance window. Limits still apply.
 		Urgent: true,
-		Drain:  &maintenancev1.DrainSpec{Force: d.Force, DeleteEmptyDir: d.DeleteEmptyDir, TimeoutSeconds: &timeout},
+		Drain:  &maintenancev1.DrainSpec{Force: force, DeleteEmptyDir: emptyDir, TimeoutSeconds: &timeout},
 	}, nil
 }
 
@@ -566,12 +595,53 @@ func (r *Repairer) request(l *ladder, a repairv1.Action) {
 	l.events.Eventf(l.node, l.nr, corev1.EventTypeNormal, ReasonAction, actionRepair, "Node %s: %s", l.node.Name, a)
 }
 
+// holdForReplacement decides, for a GPU repair failing after its reboot,
+// whether its NodeMaintenance keeps the node cordoned: when one of its
+// GPUs is out of service and no DeviceTaintRule isolates it (a node whose
+// GPUs the device plugin gives out, which forgot its unhealthy GPUs with
+// the reboot), releasing the node would give that GPU to the next pod.
+// It returns what to add to the repair's message ("" when nothing holds).
+func (r *Repairer) holdForReplacement(ctx context.Context, l *ladder) (string, error) {
+	nr := l.nr
+	if len(nr.Spec.GPUs) == 0 || nr.Status.MaintenanceName == "" {
+		return "", nil
+	}
+	var records repairv1.GPUFaultList
+	if err := r.Client.List(ctx, &records, client.MatchingFields{indexGPUNode: l.node.Name}); err != nil {
+		return "", fmt.Errorf("listing the GPUFaults of node %s: %w", l.node.Name, err)
+	}
+	var open []string
+	for _, gf := range outOfService(l.node.Name, records.Items) {
+		if !slices.ContainsFunc(nr.Spec.GPUs, func(g repairv1.GPURef) bool { return g.PCIBusID == gf.Spec.GPU.PCIBusID }) {
+			continue
+		}
+		var rule resourcev1.DeviceTaintRule
+		if r.DRA {
+			err := r.Client.Get(ctx, types.NamespacedName{Name: ruleName(gf)}, &rule)
+			if err == nil {
+				continue // isolated: the node may go back to work without it
+			}
+			if !apierrors.IsNotFound(err) && !meta.IsNoMatchError(err) {
+				return "", fmt.Errorf("reading the DeviceTaintRule of %s: %w", gf.Spec.GPU.Describe(), err)
+			}
+		}
+		open = append(open, gf.Spec.GPU.Describe())
+	}
+	if len(open) == 0 {
+		return "", nil
+	}
+	nr.Status.HeldForReplacement = nr.Status.MaintenanceName
+	return fmt.Sprintf("; node %s stays cordoned by NodeMaintenance %s/%s until a person acts: no DeviceTaintRule isolates %s, and the device plugin, started afresh by the reboot, would give it out again; delete that NodeMaintenance (or this NodeRepair) once it is replaced",
+		l.node.Name, r.Namespace, nr.Status.MaintenanceName, strings.Join(open, ", ")), nil
+}
+
 // end releases the node's maintenance (deleting it uncordons the node
 // unless it was cordoned before) and records the final phase; the node's
-// state label and the metrics follow the status write (finished).
+// state label and the metrics follow the status write (finished). A
+// maintenance held for replacement (holdForReplacement) is kept.
 func (r *Repairer) end(ctx context.Context, l *ladder, phase repairv1.Phase, msg string) error {
 	for _, name := range []string{l.nr.Status.GPUMaintenanceName, l.nr.Status.MaintenanceName} {
-		if name == "" {
+		if name == "" || name == l.nr.Status.HeldForReplacement {
 			continue
 		}
 		if err := requestor.Release(ctx, r.Client, r.Namespace, name); err != nil {
@@ -588,8 +658,12 @@ func (r *Repairer) end(ctx context.Context, l *ladder, phase repairv1.Phase, msg
 		l.events.Eventf(l.node, l.nr, corev1.EventTypeNormal, ReasonSucceed, actionRepair, "Node %s repaired: %s", l.node.Name, msg)
 	case repairv1.PhaseRecoveryFailed:
 		if l.nr.Spec.Recommendation != "" {
+			still := ""
+			if len(l.nr.Spec.GPUs) > 0 {
+				still = "; the GPU stays isolated"
+			}
 			l.events.Eventf(l.node, l.nr, corev1.EventTypeWarning, ReasonFailed, actionRepair,
-				"Node %s needs a person: %s (not repaired automatically; the GPU stays isolated)", l.node.Name, msg)
+				"Node %s needs a person: %s (not repaired automatically%s)", l.node.Name, msg, still)
 			break
 		}
 		if l.nr.Requested() {
@@ -677,7 +751,7 @@ func nodeReady(n *corev1.Node) bool {
 // idle while the node's other GPUs keep working; the cluster's maintenance
 // limits apply to it like to any other. It reports whether the drain is
 // done (or timed out: the agent refuses to reset a GPU still in use).
-func (r *Repairer) gpuDrainRung(ctx context.Context, l *ladder) (bool, error) {
+func (r *Repairer) gpuDrainRung(ctx context.Context, l *ladder) (reconcile.Result, bool, error) {
 	nr := l.nr
 	if nr.Status.GPUMaintenanceName == "" {
 		// Already created, and its record not in this (older) view of the
@@ -687,44 +761,79 @@ func (r *Repairer) gpuDrainRung(ctx context.Context, l *ladder) (bool, error) {
 		// would be refused.
 		name := gpuDrainName(nr)
 		if nm, err := requestor.Get(ctx, r.Client, r.Namespace, name); err != nil {
-			return false, err
+			return reconcile.Result{}, false, err
 		} else if nm != nil && metav1.IsControlledBy(nm, nr) {
 			nr.Status.GPUMaintenanceName = name
 			l.record("Maintenance", "Requested", fmt.Sprintf("NodeMaintenance %s/%s (found: created before this repair recorded it)", r.Namespace, name))
-			return false, nil
+			return reconcile.Result{}, false, nil
 		}
 		if err := r.isolateFirst(ctx, l); err != nil {
-			return false, err
+			return reconcile.Result{}, false, err
 		}
 		req, n, err := r.gpuDrainRequest(ctx, l)
 		if err != nil {
-			return false, err
+			return reconcile.Result{}, false, err
 		}
 		if _, err := requestor.Ensure(ctx, r.Client, req); err != nil {
-			return false, err
+			return reconcile.Result{}, false, err
 		}
 		nr.Status.GPUMaintenanceName = req.Name
+		nr.Status.MaintenanceRequestedAt = ptr.To(metav1.NewTime(l.now))
 		l.record("Maintenance", "Requested", fmt.Sprintf("NodeMaintenance %s/%s: drain %s using %s (the node stays schedulable)",
 			req.Namespace, req.Name, n, gpuNames(nr.Spec.GPUs)))
-		return false, nil
+		return reconcile.Result{}, false, nil
 	}
-	nm, err := requestor.Get(ctx, r.Client, r.Namespace, nr.Status.GPUMaintenanceName)
+	nm, res, err := r.awaitHold(ctx, l, nr.Status.GPUMaintenanceName)
 	if err != nil || nm == nil {
-		return false, err // gone: the cache will show it again, or the repair was deleted
+		return res, false, err
 	}
-	if !nm.IsReady() && !nm.DrainBlocked() {
-		nr.Status.Message = maintenanceWait(nm)
-		return false, nil // the NodeMaintenance watch brings us back
-	}
-	nr.Status.Message = ""
 	if !nm.IsReady() {
-		why := ""
-		if c := meta.FindStatusCondition(nm.Status.Conditions, maintenancev1.ConditionTypeDrainBlocked); c != nil {
-			why = ": " + c.Message
-		}
-		l.record("Maintenance", "DrainBlocked", "the GPUs' pods did not all leave"+why+"; resetting anyway (the agent resets only an idle GPU)")
+		_, why := nm.DrainHeld()
+		l.record("Maintenance", "DrainBlocked", "the GPUs' pods did not all leave within the drain's timeout: "+why+"; resetting anyway (the agent resets only an idle GPU)")
 	}
-	return true, nil
+	return reconcile.Result{}, true, nil
+}
+
+// awaitHold waits for the repair's NodeMaintenance name to hold the node:
+// Ready, or past its drain timeout — the only case in which a repair goes
+// on without a finished drain (a drain refused at once is not one). It
+// returns the object once it holds the node (nil: not yet, with when to
+// look again, or the repair ended). Every wait is bounded, with the reason
+// on the repair: an object gone (the API server asked, not only the
+// cache) ends the repair, and so does one that does not hold the node
+// within maintenanceTimeoutSeconds plus its drain's timeout.
+func (r *Repairer) awaitHold(ctx context.Context, l *ladder, name string) (*maintenancev1.NodeMaintenance, reconcile.Result, error) {
+	nr := l.nr
+	nm, err := requestor.Get(ctx, r.Client, r.Namespace, name)
+	if err == nil && nm == nil {
+		nm, err = requestor.Get(ctx, r.Live, r.Namespace, name) // the cache may not show a new object yet
+	}
+	if err != nil {
+		return nil, reconcile.Result{}, err
+	}
+	if nm == nil || nm.DeletionTimestamp != nil {
+		return nil, reconcile.Result{}, r.end(ctx, l, repairv1.PhaseRecoveryFailed, fmt.Sprintf(
+			"NodeMaintenance %s/%s, which was to hold node %s, was deleted before the repair was done with it; not going on", r.Namespace, name, l.node.Name))
+	}
+	if nm.IsReady() || nm.DrainTimedOut() {
+		nr.Status.Message = ""
+		return nm, reconcile.Result{}, nil
+	}
+	if nr.Status.MaintenanceRequestedAt == nil {
+		nr.Status.MaintenanceRequestedAt = ptr.To(metav1.NewTime(l.now)) // requested by an older version: the bound counts from now
+	}
+	limit := seconds(l.policy.Spec.MaintenanceTimeoutSeconds, defaultMaintenanceTimeout)
+	if d := nm.Spec.DrainSpec; d != nil && d.TimeoutSeconds != nil {
+		limit += time.Duration(*d.TimeoutSeconds) * time.Second
+	}
+	waited := l.now.Sub(nr.Status.MaintenanceRequestedAt.Time)
+	if waited >= limit {
+		return nil, reconcile.Result{}, r.end(ctx, l, repairv1.PhaseRecoveryFailed, fmt.Sprintf(
+			"NodeMaintenance %s/%s did not hold node %s within %s (maintenanceTimeoutSeconds and the drain's timeout): %s",
+			r.Namespace, name, l.node.Name, limit, maintenanceWait(nm)))
+	}
+	nr.Status.Message = maintenanceWait(nm)
+	return nil, reconcile.Result{RequeueAfter: limit - waited}, nil // the NodeMaintenance watch brings us back sooner
 }
 
 // isolateFirst isolates the repair's GPUs before their pods are drained,
@@ -796,7 +905,8 @@ func (r *Repairer) gpuDrainRequest(ctx context.Context, l *ladder) (requestor.Re
 		held, known = allocatedPods(l.nr.Spec.GPUs, node, records.Items)
 	}
 	d := l.policy.Spec.Drain
-	spec := &maintenancev1.DrainSpec{Force: d.Force, DeleteEmptyDir: d.DeleteEmptyDir}
+	force, emptyDir := DrainFlags(&d)
+	spec := &maintenancev1.DrainSpec{Force: force, DeleteEmptyDir: emptyDir}
 	var using []corev1.Pod
 	if len(devices) == 0 && !known {
 		spec.PodEvictionFilters = []maintenancev1.PodEvictionFilterEntry{{ByResourceNameRegex: ptr.To(`^nvidia\.com/gpu$`)}}
@@ -883,13 +993,41 @@ func requestsGPU(p *corev1.Pod) bool {
 }
 
 // maintenanceWait says, on the repair, what its NodeMaintenance waits for:
-// a repair held back by the maintenance limits or a closed window shows why
-// on the NodeRepair itself (kubectl get nr -o wide), not only on the
+// a repair held back by the maintenance limits or a closed window, or by
+// a drain that is refused (a pod it may not evict), shows why on the
+// NodeRepair itself (kubectl get nr -o wide), not only on the
 // NodeMaintenance.
 func maintenanceWait(nm *maintenancev1.NodeMaintenance) string {
 	msg := fmt.Sprintf("waiting for NodeMaintenance %s/%s (%s)", nm.Namespace, nm.Name, nm.Phase())
 	if c := meta.FindStatusCondition(nm.Status.Conditions, maintenancev1.ConditionTypeReady); c != nil && c.Message != "" {
 		msg += ": " + c.Message
 	}
+	if held, why := nm.DrainHeld(); held {
+		msg += "; " + why
+	}
 	return msg
+}
+
+// rebootEnds names the pods a reboot of their node would end: running or
+// about to, and not ones a drain leaves (DaemonSet pods, static pods'
+// mirrors), which come back with the node.
+func rebootEnds(pods []corev1.Pod) []string {
+	var out []string
+	for i := range pods {
+		p := &pods[i]
+		if requestor.SurvivesDrain(p) || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
+			continue
+		}
+		out = append(out, p.Namespace+"/"+p.Name)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// summarize joins up to n names and says how many more there are.
+func summarize(names []string, n int) string {
+	if len(names) <= n {
+		return strings.Join(names, ", ")
+	}
+	return fmt.Sprintf("%s and %d more", strings.Join(names[:n], ", "), len(names)-n)
 }

@@ -14,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	nvidiav1 "github.com/gpufleet/gpufleet/api/nvidia/v1"
 	repairv1 "github.com/gpufleet/gpufleet/api/repair/v1alpha1"
 )
 
@@ -127,7 +128,11 @@ func driverTaints(slices []resourcev1.ResourceSlice, dev Device) string {
 }
 
 // StackPods returns the node's pods that selectors choose (a pod matching
-// any), ordered by name; a selector that does not parse is an error.
+// any), ordered by name; a selector that does not parse is an error. Only
+// the GPU stack's own DaemonSet pods can be chosen, whatever a selector
+// matches: never a workload (a pod without a DaemonSet, or one using GPUs
+// or a ResourceClaim), never the driver, whose restart would stop every
+// GPU of the node.
 func StackPods(pods []corev1.Pod, selectors []metav1.LabelSelector) ([]corev1.Pod, error) {
 	sels := make([]labels.Selector, 0, len(selectors))
 	for i := range selectors {
@@ -142,7 +147,7 @@ func StackPods(pods []corev1.Pod, selectors []metav1.LabelSelector) ([]corev1.Po
 	}
 	var out []corev1.Pod
 	for _, p := range pods {
-		if p.DeletionTimestamp != nil {
+		if p.DeletionTimestamp != nil || !stackPod(&p) {
 			continue
 		}
 		for _, s := range sels {
@@ -154,6 +159,15 @@ func StackPods(pods []corev1.Pod, selectors []metav1.LabelSelector) ([]corev1.Po
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Namespace+"/"+out[i].Name < out[j].Namespace+"/"+out[j].Name })
 	return out, nil
+}
+
+// stackPod reports whether a pod may be one of the GPU stack's pods that
+// RestartGPUStackPods restarts: a DaemonSet's, not the driver's, using no
+// GPU and no ResourceClaim.
+func stackPod(p *corev1.Pod) bool {
+	c := metav1.GetControllerOf(p)
+	return c != nil && c.Kind == "DaemonSet" && nvidiav1.PodComponent(p.Labels) != nvidiav1.Driver &&
+		!requestsGPU(p) && len(p.Spec.ResourceClaims) == 0
 }
 
 // restartStackPods evicts the node's GPU stack pods, which their

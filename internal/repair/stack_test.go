@@ -79,22 +79,34 @@ func TestStackHolds(t *testing.T) {
 }
 
 // TestStackPods: the node's pods any selector matches, terminating ones
-// left out; a selector that matches every pod is refused.
+// left out; a selector that matches every pod is refused. Whatever a
+// selector matches, only the GPU stack's own DaemonSet pods are chosen:
+// never a bare pod or a workload's, never one using a GPU or a claim,
+// never the driver.
 func TestStackPods(t *testing.T) {
-	pod := func(name string, labels map[string]string, terminating bool) corev1.Pod {
-		p := corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: name, Labels: labels}}
+	ds := []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "DaemonSet", Name: "ds", UID: "u", Controller: ptr.To(true)}}
+	rs := []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "ReplicaSet", Name: "rs", UID: "v", Controller: ptr.To(true)}}
+	pod := func(name string, labels map[string]string, terminating bool, owners ...metav1.OwnerReference) corev1.Pod {
+		p := corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: name, Labels: labels, OwnerReferences: owners}}
 		if terminating {
 			p.DeletionTimestamp = ptr.To(metav1.Now())
 		}
 		return p
 	}
+	gpuUser := pod("gpu-ds-user", map[string]string{"app": "nvidia-device-plugin-daemonset"}, false, ds...)
+	gpuUser.Spec.Containers = []corev1.Container{{Name: "c", Resources: corev1.ResourceRequirements{Limits: corev1.ResourceList{gpuResource: resource.MustParse("1")}}}}
+	claimUser := pod("claim-ds-user", map[string]string{"app": "nvidia-device-plugin-daemonset"}, false, ds...)
+	claimUser.Spec.ResourceClaims = []corev1.PodResourceClaim{{Name: "gpu"}}
 	pods := []corev1.Pod{
-		pod("gpu-operator-dp", map[string]string{"app": "nvidia-device-plugin-daemonset"}, false),
-		pod("dra-plugin", map[string]string{"dra-driver-nvidia-gpu-component": "kubelet-plugin"}, false),
-		pod("old-dra-plugin", map[string]string{"nvidia-dra-driver-gpu-component": "kubelet-plugin"}, true),
-		pod("chart-dp", map[string]string{"app.kubernetes.io/name": "nvidia-device-plugin"}, false),
-		pod("training", map[string]string{"app": "train"}, false),
-		pod("dra-controller", map[string]string{"dra-driver-nvidia-gpu-component": "controller"}, false),
+		pod("gpu-operator-dp", map[string]string{"app": "nvidia-device-plugin-daemonset"}, false, ds...),
+		pod("dra-plugin", map[string]string{"dra-driver-nvidia-gpu-component": "kubelet-plugin"}, false, ds...),
+		pod("old-dra-plugin", map[string]string{"nvidia-dra-driver-gpu-component": "kubelet-plugin"}, true, ds...),
+		pod("chart-dp", map[string]string{"app.kubernetes.io/name": "nvidia-device-plugin"}, false, ds...),
+		pod("training", map[string]string{"app": "train"}, false, rs...),
+		pod("dra-controller", map[string]string{"dra-driver-nvidia-gpu-component": "controller"}, false, ds...),
+		pod("bare-lookalike", map[string]string{"app": "nvidia-device-plugin-daemonset"}, false),
+		pod("driver", map[string]string{"app": "nvidia-driver-daemonset"}, false, ds...),
+		gpuUser, claimUser,
 	}
 	got, err := StackPods(pods, repairv1.DefaultGPUStackPods())
 	if err != nil {
@@ -106,6 +118,20 @@ func TestStackPods(t *testing.T) {
 	}
 	if strings.Join(names, ",") != "chart-dp,dra-plugin,gpu-operator-dp" {
 		t.Errorf("stack pods %v", names)
+	}
+	// A selector as broad as a user may write: still only the stack's own
+	// DaemonSet pods, without the driver.
+	broad := []metav1.LabelSelector{{MatchExpressions: []metav1.LabelSelectorRequirement{{Key: "app", Operator: metav1.LabelSelectorOpExists}}}}
+	got, err = StackPods(pods, broad)
+	if err != nil {
+		t.Fatal(err)
+	}
+	names = nil
+	for _, p := range got {
+		names = append(names, p.Name)
+	}
+	if strings.Join(names, ",") != "gpu-operator-dp" {
+		t.Errorf("a broad selector chose %v; want only the device plugin's DaemonSet pod", names)
 	}
 	if _, err := StackPods(pods, []metav1.LabelSelector{{}}); err == nil || !strings.Contains(err.Error(), "selects every pod") {
 		t.Errorf("an empty selector: %v", err)

@@ -643,7 +643,7 @@ func BenchmarkGPUFaultBurst(b *testing.B) {
 	policy := &repairv1.NodeRepairPolicy{ObjectMeta: metav1.ObjectMeta{Name: "burst"}, Spec: repairv1.NodeRepairPolicySpec{
 		AllowReboot: true, MaxParallelPools: ptr.To(int32(*burstMaxParallelPools)), VerificationSeconds: ptr.To[int32](10),
 		// The claim pods are bare pods (no controller): force.
-		Drain: repairv1.DrainSpec{Force: true},
+		Drain: repairv1.DrainSpec{Force: ptr.To(true)},
 		GPU: repairv1.GPUSpec{DRADriver: devcluster.DRADriver,
 			ReplaceAfter: &repairv1.RepeatLimit{Count: 3, WindowSeconds: 86400},
 			Validation:   &repairv1.GPUValidation{Level: repairv1.GPUValidationHealth, TimeoutSeconds: 300}},

@@ -159,7 +159,7 @@ func TestEveryQueriedMetricIsExported(t *testing.T) {
 			return false, err.Error()
 		}
 		c := findCondition(a1.Status.Conditions, maintenancev1.ConditionTypeReady)
-		return a0.DrainBlocked() && a1.Phase() == maintenancev1.PhasePending && c != nil && c.Message != "",
+		return a0.DrainTimedOut() && a1.Phase() == maintenancev1.PhasePending && c != nil && c.Message != "",
 			fmt.Sprintf("upgrade-a-0 status %+v; upgrade-a-1 status %+v", a0.Status, a1.Status)
 	})
 

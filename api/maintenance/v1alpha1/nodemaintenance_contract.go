@@ -44,10 +44,23 @@ func (nm *NodeMaintenance) IsReady() bool {
 	return meta.IsStatusConditionTrue(nm.Status.Conditions, ConditionTypeReady)
 }
 
-// DrainBlocked reports whether the drain has passed its timeout with pods
-// still on the node (the DrainBlocked condition names them).
-func (nm *NodeMaintenance) DrainBlocked() bool {
-	return meta.IsStatusConditionTrue(nm.Status.Conditions, ConditionTypeDrainBlocked)
+// DrainTimedOut reports whether the drain has passed its timeout with pods
+// still on the node (the DrainBlocked condition names them): the only case
+// in which a requestor may go on without a finished drain. A drain that
+// kubectl's rules refuse is not a timeout until its timeout has passed.
+func (nm *NodeMaintenance) DrainTimedOut() bool {
+	c := meta.FindStatusCondition(nm.Status.Conditions, ConditionTypeDrainBlocked)
+	return c != nil && c.Status == metav1.ConditionTrue && c.Reason == DrainBlockedReasonTimedOut
+}
+
+// DrainHeld reports whether the drain does not finish, refused or past its
+// timeout, and why (the DrainBlocked condition's message).
+func (nm *NodeMaintenance) DrainHeld() (bool, string) {
+	c := meta.FindStatusCondition(nm.Status.Conditions, ConditionTypeDrainBlocked)
+	if c == nil || c.Status != metav1.ConditionTrue {
+		return false, ""
+	}
+	return true, c.Message
 }
 
 // RequestorFailure reports whether a requestor set RequestorFailed=True,

@@ -24,17 +24,20 @@ func TestContract(t *testing.T) {
 	deleting.DeletionTimestamp = ptr.To(metav1.Now())
 	blocked := metav1.Condition{Type: ConditionTypeDrainBlocked, Status: metav1.ConditionTrue, Reason: "DrainBlocked"}
 	unblocked := metav1.Condition{Type: ConditionTypeDrainBlocked, Status: metav1.ConditionFalse, Reason: "DrainBlocked"}
+	refused := metav1.Condition{Type: ConditionTypeDrainBlocked, Status: metav1.ConditionTrue, Reason: "DrainFailed"}
 	tests := map[string]struct {
 		obj                                  *NodeMaintenance
 		phase                                Phase
 		inProgress, active, ready, drainStop bool
+		drainHeld                            bool
 	}{
 		"new: no condition is Pending":          {obj: nm("", ""), phase: PhasePending},
 		"empty reason is Pending":               {obj: nm("", metav1.ConditionFalse), phase: PhasePending},
 		"waiting with a reason":                 {obj: nm(string(PhasePending), metav1.ConditionFalse), phase: PhasePending},
 		"scheduled holds the node":              {obj: nm(string(PhaseScheduled), metav1.ConditionFalse), phase: PhaseScheduled, inProgress: true, active: true},
 		"draining":                              {obj: nm(string(PhaseDraining), metav1.ConditionFalse), phase: PhaseDraining, inProgress: true, active: true},
-		"draining past its timeout":             {obj: nm(string(PhaseDraining), metav1.ConditionFalse, blocked), phase: PhaseDraining, inProgress: true, active: true, drainStop: true},
+		"draining past its timeout":             {obj: nm(string(PhaseDraining), metav1.ConditionFalse, blocked), phase: PhaseDraining, inProgress: true, active: true, drainStop: true, drainHeld: true},
+		"a refused drain is not a timeout":      {obj: nm(string(PhaseDraining), metav1.ConditionFalse, refused), phase: PhaseDraining, inProgress: true, active: true, drainHeld: true},
 		"a cleared DrainBlocked does not count": {obj: nm(string(PhaseDraining), metav1.ConditionFalse, unblocked), phase: PhaseDraining, inProgress: true, active: true},
 		"ready":                                 {obj: nm(string(PhaseReady), metav1.ConditionTrue), phase: PhaseReady, inProgress: true, active: true, ready: true},
 		"requestor failed holds the node":       {obj: nm(string(PhaseRequestorFailed), metav1.ConditionFalse), phase: PhaseRequestorFailed, inProgress: true, active: true},
@@ -56,8 +59,11 @@ func TestContract(t *testing.T) {
 			if got := o.IsReady(); got != tc.ready {
 				t.Errorf("IsReady() = %t, want %t", got, tc.ready)
 			}
-			if got := o.DrainBlocked(); got != tc.drainStop {
-				t.Errorf("DrainBlocked() = %t, want %t", got, tc.drainStop)
+			if got := o.DrainTimedOut(); got != tc.drainStop {
+				t.Errorf("DrainTimedOut() = %t, want %t", got, tc.drainStop)
+			}
+			if got, _ := o.DrainHeld(); got != tc.drainHeld {
+				t.Errorf("DrainHeld() = %t, want %t", got, tc.drainHeld)
 			}
 		})
 	}

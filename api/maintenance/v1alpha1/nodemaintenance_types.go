@@ -11,13 +11,34 @@ const (
 	// ConditionTypeRequestorFailed is set by a requestor to report that its
 	// maintenance failed; the object then stays in phase RequestorFailed.
 	ConditionTypeRequestorFailed = "RequestorFailed"
-	// ConditionTypeDrainBlocked (gpufleet) names the pods that block a drain
-	// past its timeout.
+	// ConditionTypeDrainBlocked (gpufleet) says why a drain does not finish:
+	// reason DrainFailed while kubectl's drain rules refuse it (a selected
+	// pod without a controller and no force, local storage and no
+	// deleteEmptyDir), reason DrainBlocked once it is past its
+	// timeoutSeconds with pods still on the node. Only the second is a
+	// timeout: a requestor that goes on without a finished drain does so
+	// only then (DrainTimedOut).
 	ConditionTypeDrainBlocked = "DrainBlocked"
 	// ConditionTypeInvalidSpec (gpufleet) reports a spec that passed the
 	// schema but cannot be acted on (e.g. an eviction filter regex that does
 	// not compile); nothing is evicted while it is True.
 	ConditionTypeInvalidSpec = "InvalidSpec"
+	// ConditionTypeRetained (gpufleet) says why an object Ready for longer
+	// than maxNodeMaintenanceTimeSeconds is not garbage-collected: its
+	// requestor is one of gpufleet's own (a repair, a driver upgrade), which
+	// end their objects within their own bounds.
+	ConditionTypeRetained = "Retained"
+)
+
+// Reasons of the DrainBlocked condition.
+const (
+	// DrainBlockedReasonRefused: kubectl's drain rules refuse a pod the
+	// drain selected; nothing is evicted until the spec or the pods change.
+	DrainBlockedReasonRefused = "DrainFailed"
+	// DrainBlockedReasonTimedOut: the drain is past its timeoutSeconds
+	// with pods still on the node (refused, or their evictions not yet
+	// granted); it keeps retrying.
+	DrainBlockedReasonTimedOut = "DrainBlocked"
 )
 
 // Phase is a NodeMaintenance phase, carried as the Ready condition's reason.
@@ -155,7 +176,7 @@ type DrainSpec struct {
 }
 
 // PodEvictionFilterEntry selects pods to evict.
-// +kubebuilder:validation:XValidation:rule="has(self.byResourceNameRegex)",message="a pod eviction filter needs byResourceNameRegex"
+// +kubebuilder:validation:XValidation:rule="has(self.byResourceNameRegex) || has(self.byDRADriverRegex)",message="a pod eviction filter needs byResourceNameRegex or byDRADriverRegex"
 type PodEvictionFilterEntry struct {
 	// ByResourceNameRegex selects pods that request a resource whose name
 	// matches this regular expression (e.g. "nvidia.com/gpu-*").
@@ -163,6 +184,15 @@ type PodEvictionFilterEntry struct {
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=256
 	ByResourceNameRegex *string `json:"byResourceNameRegex,omitempty"`
+	// ByDRADriverRegex (gpufleet) selects pods with a ResourceClaim whose
+	// devices were allocated by a DRA driver whose name matches this
+	// regular expression (e.g. "^gpu[.]nvidia[.]com$"); admin-access
+	// allocations (monitoring) do not count, and a claim that cannot be
+	// read does. With both fields set, a pod matching either is selected.
+	// +optional
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=256
+	ByDRADriverRegex *string `json:"byDRADriverRegex,omitempty"`
 }
 
 // NodeMaintenanceStatus is the observed state. The fields before the
@@ -219,6 +249,12 @@ type DrainStatus struct {
 	// StartTime is when the drain began (its timeout counts from here).
 	// +optional
 	StartTime *metav1.Time `json:"startTime,omitempty"`
+	// SpecHash (gpufleet) identifies the drainSpec this drain was for: a
+	// Ready object whose drainSpec changes since drains again (a requestor
+	// that needs more of the node, e.g. a driver upgrade that must reboot).
+	// +optional
+	// +kubebuilder:validation:MaxLength=64
+	SpecHash string `json:"specHash,omitempty"`
 }
 
 // NodeMaintenance asks for a node to be prepared for maintenance: scheduled

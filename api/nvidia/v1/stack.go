@@ -147,6 +147,10 @@ func HasNvidiaGPU(labels map[string]string) bool {
 	return false
 }
 
+// DRADriver is the name of NVIDIA's DRA driver for GPUs (its
+// ResourceSlices, and the driver of the devices allocated to a claim).
+const DRADriver = "gpu.nvidia.com"
+
 // Labels gpufleet puts on every object of the GPU stack it renders.
 const (
 	LabelManagedBy = "app.kubernetes.io/managed-by"

@@ -128,18 +128,29 @@ type Rule struct {
 	Risk Risk `json:"risk,omitempty"`
 }
 
-// DrainSpec of a repair that reboots.
+// DrainSpec of a repair's drains: the whole node's before a reboot, and
+// the pods of a faulty GPU before its reset.
 type DrainSpec struct {
 	// TimeoutSeconds; unset: max(600, the largest terminationGracePeriodSeconds
-	// of the node's pods), at most 1800. A drain that times out does not
-	// stop the repair.
+	// of the node's pods), at most 1800. Only a drain past its timeout lets
+	// the repair go on without it; a drain refused at once (a pod it may
+	// not evict) holds the repair, and says why, until then.
 	// +optional
 	// +kubebuilder:validation:Minimum=1
 	TimeoutSeconds *int32 `json:"timeoutSeconds,omitempty"`
+	// Force evicts pods without a controller. Default true: a reboot ends
+	// such a pod anyway, and an eviction at least gives it its grace
+	// period and honours its PodDisruptionBudget. False: the drain refuses
+	// such a pod and the repair waits, saying so, until the drain timeout.
 	// +optional
-	Force bool `json:"force,omitempty"`
+	// +kubebuilder:default=true
+	Force *bool `json:"force,omitempty"`
+	// DeleteEmptyDir evicts pods with emptyDir volumes (every PyTorch pod
+	// with a /dev/shm emptyDir). Default true: a reboot loses that data
+	// anyway. False: as for force.
 	// +optional
-	DeleteEmptyDir bool `json:"deleteEmptyDir,omitempty"`
+	// +kubebuilder:default=true
+	DeleteEmptyDir *bool `json:"deleteEmptyDir,omitempty"`
 }
 
 // NodeRepairPolicySpec configures auto-repair.
@@ -197,6 +208,33 @@ type NodeRepairPolicySpec struct {
 	// +kubebuilder:validation:Minimum=60
 	// +kubebuilder:validation:Maximum=86400
 	RebootTimeoutSeconds *int32 `json:"rebootTimeoutSeconds,omitempty"`
+	// MaintenanceTimeoutSeconds bounds how long a repair waits for its
+	// NodeMaintenance to be scheduled and to hold the node (the cluster's
+	// maintenance limits and windows, the cordon), on top of the drain's
+	// own timeout; past it the repair ends RecoveryFailed, releases the
+	// request and says what it waited for. Default 3600.
+	// +optional
+	// +kubebuilder:default=3600
+	// +kubebuilder:validation:Minimum=60
+	// +kubebuilder:validation:Maximum=604800
+	MaintenanceTimeoutSeconds *int32 `json:"maintenanceTimeoutSeconds,omitempty"`
+	// RepairAfter bounds the repairs of a fault that keeps coming back: a
+	// node condition fault that occurs for the count-th time within the
+	// window on the same node (by rule) is not repaired again; its repair
+	// ends RecoveryFailed with a recommendation to replace or investigate
+	// the node, shown on the node, until the fault clears. Default 3
+	// within 24 h. (GPU faults have gpu.replaceAfter, per GPU.)
+	// +optional
+	RepairAfter *RepeatLimit `json:"repairAfter,omitempty"`
+	// HistoryLimit is how many finished NodeRepairs are kept per node (the
+	// newest; the fleet view shows them): older ones are deleted. A repair
+	// in progress, and a failed one whose fault has not cleared, are never
+	// deleted; nor are the repairs RepairAfter still counts. Default 10.
+	// +optional
+	// +kubebuilder:default=10
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=1000
+	HistoryLimit *int32 `json:"historyLimit,omitempty"`
 	// Paused stops new repairs (running ones finish).
 	// +optional
 	Paused bool `json:"paused,omitempty"`
@@ -419,6 +457,18 @@ type NodeRepairStatus struct {
 	// MaintenanceName is the NodeMaintenance holding the node for a reboot.
 	// +optional
 	MaintenanceName string `json:"maintenanceName,omitempty"`
+	// MaintenanceRequestedAt is when the repair's current NodeMaintenance
+	// (the GPU drain's or the reboot's) was requested: the wait for it to
+	// hold the node is bounded from there (maintenanceTimeoutSeconds).
+	// +optional
+	MaintenanceRequestedAt *metav1.Time `json:"maintenanceRequestedAt,omitempty"`
+	// HeldForReplacement names the NodeMaintenance the failed repair keeps,
+	// so that its node stays cordoned: a GPU that failed after a reboot
+	// and that no DeviceTaintRule isolates would be given out again by the
+	// device plugin. A person deletes it (or the NodeRepair) once the GPU
+	// is replaced.
+	// +optional
+	HeldForReplacement string `json:"heldForReplacement,omitempty"`
 	// GPUMaintenanceName is the NodeMaintenance that drains only the pods
 	// using spec.gpus before ResetGPU (the node is not cordoned).
 	// +optional

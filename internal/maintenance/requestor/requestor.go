@@ -177,7 +177,9 @@ func OfRequestor(requestorID string) predicate.Predicate {
 }
 
 // Transitions passes the NodeMaintenance changes a requestor waits for —
-// creation, deletion, a phase change, Ready or DrainBlocked changing — and
+// creation, deletion, a phase change, Ready, DrainBlocked or the drain's
+// timeout changing, a change of the spec (a requestor that asked for more)
+// — and
 // not the status churn of a drain in progress.
 var Transitions = predicate.Funcs{
 	UpdateFunc: func(e event.UpdateEvent) bool {
@@ -186,7 +188,10 @@ var Transitions = predicate.Funcs{
 		if !okO || !okN {
 			return true
 		}
-		return o.Phase() != n.Phase() || o.IsReady() != n.IsReady() || o.DrainBlocked() != n.DrainBlocked() ||
+		oHeld, oWhy := o.DrainHeld()
+		nHeld, nWhy := n.DrainHeld()
+		return o.Phase() != n.Phase() || o.IsReady() != n.IsReady() || o.DrainTimedOut() != n.DrainTimedOut() ||
+			oHeld != nHeld || (nHeld && oWhy != nWhy) || o.Status.ObservedGeneration != n.Status.ObservedGeneration ||
 			(o.DeletionTimestamp == nil) != (n.DeletionTimestamp == nil) ||
 			(n.Phase() == maintenancev1.PhasePending && waitReason(o) != waitReason(n))
 	},
