@@ -79,7 +79,7 @@ func TestAuthorize(t *testing.T) {
 		"reboot asked for by the GPU stack inside its own object": {nr: reboot(func(nr *repairv1.NodeRepair) {
 			nr.Status.MaintenanceName, nr.Spec.Maintenance = "", "gpu-upgrade-gpu-1"
 		}), nms: []maintenancev1.NodeMaintenance{holding(ns, "gpu-upgrade-gpu-1", "nvidia.gpu-operator", node, maintenancev1.PhaseReady)}, verdict: Run},
-		"reset inside the GPU drain's Ready object": {nr: reset(nil), nms: []maintenancev1.NodeMaintenance{holding(ns, "repair-r-gpu", repair, node, maintenancev1.PhaseReady)}, verdict: Run},
+		"reset inside the GPU drain's Ready object":                   {nr: reset(nil), nms: []maintenancev1.NodeMaintenance{holding(ns, "repair-r-gpu", repair, node, maintenancev1.PhaseReady)}, verdict: Run},
 		"reset on a schedulable node (the GPU drain does not cordon)": {nr: reset(nil), nms: []maintenancev1.NodeMaintenance{gpuDrain}, schedulable: true, verdict: Run},
 
 		"a drain refused at once is not a timeout": {nr: reboot(nil), nms: []maintenancev1.NodeMaintenance{refused}, verdict: Wait, why: "does not hold the node at this moment (phase Draining)"},
