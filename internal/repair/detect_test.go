@@ -2,6 +2,7 @@ package repair
 
 import (
 	"encoding/json"
+	"fmt"
 	"sort"
 	"testing"
 	"time"
@@ -272,7 +273,11 @@ func FuzzDetect(f *testing.F) {
 	f.Add(uint8(7), uint8(3), uint16(0xffff), false, true)
 	f.Fuzz(func(t *testing.T, nodes, pools uint8, faultBits uint16, dryRun, withRecords bool) {
 		nodes, pools = nodes%12, pools%4+1
-		policy := testPolicy(func(s *repairv1.NodeRepairPolicySpec) { s.DryRun = dryRun; s.MaxParallelPools = ptr.To[int32](2) })
+		policy := testPolicy(func(s *repairv1.NodeRepairPolicySpec) {
+			s.DryRun = dryRun
+			s.MaxParallelPools = ptr.To[int32](2)
+			s.HistoryLimit = ptr.To[int32](1)
+		})
 		var ns []corev1.Node
 		var repairs []repairv1.NodeRepair
 		for i := range int(nodes) {
@@ -284,6 +289,12 @@ func FuzzDetect(f *testing.F) {
 			ns = append(ns, faultyNode(name, pool, t0.Add(-time.Duration(i)*time.Minute)))
 			if withRecords && i%3 == 0 {
 				repairs = append(repairs, record(name, t0.Add(-time.Duration(i)*time.Minute), func(r *repairv1.NodeRepair) { r.Spec.DryRun = i%2 == 0 }))
+			}
+			if withRecords { // a node's history, long finished or not
+				phases := []repairv1.Phase{"", repairv1.PhaseRepairing, repairv1.PhaseSucceeded, repairv1.PhaseRecoveryFailed, repairv1.PhaseIgnored}
+				for j := range 3 {
+					repairs = append(repairs, past(fmt.Sprintf("%s-h%d", name, j), name, "ntp", time.Duration(30+j)*time.Hour, phases[(i+j)%len(phases)]))
+				}
 			}
 		}
 		in := DetectInput{Policy: policy, Nodes: ns, Repairs: repairs, Now: t0}
@@ -311,6 +322,12 @@ func FuzzDetect(f *testing.F) {
 		}
 		if len(perPool) > 2 {
 			t.Errorf("%d pools repairing, maxParallelPools 2", len(perPool))
+		}
+		for _, r := range d.Prune {
+			if r.Status.Phase == "" || r.Status.Phase == repairv1.PhaseRepairing ||
+				(r.Status.Phase == repairv1.PhaseRecoveryFailed && r.Labels[labelResolved] != "true") {
+				t.Errorf("pruned %s in phase %q (resolved %q)", r.Name, r.Status.Phase, r.Labels[labelResolved])
+			}
 		}
 	})
 }
