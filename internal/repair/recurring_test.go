@@ -47,7 +47,7 @@ func TestDetectRecurringFaults(t *testing.T) {
 			past("a-3", "a", "ntp", time.Hour, repairv1.PhaseSucceeded, func(r *repairv1.NodeRepair) { r.Spec.Requestor, r.Spec.Policy = "x", "" })}},
 		"other rules and nodes do not count": {repairs: []repairv1.NodeRepair{
 			past("a-1", "a", "reboot", time.Hour, repairv1.PhaseSucceeded), past("b-1", "b", "ntp", time.Hour, repairv1.PhaseSucceeded)}},
-		"a count of 5": {repairs: twice, limit: &repairv1.RepeatLimit{Count: 5, WindowSeconds: 86400}},
+		"a count of 5":                      {repairs: twice, limit: &repairv1.RepeatLimit{Count: 5, WindowSeconds: 86400}},
 		"a window of 90 minutes counts one": {repairs: twice, limit: &repairv1.RepeatLimit{Count: 2, WindowSeconds: 5400}, report: true},
 	} {
 		t.Run(name, func(t *testing.T) {
@@ -84,7 +84,7 @@ func TestPrune(t *testing.T) {
 		limit   int32
 		want    []string
 	}{
-		"under the limit": {repairs: old, limit: 10},
+		"under the limit":        {repairs: old, limit: 10},
 		"past it: the oldest go": {repairs: old, limit: 3, want: []string{"a-old-3", "a-old-4"}},
 		"never one in progress, an unresolved failure, one the window counts, another policy's": {limit: 1, repairs: append([]repairv1.NodeRepair{
 			past("a-active", "a", "ntp", 40*time.Hour, repairv1.PhaseRepairing),
