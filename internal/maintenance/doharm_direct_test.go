@@ -33,7 +33,7 @@ import (
 
 // podOn creates a bare pod bound to node, changed by mutate, deleted at
 // the end (with the others of its labels).
-func (d *directEnv) podOn(t *testing.T, name, node string, labels map[string]string, mutate ...func(*corev1.Pod)) *corev1.Pod {
+func (d *directEnv) podOn(t *testing.T, name, node string, labels map[string]string, mutate ...func(*corev1.Pod)) {
 	t.Helper()
 	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Namespace: directNS, Name: name, Labels: labels},
@@ -47,7 +47,6 @@ func (d *directEnv) podOn(t *testing.T, name, node string, labels map[string]str
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { d.deletePods(t, labels) })
-	return pod
 }
 
 // withShm gives a pod the /dev/shm emptyDir of every PyTorch job.
@@ -88,16 +87,16 @@ func (d *directEnv) podState(t *testing.T, name string) string {
 	return "running"
 }
 
-// drainUntil reconciles until the object reaches phase (the evicted pods
+// drainUntilReady reconciles until the object is Ready (the evicted pods
 // take a moment to go), at most 30 s.
-func (d *directEnv) drainUntil(t *testing.T, key types.NamespacedName, phase maintenancev1.Phase) {
+func (d *directEnv) drainUntilReady(t *testing.T, key types.NamespacedName) {
 	t.Helper()
 	err := wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
 		d.reconcile(t, key)
-		return d.get(t, key).Phase() == phase, nil
+		return d.get(t, key).Phase() == maintenancev1.PhaseReady, nil
 	})
 	if err != nil {
-		t.Fatalf("%s never reached %s: %+v", key, phase, d.get(t, key).Status)
+		t.Fatalf("%s never Ready: %+v", key, d.get(t, key).Status)
 	}
 }
 
@@ -121,7 +120,7 @@ func TestDirectPodsTheDrainDidNotChooseNeverRefuseIt(t *testing.T) {
 	if c := meta.FindStatusCondition(d.get(t, key).Status.Conditions, maintenancev1.ConditionTypeDrainBlocked); c != nil {
 		t.Fatalf("the drain of the GPU pods is held by a pod it did not choose: %+v", c)
 	}
-	d.drainUntil(t, key, maintenancev1.PhaseReady)
+	d.drainUntilReady(t, key)
 	if got := d.podState(t, "gpu-job"); got == "running" {
 		t.Errorf("the GPU pod is %s after the drain", got)
 	}
@@ -187,7 +186,7 @@ func TestDirectAnOutsideUncordonIsCordonedAgain(t *testing.T) {
 	d.useNode(t, node)
 	key := d.admit(t, "held", node, withDrain(maintenancev1.DrainSpec{Force: true, PodSelector: "app=direct-lander", TimeoutSeconds: ptr.To[int32](300)}))
 	d.toDraining(t, key, node)
-	d.drainUntil(t, key, maintenancev1.PhaseReady)
+	d.drainUntilReady(t, key)
 	d.events()
 
 	d.setUnschedulable(t, node, false)
@@ -202,7 +201,7 @@ func TestDirectAnOutsideUncordonIsCordonedAgain(t *testing.T) {
 		t.Errorf("events %v, want one Warning Recordoned saying the node is drained again", evs)
 	}
 	d.waitPodsSynced(t, node)
-	d.drainUntil(t, key, maintenancev1.PhaseReady)
+	d.drainUntilReady(t, key)
 	if got := d.podState(t, "lander"); got == "running" {
 		t.Errorf("the pod that landed while the node was uncordoned is %s", got)
 	}
@@ -220,7 +219,7 @@ func TestDirectAnOutsideUncordonIsCordonedAgain(t *testing.T) {
 	if !d.cordoned(t, node) {
 		t.Errorf("node %s schedulable after the re-cordon", node)
 	}
-	d.drainUntil(t, key2, maintenancev1.PhaseReady)
+	d.drainUntilReady(t, key2)
 	if got := d.podState(t, "lander-2"); got == "running" {
 		t.Errorf("pod lander-2 is %s", got)
 	}
@@ -240,7 +239,7 @@ func TestDirectAChangedDrainSpecDrainsAgain(t *testing.T) {
 	key := d.admit(t, "widen", node, withDrain(maintenancev1.DrainSpec{Force: true, DeleteEmptyDir: true, TimeoutSeconds: ptr.To[int32](300),
 		PodEvictionFilters: []maintenancev1.PodEvictionFilterEntry{{ByResourceNameRegex: ptr.To(`^nvidia\.com/`)}}}))
 	d.toDraining(t, key, node)
-	d.drainUntil(t, key, maintenancev1.PhaseReady)
+	d.drainUntilReady(t, key)
 	if got := d.podState(t, "cpu-only"); got != "running" {
 		t.Fatalf("the first drain (GPU pods only) left the CPU pod %s", got)
 	}
@@ -268,7 +267,7 @@ func TestDirectAChangedDrainSpecDrainsAgain(t *testing.T) {
 		t.Fatalf("Ready while it drains again")
 	}
 	d.waitPodsSynced(t, node)
-	d.drainUntil(t, key, maintenancev1.PhaseReady)
+	d.drainUntilReady(t, key)
 	if got := d.podState(t, "cpu-only"); got == "running" {
 		t.Errorf("the widened drain left the CPU pod %s", got)
 	}
@@ -328,7 +327,7 @@ func TestDirectADRAPodIsDrainedByItsDriver(t *testing.T) {
 	key := d.admit(t, "dra", node, withDrain(maintenancev1.DrainSpec{Force: true, DeleteEmptyDir: true, TimeoutSeconds: ptr.To[int32](300),
 		PodEvictionFilters: []maintenancev1.PodEvictionFilterEntry{{ByResourceNameRegex: ptr.To(`^nvidia\.com/`)}, {ByDRADriverRegex: ptr.To(`^gpu\.nvidia\.com$`)}}}))
 	d.toDraining(t, key, node)
-	d.drainUntil(t, key, maintenancev1.PhaseReady)
+	d.drainUntilReady(t, key)
 	for pod, want := range map[string]bool{"dra-trainer": true, "dra-monitor": false, "plain": false} {
 		if evicted := d.podState(t, pod) != "running"; evicted != want {
 			t.Errorf("pod %s evicted: %t, want %t", pod, evicted, want)
