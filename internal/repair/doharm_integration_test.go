@@ -526,3 +526,98 @@ func TestFinishedRepairsArePrunedPastTheHistoryLimit(t *testing.T) {
 		}
 	}
 }
+
+// recordingHost records the actions it runs on top of the simulation.
+type recordingHost struct {
+	devcluster.SimExecutor
+	ran chan repairv1.Action
+}
+
+func (h recordingHost) Execute(ctx context.Context, node *corev1.Node, a repairv1.Action, gpus []repairv1.GPURef) error {
+	h.ran <- a
+	return h.SimExecutor.Execute(ctx, node, a, gpus)
+}
+
+// TestTheAgentNeverRebootsANodeUncordonedFromOutside: the node agent, with
+// its own RBAC identity, finds a pending reboot inside a Ready
+// NodeMaintenance of the repair — but the node is schedulable (someone
+// uncordoned it; pods may already have landed). It does not reboot, and
+// records nothing: it waits. Once the node is cordoned again, the reboot
+// runs.
+func TestTheAgentNeverRebootsANodeUncordonedFromOutside(t *testing.T) {
+	devtest.NeedCluster(t)
+	const node = "b-0"
+	devtest.InstallAgentRBAC(t, env.Kube)
+	cfg, err := env.ConfigFor("system:serviceaccount:"+ns+":gpufleet-agent", "system:serviceaccounts", "system:authenticated")
+	if err != nil {
+		t.Fatal(err)
+	}
+	host := recordingHost{SimExecutor: devcluster.SimExecutor{Cluster: env.Cluster, RebootDowntime: time.Second}, ran: make(chan repairv1.Action, 4)}
+	d, err := agent.New(cfg, agent.Options{NodeName: node, Namespace: ns, Executor: host})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- d.Start(mctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("agent: %v", err)
+		}
+	})
+	t.Cleanup(func() {
+		patch := []byte(`{"spec":{"unschedulable":false}}`)
+		_, _ = env.Client.CoreV1().Nodes().Patch(context.Background(), node, types.MergePatchType, patch, metav1.PatchOptions{})
+	})
+
+	// The repair's NodeMaintenance, Ready (as the lifecycle leaves it);
+	// the node uncordoned from outside since.
+	nm := &maintenancev1.NodeMaintenance{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "repair-agent-b-0"},
+		Spec: maintenancev1.NodeMaintenanceSpec{RequestorID: repairv1.RequestorID, NodeName: node}}
+	if err := env.Kube.Create(t.Context(), nm); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = env.Kube.Delete(context.Background(), nm) })
+	nm.Status.Conditions = []metav1.Condition{{Type: maintenancev1.ConditionTypeReady, Status: metav1.ConditionTrue,
+		Reason: string(maintenancev1.PhaseReady), Message: "node is ready for maintenance", LastTransitionTime: metav1.Now()}}
+	if err := env.Kube.Status().Update(t.Context(), nm); err != nil {
+		t.Fatal(err)
+	}
+	r := &repairv1.NodeRepair{ObjectMeta: metav1.ObjectMeta{Name: "agent-reboot-b-0"},
+		Spec: repairv1.NodeRepairSpec{NodeName: node, Policy: "none", Actions: []repairv1.Action{repairv1.ActionReboot},
+			Fault: repairv1.Fault{Rule: "readonly-filesystem", ConditionType: "ReadonlyFilesystem", Status: "True", Since: metav1.Now()}}}
+	if err := env.Kube.Create(t.Context(), r); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = env.Kube.Delete(context.Background(), r) })
+	r.Status = repairv1.NodeRepairStatus{Phase: repairv1.PhaseRepairing, MaintenanceName: nm.Name,
+		Pending: &repairv1.PendingAction{Action: repairv1.ActionReboot, RequestedAt: metav1.Now()}}
+	if err := env.Kube.Status().Update(t.Context(), r); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case a := <-host.ran:
+		t.Fatalf("the agent ran %s on node %s, schedulable again", a, node)
+	case <-time.After(4 * time.Second):
+	}
+	if err := env.Kube.Get(t.Context(), client.ObjectKeyFromObject(r), r); err != nil {
+		t.Fatal(err)
+	}
+	if r.Status.Pending == nil || len(r.Status.Timeline) != 0 {
+		t.Fatalf("waiting, the agent wrote the repair: pending %+v, timeline %q", r.Status.Pending, timelineSteps(r))
+	}
+
+	patch := []byte(`{"spec":{"unschedulable":true}}`)
+	if _, err := env.Client.CoreV1().Nodes().Patch(t.Context(), node, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case a := <-host.ran:
+		if a != repairv1.ActionReboot {
+			t.Errorf("ran %s, want the reboot", a)
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatalf("the agent did not reboot the node once it was cordoned again")
+	}
+}
