@@ -260,6 +260,7 @@ func TestDirectAChangedDrainSpecDrainsAgain(t *testing.T) {
 	if err := d.c.Update(t.Context(), nm); err != nil {
 		t.Fatal(err)
 	}
+	d.restart() // what was drained is on the object: nothing in memory is needed
 	d.reconcile(t, key)
 	nm = d.get(t, key)
 	wantPhase(t, nm, maintenancev1.PhaseDraining)
