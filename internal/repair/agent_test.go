@@ -33,27 +33,11 @@ func TestAgentRunsItsNodesActionsUnderItsOwnRBAC(t *testing.T) {
 	if c := ds.Spec.Template.Spec.Containers[0]; !ds.Spec.Template.Spec.HostPID || len(c.Command) != 1 || c.Command[0] != "/gpufleet-agent" || c.Env[0].ValueFrom.FieldRef.FieldPath != "spec.nodeName" {
 		t.Errorf("agent DaemonSet: hostPID %t, command %v, env %v", ds.Spec.Template.Spec.HostPID, c.Command, c.Env)
 	}
-	cfg, err := env.ConfigFor("system:serviceaccount:"+ns+":gpufleet-agent", "system:serviceaccounts", "system:authenticated")
-	if err != nil {
-		t.Fatal(err)
-	}
-	d, err := agent.New(cfg, agent.Options{NodeName: "a-0", Executor: devcluster.SimExecutor{Cluster: env.Cluster}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	mctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- d.Start(mctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("agent: %v", err)
-		}
-	})
+	startAgent(t, agent.Options{NodeName: "a-0", Executor: devcluster.SimExecutor{Cluster: env.Cluster}})
 
 	mine := pendingRepair(t, "agent-a-0", "a-0")
 	other := pendingRepair(t, "agent-b-0", "b-0")
-	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 20*time.Second, true, func(ctx context.Context) (bool, error) {
+	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 20*time.Second, true, func(ctx context.Context) (bool, error) {
 		if err := env.Kube.Get(ctx, client.ObjectKeyFromObject(mine), mine); err != nil {
 			return false, nil //nolint:nilerr // keep polling
 		}
@@ -72,6 +56,29 @@ func TestAgentRunsItsNodesActionsUnderItsOwnRBAC(t *testing.T) {
 	if other.Status.Pending == nil {
 		t.Errorf("the agent of a-0 ran an action of node b-0")
 	}
+}
+
+// startAgent runs the node agent as `gpufleet agent` does, with the
+// agent's own identity (its RBAC from config/agent), until the test ends.
+func startAgent(t *testing.T, opts agent.Options) {
+	t.Helper()
+	cfg, err := env.ConfigFor("system:serviceaccount:"+ns+":gpufleet-agent", "system:serviceaccounts", "system:authenticated")
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := agent.New(cfg, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- d.Start(mctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("agent: %v", err)
+		}
+	})
 }
 
 func pendingRepair(t *testing.T, name, node string) *repairv1.NodeRepair {

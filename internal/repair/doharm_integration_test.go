@@ -548,24 +548,8 @@ func TestTheAgentNeverRebootsANodeUncordonedFromOutside(t *testing.T) {
 	devtest.NeedCluster(t)
 	const node = "b-0"
 	devtest.InstallAgentRBAC(t, env.Kube)
-	cfg, err := env.ConfigFor("system:serviceaccount:"+ns+":gpufleet-agent", "system:serviceaccounts", "system:authenticated")
-	if err != nil {
-		t.Fatal(err)
-	}
 	host := recordingHost{SimExecutor: devcluster.SimExecutor{Cluster: env.Cluster, RebootDowntime: time.Second}, ran: make(chan repairv1.Action, 4)}
-	d, err := agent.New(cfg, agent.Options{NodeName: node, Namespace: ns, Executor: host})
-	if err != nil {
-		t.Fatal(err)
-	}
-	mctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- d.Start(mctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("agent: %v", err)
-		}
-	})
+	startAgent(t, agent.Options{NodeName: node, Namespace: ns, Executor: host})
 	t.Cleanup(func() {
 		patch := []byte(`{"spec":{"unschedulable":false}}`)
 		_, _ = env.Client.CoreV1().Nodes().Patch(context.Background(), node, types.MergePatchType, patch, metav1.PatchOptions{})
