@@ -106,6 +106,8 @@ func newOperatorCommand() *cobra.Command {
 	f.StringSliceVar(&opts.Capabilities, "capabilities", nil, "capabilities to run, comma separated (default: all)")
 	f.StringVar(&opts.PodName, "pod-name", "", "the operator's own pod, never evicted by a drain (default: $POD_NAME)")
 	f.BoolVar(&opts.Profiling, "profiling", false, "serve Go's pprof handlers under /debug/pprof/ on the metrics address")
+	f.StringSliceVar(&opts.MaintenanceNamespaces, "maintenance-namespaces", nil,
+		"namespaces whose NodeMaintenance objects may cordon and drain nodes, comma separated, besides the operator's own (default: every namespace)")
 	f.BoolVar(&development, "dev-logging", false, "human-readable logs (and, without --log-level, the debug level)")
 	f.StringVar(&levelName, "log-level", "", "log level: debug, info or error (default: debug with --dev-logging, else info). "+
 		"Once read, spec.logLevel of the MaintenanceOperatorConfig \"default\" in the operator's namespace wins, "+

@@ -61,6 +61,18 @@ func (a *Agent) Reconcile(ctx context.Context, name string) error {
 	}
 	log := crlog.FromContext(ctx).WithValues("repair", klog.KObj(nr))
 	ctx = crlog.IntoContext(ctx, log)
+	if why := Unusable(nr); why != "" {
+		// Never acted on, never a crash loop: the refusal is the outcome.
+		// Its index is left as it is (it may be what is wrong).
+		log.Info("not running an action the repair cannot describe safely", "node", nr.Spec.NodeName, "action", p.Action, "why", why)
+		before := nr.DeepCopy()
+		nr.Status.Timeline = append(nr.Status.Timeline, entry(a.Clock, string(p.Action), repairv1.OutcomeRefused, why))
+		nr.Status.Pending = nil
+		if err := a.Client.PatchNodeRepairStatus(ctx, before, nr); err != nil {
+			return fmt.Errorf("recording the refusal of %s: %w", p.Action, err)
+		}
+		return nil
+	}
 	outcome, msg := repairv1.OutcomeSucceeded, ""
 	if last := nr.LastEntry(); last != nil && last.Step == string(p.Action) && last.Outcome == repairv1.OutcomeStarted {
 		outcome, msg = repairv1.OutcomeInterrupted, "the agent restarted while running it; not run again"

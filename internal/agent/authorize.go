@@ -38,7 +38,8 @@ const (
 // status): a reboot needs the object the repair names as holding the node
 // (status.maintenanceName, of gpufleet's repair requestor, or
 // spec.maintenance, the object of the controller that asked for the
-// reboot) for this node, not being deleted, Ready (cordoned and drained)
+// reboot, and of that controller's requestor, spec.requestor) for this
+// node, not being deleted, Ready (cordoned and drained)
 // or past its drain timeout (DrainTimedOut: the requestor reboots anyway;
 // a drain refused at once does not count), and the node cordoned when
 // that object cordons it; a GPU reset needs the repair's GPU drain object
@@ -57,8 +58,8 @@ func Authorize(nr *repairv1.NodeRepair, node *corev1.Node, namespace string, nms
 		if nr.Status.MaintenanceName != "" {
 			wants = append(wants, want{nr.Status.MaintenanceName, repairv1.RequestorID})
 		}
-		if nr.Spec.Maintenance != "" {
-			wants = append(wants, want{nr.Spec.Maintenance, ""})
+		if nr.Spec.Maintenance != "" && nr.Spec.Requestor != "" {
+			wants = append(wants, want{nr.Spec.Maintenance, nr.Spec.Requestor})
 		}
 	case repairv1.ActionResetGPU:
 		if nr.Status.GPUMaintenanceName != "" {

@@ -77,8 +77,12 @@ func TestAuthorize(t *testing.T) {
 		"reboot inside the repair's Ready object":                   {nr: reboot(nil), namespace: ns, nms: []maintenancev1.NodeMaintenance{holding(ns, "repair-r", repair, node, maintenancev1.PhaseReady)}, verdict: Run},
 		"reboot past the drain timeout (the repair reboots anyway)": {nr: reboot(nil), nms: []maintenancev1.NodeMaintenance{blocked}, verdict: Run},
 		"reboot asked for by the GPU stack inside its own object": {nr: reboot(func(nr *repairv1.NodeRepair) {
-			nr.Status.MaintenanceName, nr.Spec.Maintenance = "", "gpu-upgrade-gpu-1"
+			nr.Status.MaintenanceName, nr.Spec.Maintenance, nr.Spec.Requestor = "", "gpu-upgrade-gpu-1", "nvidia.gpu-operator"
 		}), nms: []maintenancev1.NodeMaintenance{holding(ns, "gpu-upgrade-gpu-1", "nvidia.gpu-operator", node, maintenancev1.PhaseReady)}, verdict: Run},
+		"a requested reboot inside another requestor's object": {nr: reboot(func(nr *repairv1.NodeRepair) {
+			nr.Status.MaintenanceName, nr.Spec.Maintenance, nr.Spec.Requestor = "", "someone-elses", "driver-upgrade.gpufleet.nvidia.com"
+		}), nms: []maintenancev1.NodeMaintenance{holding(ns, "someone-elses", "network.operator.nvidia.com", node, maintenancev1.PhaseReady)},
+			verdict: Refuse, why: "is requestor network.operator.nvidia.com's, not driver-upgrade.gpufleet.nvidia.com's"},
 		"reset inside the GPU drain's Ready object":                   {nr: reset(nil), nms: []maintenancev1.NodeMaintenance{holding(ns, "repair-r-gpu", repair, node, maintenancev1.PhaseReady)}, verdict: Run},
 		"reset on a schedulable node (the GPU drain does not cordon)": {nr: reset(nil), nms: []maintenancev1.NodeMaintenance{gpuDrain}, schedulable: true, verdict: Run},
 
@@ -123,6 +127,9 @@ func FuzzAuthorize(f *testing.F) {
 		const node = "gpu-1"
 		nr := testRepair(node, repairv1.Action(action))
 		nr.Status.MaintenanceName, nr.Spec.Maintenance, nr.Status.GPUMaintenanceName = statusName, specName, gpuName
+		if specName != "" {
+			nr.Spec.Requestor = "driver-upgrade.gpufleet.nvidia.com"
+		}
 		nm := holding("ns", nmName, requestor, nmNode, maintenancev1.Phase(phase))
 		if deleting {
 			nm.DeletionTimestamp = &metav1.Time{}
@@ -150,7 +157,7 @@ func FuzzAuthorize(f *testing.F) {
 		names := map[string]bool{}
 		switch repairv1.Action(action) {
 		case repairv1.ActionReboot:
-			names[statusName], names[specName] = statusName != "", specName != ""
+			names[statusName], names[specName] = statusName != "", specName != "" && requestor == nr.Spec.Requestor
 		case repairv1.ActionResetGPU:
 			names[gpuName] = gpuName != ""
 		}

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"slices"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -52,6 +54,10 @@ type Scheduler struct {
 	// ComputeDomains names the ComputeDomains of busy domains in wait
 	// reasons (nil: their UIDs are shown).
 	ComputeDomains *ComputeDomainNames
+	// AllowedNamespaces, when set, are the only namespaces (besides the
+	// operator's own) whose NodeMaintenance objects are scheduled; the
+	// others wait, saying why.
+	AllowedNamespaces []string
 
 	// lastValid is the last config that could be read: it keeps applying
 	// while the current one cannot (nil after a restart until one can).
@@ -128,6 +134,7 @@ func (s *Scheduler) Reconcile(ctx context.Context, _ reconcile.Request) (reconci
 	if err := s.Client.List(ctx, &nodes, client.UnsafeDisableDeepCopy); err != nil {
 		return reconcile.Result{}, fmt.Errorf("listing nodes: %w", err)
 	}
+	allowed, refused := s.allowedOnly(&list)
 	cfgObj, err := s.config(ctx)
 	if err != nil {
 		return reconcile.Result{}, err
@@ -148,11 +155,11 @@ func (s *Scheduler) Reconcile(ctx context.Context, _ reconcile.Request) (reconci
 	var snap Snapshot
 	if s.lastValid != nil {
 		s.pools.begin(s.lastValid)
-		snap = snapshot(&nodes, &list, s.lastValid, func(uid string) string { return s.ComputeDomains.Name(ctx, uid) }, &s.pools)
+		snap = snapshot(&nodes, allowed, s.lastValid, func(uid string) string { return s.ComputeDomains.Name(ctx, uid) }, &s.pools)
 		s.pools.end(len(nodes.Items))
 		plan, err = MakePlan(snap, s.lastValid.Limits, began)
 	} else {
-		snap = snapshot(&nodes, &list, &Config{}, nil, nil)
+		snap = snapshot(&nodes, allowed, &Config{}, nil, nil)
 		err = cfgErr
 	}
 	planDuration.Observe(s.Clock.Since(began).Seconds())
@@ -167,6 +174,12 @@ func (s *Scheduler) Reconcile(ctx context.Context, _ reconcile.Request) (reconci
 				plan.Waiting[o.Key()] = "invalid MaintenanceOperatorConfig: " + err.Error()
 			}
 		}
+	}
+	if len(refused) > 0 {
+		if plan.Waiting == nil {
+			plan.Waiting = map[string]string{}
+		}
+		maps.Copy(plan.Waiting, refused)
 	}
 	s.Alarm.Set(plan.Window.NextChange)
 	byKey := make(map[string]*maintenancev1.NodeMaintenance, len(list.Items))
@@ -254,6 +267,28 @@ func (s *Scheduler) Reconcile(ctx context.Context, _ reconcile.Request) (reconci
 		return reconcile.Result{RequeueAfter: max(plan.NextDomainStart.Sub(s.Clock.Now()), 10*time.Millisecond)}, nil
 	}
 	return reconcile.Result{}, nil
+}
+
+// allowedOnly splits the objects by AllowedNamespaces: those that may be
+// scheduled (all of them, without an allow-list), and the wait reason of
+// each Pending object of another namespace. An object already in progress
+// there goes on (it holds its node).
+func (s *Scheduler) allowedOnly(list *maintenancev1.NodeMaintenanceList) (*maintenancev1.NodeMaintenanceList, map[string]string) {
+	if len(s.AllowedNamespaces) == 0 {
+		return list, nil
+	}
+	allowed := &maintenancev1.NodeMaintenanceList{Items: make([]maintenancev1.NodeMaintenance, 0, len(list.Items))}
+	refused := map[string]string{}
+	for i := range list.Items {
+		nm := &list.Items[i]
+		if nm.Namespace == s.Namespace || slices.Contains(s.AllowedNamespaces, nm.Namespace) || nm.InProgress() {
+			allowed.Items = append(allowed.Items, *nm)
+			continue
+		}
+		refused[nm.Namespace+"/"+nm.Name] = fmt.Sprintf("namespace %s may not request maintenance: the operator schedules only those of %s and its own (--maintenance-namespaces)",
+			nm.Namespace, strings.Join(s.AllowedNamespaces, ", "))
+	}
+	return allowed, refused
 }
 
 // disruptedDomains are the domains with a node whose maintenance is in

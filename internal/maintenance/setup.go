@@ -50,6 +50,9 @@ type Options struct {
 	// BoundedRequestors: requestors whose objects are never
 	// garbage-collected (Reconciler.BoundedRequestors).
 	BoundedRequestors []string
+	// AllowedNamespaces: the namespaces whose NodeMaintenance objects are
+	// scheduled, besides the operator's (empty: all).
+	AllowedNamespaces []string
 }
 
 // Setup registers the scheduler and the lifecycle controller with mgr.
@@ -82,7 +85,7 @@ func Setup(mgr manager.Manager, opts Options) error {
 	sched := &Scheduler{
 		Client: mgr.GetClient(), Live: mgr.GetAPIReader(), Namespace: opts.Namespace, Clock: opts.Clock,
 		Recorder: mgr.GetEventRecorder("gpufleet-maintenance-scheduler"), Reasons: reasons, Alarm: alarm,
-		ComputeDomains: computeDomains,
+		ComputeDomains: computeDomains, AllowedNamespaces: opts.AllowedNamespaces,
 	}
 	isDefaultConfig := predicate.NewPredicateFuncs(func(o client.Object) bool {
 		return o.GetNamespace() == opts.Namespace && o.GetName() == maintenancev1.DefaultConfigName

@@ -86,6 +86,10 @@ type Options struct {
 	// Profiling serves Go's pprof handlers under /debug/pprof/ on the
 	// metrics address.
 	Profiling bool
+	// MaintenanceNamespaces, when set, are the only namespaces (besides the
+	// operator's) whose NodeMaintenance objects may cordon and drain
+	// nodes; the others wait, saying why.
+	MaintenanceNamespaces []string
 	// LogLevel, when set, follows spec.logLevel of the default
 	// MaintenanceOperatorConfig in Namespace (see LogLevelReconciler); its
 	// value when New is called is the level without a config. Nil: the
@@ -118,7 +122,7 @@ var registry = []Capability{
 		Setup: func(mgr manager.Manager, o Options) error {
 			if err := maintenance.Setup(mgr, maintenance.Options{Namespace: o.Namespace, PodName: o.PodName, Clock: o.Clock,
 				// gpufleet's own requestors end their objects within their own bounds.
-				BoundedRequestors: []string{repairv1.RequestorID, gpustack.UpgradeRequestor}}); err != nil {
+				BoundedRequestors: []string{repairv1.RequestorID, gpustack.UpgradeRequestor}, AllowedNamespaces: o.MaintenanceNamespaces}); err != nil {
 				return err
 			}
 			maintenance.ServeObjectMetrics(mgr.GetCache(), mgr.Elected())

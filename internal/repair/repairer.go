@@ -164,9 +164,13 @@ func (r *Repairer) step(ctx context.Context, l *ladder) (reconcile.Result, error
 	if nr.Status.BootIDBefore != "" {
 		return r.awaitReboot(ctx, l)
 	}
-	if last := nr.LastEntry(); last != nil && last.Step == string(repairv1.ActionResetGPU) && last.Outcome == repairv1.OutcomeRefused {
-		// Not held by its GPU drain: nothing bigger (a reboot) instead.
-		return reconcile.Result{}, r.end(ctx, l, repairv1.PhaseRecoveryFailed, "the node agent did not reset the GPUs: "+last.Message)
+	if last := nr.LastEntry(); last != nil && last.Outcome == repairv1.OutcomeRefused {
+		// Not held by its GPU drain, or an action the agent cannot use:
+		// nothing bigger (a reboot) instead, and never the same again.
+		if last.Step == string(repairv1.ActionResetGPU) {
+			return reconcile.Result{}, r.end(ctx, l, repairv1.PhaseRecoveryFailed, "the node agent did not reset the GPUs: "+last.Message)
+		}
+		return reconcile.Result{}, r.end(ctx, l, repairv1.PhaseRecoveryFailed, fmt.Sprintf("the node agent did not run %s: %s", last.Step, last.Message))
 	}
 	if nr.Requested() {
 		return r.heldReboot(ctx, l)
@@ -206,6 +210,11 @@ func (r *Repairer) step(ctx context.Context, l *ladder) (reconcile.Result, error
 		}
 	}
 	idx := int(nr.Status.NextAction)
+	if idx < 0 || idx > len(nr.Spec.Actions) {
+		// The schema refuses it; written by hand under an older one.
+		return reconcile.Result{}, r.end(ctx, l, repairv1.PhaseRecoveryFailed,
+			fmt.Sprintf("status.nextAction %d is outside spec.actions (%d actions): not acting on it", idx, len(nr.Spec.Actions)))
+	}
 	if idx < len(nr.Spec.Actions) && nr.Spec.Actions[idx] != repairv1.ActionReboot {
 		if nr.Spec.Actions[idx] == repairv1.ActionResetGPU {
 			if res, drained, err := r.gpuDrainRung(ctx, l); err != nil || !drained {
@@ -302,6 +311,11 @@ func (r *Repairer) heldReboot(ctx context.Context, l *ladder) (reconcile.Result,
 	case nm.Spec.NodeName != node.Name:
 		return reconcile.Result{}, r.end(ctx, l, repairv1.PhaseRecoveryFailed,
 			fmt.Sprintf("NodeMaintenance %s/%s holds node %s, not %s; not rebooting", r.Namespace, nm.Name, nm.Spec.NodeName, node.Name))
+	case nm.Spec.RequestorID != nr.Spec.Requestor:
+		// Whoever can create a NodeRepair must not borrow another
+		// requestor's hold on a node to reboot it.
+		return reconcile.Result{}, r.end(ctx, l, repairv1.PhaseRecoveryFailed,
+			fmt.Sprintf("NodeMaintenance %s/%s is requestor %s's, not %s's (the repair's requestor); not rebooting", r.Namespace, nm.Name, nm.Spec.RequestorID, nr.Spec.Requestor))
 	case !nm.IsReady() && !nm.DrainTimedOut():
 		return reconcile.Result{}, r.end(ctx, l, repairv1.PhaseRecoveryFailed,
 			fmt.Sprintf("NodeMaintenance %s/%s does not hold the node yet (%s); not rebooting", r.Namespace, nm.Name, maintenanceWait(nm)))

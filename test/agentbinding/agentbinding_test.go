@@ -234,3 +234,50 @@ func TestDeviceTaintRuleMustNameAPool(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = env.Kube.Delete(context.Background(), one) })
 }
+
+// TestTheAgentChangesOnlyItsOwnCondition: on its own node's status, the
+// agent's real bound token writes its GPUProblem condition, and nothing
+// else: a label (a repair pool, a node-restriction.kubernetes.io/ one), an
+// annotation (the repair's fault clock), the node's capacity and the
+// kubelet's Ready condition are refused — all of which the status
+// subresource would otherwise keep.
+func TestTheAgentChangesOnlyItsOwnCondition(t *testing.T) {
+	devtest.NeedCluster(t)
+	ctx := t.Context()
+	apply(t, agentconfig.RBAC)
+	apply(t, agentconfig.AgentOwnNode)
+	a := as(t, agentToken(t, nodes[0]))
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: nodes[0]}}
+	statusPatch := func(body string) error {
+		return a.Status().Patch(ctx, node, client.RawPatch(types.MergePatchType, []byte(body)))
+	}
+	// The policy is in force once the API server has loaded it.
+	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		err := statusPatch(`{"metadata":{"labels":{"gpufleet.dev/pool":"elsewhere"}}}`)
+		return apierrors.IsForbidden(err) || apierrors.IsInvalid(err), nil
+	})
+	if err != nil {
+		t.Fatal("the agent could still relabel its node through nodes/status after 30 s")
+	}
+	for what, body := range map[string]string{
+		"move its node to another repair pool":       `{"metadata":{"labels":{"gpufleet.dev/pool":"elsewhere"}}}`,
+		"set a label the kubelet itself may not set": `{"metadata":{"labels":{"node-restriction.kubernetes.io/trusted":"true"}}}`,
+		"rewrite the repair's fault clock":           `{"metadata":{"annotations":{"repair.gpufleet.dev/faults-since":"{}"}}}`,
+		"offer more GPUs":                            `{"status":{"capacity":{"nvidia.com/gpu":"64"},"allocatable":{"nvidia.com/gpu":"64"}}}`,
+	} {
+		wantForbidden(t, what, statusPatch(body), "the gpufleet agent may not change")
+	}
+	ready := client.RawPatch(types.StrategicMergePatchType, []byte(
+		`{"status":{"conditions":[{"type":"Ready","status":"False","reason":"ByTheAgent","message":"forged","lastHeartbeatTime":null,"lastTransitionTime":"2026-12-06T00:00:00Z"}]}}`))
+	wantForbidden(t, "the kubelet's Ready condition", a.Status().Patch(ctx, node, ready), "may change only its own node conditions (GPUProblem)")
+	if err := a.Status().Patch(ctx, node, conditionPatch(9)); err != nil {
+		t.Errorf("its own GPUProblem condition: %v", err)
+	}
+	got := &corev1.Node{}
+	if err := env.Kube.Get(ctx, client.ObjectKeyFromObject(node), got); err != nil {
+		t.Fatal(err)
+	}
+	if got.Labels["gpufleet.dev/pool"] == "elsewhere" || got.Labels["node-restriction.kubernetes.io/trusted"] != "" {
+		t.Errorf("labels after the refused writes: %v", got.Labels)
+	}
+}

@@ -71,8 +71,11 @@ type GPURef struct {
 	// +optional
 	// +kubebuilder:validation:MaxLength=128
 	UUID string `json:"uuid,omitempty"`
-	// PCIBusID in the long form, e.g. 0000:3b:00.0.
+	// PCIBusID in the long form, e.g. 0000:3b:00.0 (empty: not known, as
+	// for GPUs missing from their node). The node agent passes it to
+	// nvidia-smi -i: nothing else than an address gets there.
 	// +kubebuilder:validation:MaxLength=32
+	// +kubebuilder:validation:Pattern=`^([0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7])?$`
 	PCIBusID string `json:"pciBusID"`
 }
 

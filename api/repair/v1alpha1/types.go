@@ -50,6 +50,17 @@ const (
 // RestartGPUStackPods, which the repair controller runs).
 func (a Action) AgentRuns() bool { return a != ActionRestartGPUStackPods }
 
+// Known reports whether a is one of the fixed set of actions (the
+// schema's enumeration).
+func (a Action) Known() bool {
+	switch a {
+	case ActionRestartKubelet, ActionRestartContainerRuntime, ActionRestartNTP, ActionDeleteBrokenSandbox, ActionResetGPU,
+		ActionReboot, ActionValidateGPU, ActionRestartFabricManager, ActionRestartPersistenced, ActionRestartDCGM, ActionRestartGPUStackPods:
+		return true
+	}
+	return false
+}
+
 // Outcomes of a timeline entry of an agent action, as the node agent
 // writes them and the repair controller reads them.
 const (
@@ -438,8 +449,11 @@ type PendingAction struct {
 type NodeRepairStatus struct {
 	// +optional
 	Phase Phase `json:"phase,omitempty"`
-	// NextAction indexes spec.actions.
+	// NextAction indexes spec.actions (len(spec.actions) once every rung
+	// ran).
 	// +optional
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=64
 	NextAction int32 `json:"nextAction,omitempty"`
 	// Pending is the action the agent has to run now.
 	// +optional
