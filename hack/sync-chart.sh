@@ -17,4 +17,4 @@ for dir in "$chart/crds" "$crds_chart/files/crds"; do
 	cp "$root"/config/crd/bases/*.yaml "$dir/"
 done
 cp "$root/config/rbac/role.yaml" "$chart/files/role.yaml"
-cp "$root/config/agent/agent-own-node.yaml" "$root/config/agent/devicetaintrule-scope.yaml" "$chart/files/"
+cp "$root/config/agent/agent-own-node.yaml" "$root/config/agent/devicetaintrule-scope.yaml" "$root/config/rbac/operator-pod-label.yaml" "$chart/files/"

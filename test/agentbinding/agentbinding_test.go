@@ -1,7 +1,8 @@
-// Package agentbinding checks, on the local cluster with real bound
-// service-account tokens, the admission policies shipped with the node
-// agent: an agent writes its own node's objects only, and no DeviceTaintRule
-// may name no pool.
+// Package agentbinding checks, on the local cluster with real
+// service-account tokens, the admission policies gpufleet ships: an agent
+// writes its own node's objects only, and on its node's status its own
+// condition only; no DeviceTaintRule may name no pool; the operator may
+// change one label of a pod and nothing else.
 package agentbinding
 
 import (
@@ -17,6 +18,7 @@ import (
 
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	resourcev1 "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -29,6 +31,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	repairv1 "github.com/gpufleet/gpufleet/api/repair/v1alpha1"
+	gpufleetconfig "github.com/gpufleet/gpufleet/config"
 	agentconfig "github.com/gpufleet/gpufleet/config/agent"
 	"github.com/gpufleet/gpufleet/internal/devcluster"
 	"github.com/gpufleet/gpufleet/internal/devcluster/devtest"
@@ -251,9 +254,12 @@ func TestTheAgentChangesOnlyItsOwnCondition(t *testing.T) {
 	statusPatch := func(body string) error {
 		return a.Status().Patch(ctx, node, client.RawPatch(types.MergePatchType, []byte(body)))
 	}
-	// The policy is in force once the API server has loaded it.
+	// The policy is in force once the API server has loaded it (each try
+	// a new value, so that none is a no-op).
+	tries := 0
 	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
-		err := statusPatch(`{"metadata":{"labels":{"gpufleet.dev/pool":"elsewhere"}}}`)
+		tries++
+		err := statusPatch(fmt.Sprintf(`{"metadata":{"labels":{"test.gpufleet.dev/try":"%d"}}}`, tries))
 		return apierrors.IsForbidden(err) || apierrors.IsInvalid(err), nil
 	})
 	if err != nil {
@@ -279,5 +285,71 @@ func TestTheAgentChangesOnlyItsOwnCondition(t *testing.T) {
 	}
 	if got.Labels["gpufleet.dev/pool"] == "elsewhere" || got.Labels["node-restriction.kubernetes.io/trusted"] != "" {
 		t.Errorf("labels after the refused writes: %v", got.Labels)
+	}
+}
+
+// TestTheOperatorMayChangeOnlyThePodsDrainLabel: the operator's real
+// ServiceAccount token, with its generated ClusterRole (which may patch
+// pods everywhere, to label the pods a GPU repair drains), puts that label
+// on a pod and takes it off; it may not change the pod's image (which would
+// run code as the pod's ServiceAccount), another label, or an annotation.
+func TestTheOperatorMayChangeOnlyThePodsDrainLabel(t *testing.T) {
+	devtest.NeedCluster(t)
+	ctx := t.Context()
+	policy, err := gpufleetconfig.RBAC.ReadFile("rbac/operator-pod-label.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	apply(t, policy)
+	sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "gpufleet-operator"}}
+	if err := env.Kube.Create(ctx, sa); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+	binding := &rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "gpufleet-operator-sa"},
+		Subjects: []rbacv1.Subject{{Kind: "ServiceAccount", Namespace: ns, Name: sa.Name}},
+		RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "gpufleet-operator"}}
+	if err := env.Kube.Create(ctx, binding); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+	tr, err := env.Client.CoreV1().ServiceAccounts(ns).CreateToken(ctx, sa.Name,
+		&authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptr.To[int64](600)}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	op := as(t, tr.Status.Token)
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "training-job", Labels: map[string]string{"app": "train"}},
+		Spec: corev1.PodSpec{NodeName: nodes[0], Containers: []corev1.Container{{Name: "c", Image: "registry.example/train:1"}}}}
+	if err := env.Kube.Create(ctx, pod); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = env.Kube.Delete(context.Background(), pod, client.GracePeriodSeconds(0)) })
+	patch := func(body string) error {
+		return op.Patch(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: pod.Name}}, client.RawPatch(types.StrategicMergePatchType, []byte(body)))
+	}
+	// Until the API server has loaded the policy, a change goes through:
+	// each try is a new image, so that none is a no-op.
+	tries := 0
+	err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
+		tries++
+		err := patch(fmt.Sprintf(`{"spec":{"containers":[{"name":"c","image":"registry.example/evil:%d"}]}}`, tries))
+		return apierrors.IsForbidden(err) || apierrors.IsInvalid(err), nil
+	})
+	if err != nil {
+		t.Fatal("the operator's token could still change a pod's image after 30 s")
+	}
+	if err := patch(`{"metadata":{"labels":{"repair.gpufleet.dev/gpu-drain":"uid-1"}}}`); err != nil {
+		t.Errorf("the GPU drain's label: %v", err)
+	}
+	if err := patch(`{"metadata":{"labels":{"repair.gpufleet.dev/gpu-drain":null}}}`); err != nil {
+		t.Errorf("the GPU drain's label taken off: %v", err)
+	}
+	wantForbidden(t, "another label", patch(`{"metadata":{"labels":{"app":"other"}}}`), "may change only the label repair.gpufleet.dev/gpu-drain")
+	wantForbidden(t, "an annotation", patch(`{"metadata":{"annotations":{"x":"y"}}}`), "may not change a pod's annotations")
+	got := &corev1.Pod{}
+	if err := env.Kube.Get(ctx, client.ObjectKeyFromObject(pod), got); err != nil {
+		t.Fatal(err)
+	}
+	if got.Labels["app"] != "train" {
+		t.Errorf("the pod after the refused writes: labels %v", got.Labels)
 	}
 }
