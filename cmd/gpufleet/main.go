@@ -97,6 +97,9 @@ func newOperatorCommand() *cobra.Command {
 	f.StringVar(&kubeconfig, "kubeconfig", "", "path to a kubeconfig (default: $KUBECONFIG, in-cluster config, ~/.kube/config)")
 	f.StringVar(&opts.Namespace, "namespace", "", "the operator's namespace (default: $POD_NAMESPACE, else "+operator.DefaultNamespace+")")
 	f.StringVar(&opts.MetricsAddr, "metrics-bind-address", ":8080", `address of the Prometheus metrics endpoint ("0" disables it)`)
+	f.BoolVar(&opts.MetricsSecure, "metrics-secure", true,
+		"serve metrics (and --profiling) over HTTPS, each scrape's token reviewed and authorized by the API server (get on the nonResourceURL /metrics); false: plain HTTP, no authentication")
+	f.StringVar(&opts.MetricsCertDir, "metrics-cert-dir", "", "directory with tls.crt and tls.key for the secure metrics endpoint (default: a self-signed certificate made at start)")
 	f.StringVar(&opts.ProbeAddr, "health-probe-bind-address", ":8081", `address of /healthz and /readyz ("0" disables it)`)
 	f.BoolVar(&opts.LeaderElection, "leader-elect", false, "elect a leader so only one replica is active")
 	f.StringVar(&opts.LeaderElectionID, "leader-election-id", "gpufleet-operator", "name of the leader-election lease")

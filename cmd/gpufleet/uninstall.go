@@ -29,7 +29,12 @@ func newUninstallCommand() *cobra.Command {
 		Short: "Stop the operator and release every NodeMaintenance, before the operator's manifests are deleted",
 		Long: `uninstall makes removing gpufleet safe: it scales the operator's Deployment
 to 0 and waits until its pods are gone and its leader lease is free (at most
---timeout; past it the replicas are restored and nothing is released). Then
+--timeout; past it the replicas are restored and nothing is released).
+First it looks for gpufleet's operator in every namespace (Deployments and
+pods that run it, whatever they are called, and held leases of gpufleet's):
+if it runs anywhere but the Deployment named here — another namespace,
+another release name, a second gpufleet — or if it cannot look there, it
+says what it found and changes nothing. Then
 it releases every NodeMaintenance as the operator would: a node that a
 maintenance cordoned is uncordoned (one cordoned before its maintenance
 stays cordoned), the objects are deleted and their finalizers removed, so

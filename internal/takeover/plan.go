@@ -230,7 +230,7 @@ type Plan struct {
 // MakePlan decides the takeover d of the cluster s.
 func MakePlan(s Snapshot, d Direction) Plan {
 	p := Plan{Direction: d, Operator: d.Operator.owner()}
-	var others []Workload
+	var others, fleets []Workload
 	for i := range s.Deployments {
 		dep := &s.Deployments[i]
 		switch {
@@ -239,6 +239,20 @@ func MakePlan(s Snapshot, d Direction) Plan {
 		case dep.Namespace == s.Namespace && dep.Name == s.OwnDeployment:
 			w := workload(dep)
 			p.Own = &w
+		case liveowner.RunsGPUFleetOperator(&dep.Spec.Template.Spec):
+			fleets = append(fleets, workload(dep))
+		}
+	}
+	// gpufleet's operator under another name or namespace: with the named
+	// one missing, the user named the wrong one; beside it, two gpufleets
+	// would act at once.
+	for _, w := range running(fleets) {
+		if p.Own == nil {
+			p.Problems = append(p.Problems, fmt.Sprintf("gpufleet's operator runs as %s (%d replicas): name it with -n %s --deployment %s",
+				w, w.Replicas, w.Namespace, w.Name))
+		} else {
+			p.Problems = append(p.Problems, fmt.Sprintf("another gpufleet operator runs as %s (%d replicas): two would act at once; remove one first",
+				w, w.Replicas))
 		}
 	}
 	held, otherRuns := liveowner.Held(s.Leases, p.Operator, s.Now)

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -491,6 +492,36 @@ func TestIsDeployment(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			if got := tc.op.IsDeployment(&tc.d); got != tc.want {
 				t.Errorf("IsDeployment = %t, want %t", got, tc.want)
+			}
+		})
+	}
+}
+
+// TestPlanFindsGPUFleetUnderAnotherName: gpufleet's operator installed by
+// a Helm release of another name, or in another namespace, than the
+// takeover was told: the plan says where it runs (a problem: nothing is
+// changed); and a second gpufleet operator beside the named one is a
+// problem too (two would act at once).
+func TestPlanFindsGPUFleetUnderAnotherName(t *testing.T) {
+	fleet := func(ns, name string, replicas int32) appsv1.Deployment {
+		d := deployment(ns, name, replicas, map[string]string{"app.kubernetes.io/name": "gpufleet"})
+		d.Spec.Template.Spec.Containers = []corev1.Container{{Name: "operator", Image: "registry.example/gpufleet:1", Command: []string{"/gpufleet", "operator"}}}
+		return d
+	}
+	for name, tc := range map[string]struct {
+		deps []appsv1.Deployment
+		want string
+	}{
+		"another release name": {deps: []appsv1.Deployment{fleet("gpufleet-system", "prod-gpufleet-operator", 2)},
+			want: "gpufleet's operator runs as Deployment gpufleet-system/prod-gpufleet-operator (2 replicas): name it with -n gpufleet-system --deployment prod-gpufleet-operator"},
+		"a second gpufleet beside it": {deps: []appsv1.Deployment{fleet("gpufleet-system", "gpufleet-operator", 1), fleet("team-b", "gpufleet-operator", 1)},
+			want: "another gpufleet operator runs as Deployment team-b/gpufleet-operator (1 replicas): two would act at once"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			s := Snapshot{Namespace: "gpufleet-system", OwnDeployment: "gpufleet-operator", Now: now, Deployments: tc.deps}
+			p := MakePlan(s, Direction{Operator: MaintenanceOperator})
+			if !slices.ContainsFunc(p.Problems, func(pr string) bool { return strings.HasPrefix(pr, tc.want) }) {
+				t.Errorf("problems %q, want one saying %q", p.Problems, tc.want)
 			}
 		})
 	}

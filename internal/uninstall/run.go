@@ -46,8 +46,16 @@ type Options struct {
 	PollInterval time.Duration
 }
 
-// ErrOperatorRunning: the operator did not stop within the timeout.
-var ErrOperatorRunning = errors.New("the operator is still running")
+// Errors of an uninstall; each means nothing was changed or released.
+var (
+	// ErrOperatorRunning: the operator did not stop within the timeout, or
+	// gpufleet's operator runs elsewhere too.
+	ErrOperatorRunning = errors.New("the operator is still running")
+	// ErrCannotTell: the named Deployment does not exist and the caller may
+	// not look in every namespace: whether gpufleet's operator runs
+	// elsewhere cannot be told.
+	ErrCannotTell = errors.New("cannot tell whether the operator is stopped")
+)
 
 // Run stops the operator, then releases every NodeMaintenance (uncordon
 // what a maintenance cordoned, delete the objects, remove their
@@ -133,16 +141,40 @@ func Run(ctx context.Context, o Options) error {
 }
 
 // stopOperator scales the operator's Deployment to 0 and returns how to
-// scale it back (nil when nothing was changed).
+// scale it back (nil when nothing was changed). It first makes sure that
+// this Deployment is the only gpufleet operator of the cluster: with
+// another one running (or a wrong namespace or name given, the operator
+// running elsewhere), releasing the NodeMaintenance objects would pull
+// nodes from under it; and a Deployment that is not there proves nothing
+// unless every namespace could be searched.
 func stopOperator(ctx context.Context, o Options, say func(string, ...any)) (func(context.Context) error, error) {
 	d := &appsv1.Deployment{}
 	key := client.ObjectKey{Namespace: o.Namespace, Name: o.Deployment}
+	found := true
 	if err := o.Client.Get(ctx, key, d); err != nil {
-		if apierrors.IsNotFound(err) {
-			say("no Deployment %s: the operator is taken as stopped once its lease is free", key)
-			return nil, nil
+		if !apierrors.IsNotFound(err) {
+			return nil, fmt.Errorf("reading the operator's Deployment %s: %w", key, err)
 		}
-		return nil, fmt.Errorf("reading the operator's Deployment %s: %w", key, err)
+		found = false
+	}
+	now := o.Clock.Now()
+	others, err := findOthers(ctx, o.Client, o.Namespace, o.Deployment, o.Lease, func(l *coordinationv1.Lease) (string, bool) { return leaseHeld(l, now) })
+	if err != nil {
+		return nil, err
+	}
+	switch {
+	case len(others.Running) > 0 && !found:
+		return nil, fmt.Errorf("%w: there is no Deployment %s, but gpufleet's operator runs as %s: run gpufleet uninstall with its namespace and Deployment (-n, --deployment); nothing was changed",
+			ErrOperatorRunning, key, strings.Join(others.Running, ", "))
+	case len(others.Running) > 0:
+		return nil, fmt.Errorf("%w: besides Deployment %s, gpufleet's operator runs as %s: uninstall that one first; nothing was changed",
+			ErrOperatorRunning, key, strings.Join(others.Running, ", "))
+	case !others.Searched:
+		return nil, fmt.Errorf("%w: the uninstaller %s, so another gpufleet operator (or this one under another name) cannot be excluded; nothing was changed",
+			ErrCannotTell, others.Why)
+	case !found:
+		say("no Deployment %s, and no gpufleet operator in any namespace (no Deployment, pod or held lease): nothing to stop", key)
+		return nil, nil
 	}
 	before := ptr.Deref(d.Spec.Replicas, 1)
 	if before == 0 {

@@ -8,9 +8,12 @@ package agentbinding
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
+	"net"
+	"net/http"
 	"os"
 	"strings"
 	"testing"
@@ -351,5 +354,94 @@ func TestTheOperatorMayChangeOnlyThePodsDrainLabel(t *testing.T) {
 	}
 	if got.Labels["app"] != "train" {
 		t.Errorf("the pod after the refused writes: labels %v", got.Labels)
+	}
+}
+
+// TestTheOperatorsMetricsNeedAnAuthorizedToken: the operator, as the
+// `gpufleet operator` command runs it by default (--metrics-secure),
+// serves its metrics and pprof over HTTPS only, and only to a token the
+// API server authenticates and authorizes: none gets 401, a
+// ServiceAccount without the metrics-reader ClusterRole gets 403, one
+// bound to it reads /metrics — and still not pprof.
+func TestTheOperatorsMetricsNeedAnAuthorizedToken(t *testing.T) {
+	devtest.NeedCluster(t)
+	ctx := t.Context()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	_ = l.Close()
+	devtest.StartOperator(t, env.OperatorConfig, operator.Options{Namespace: ns, Capabilities: []string{"maintenance"},
+		MetricsAddr: addr, MetricsSecure: true, Profiling: true})
+	reader, err := gpufleetconfig.RBAC.ReadFile("rbac/metrics_reader_role.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	apply(t, reader)
+	token := func(name string, bound bool) string {
+		sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}}
+		if err := env.Kube.Create(ctx, sa); err != nil && !apierrors.IsAlreadyExists(err) {
+			t.Fatal(err)
+		}
+		if bound {
+			b := &rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: name},
+				Subjects: []rbacv1.Subject{{Kind: "ServiceAccount", Namespace: ns, Name: name}},
+				RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "gpufleet-metrics-reader"}}
+			if err := env.Kube.Create(ctx, b); err != nil && !apierrors.IsAlreadyExists(err) {
+				t.Fatal(err)
+			}
+		}
+		tr, err := env.Client.CoreV1().ServiceAccounts(ns).CreateToken(ctx, name,
+			&authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptr.To[int64](600)}}, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tr.Status.Token
+	}
+	prometheus, stranger := token("prometheus", true), token("stranger", false)
+	// The operator's certificate is self-signed: the token is what counts.
+	httpsClient := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}} //nolint:gosec // the test checks authentication, not the certificate
+	get := func(scheme, path, bearer string) (int, string) {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, scheme+"://"+addr+path, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if bearer != "" {
+			req.Header.Set("Authorization", "Bearer "+bearer)
+		}
+		resp, err := httpsClient.Do(req)
+		if err != nil {
+			return 0, err.Error()
+		}
+		defer func() { _ = resp.Body.Close() }()
+		body, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(body)
+	}
+	var code int
+	var body string
+	err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 60*time.Second, true, func(context.Context) (bool, error) {
+		code, body = get("https", "/metrics", prometheus)
+		return code == http.StatusOK, nil
+	})
+	if err != nil || !strings.Contains(body, "gpufleet_") {
+		t.Fatalf("an authorized token reading /metrics: %d %.200s", code, body)
+	}
+	for what, tc := range map[string]struct {
+		scheme, path, token string
+		want                int
+	}{
+		"plain HTTP":                        {"http", "/metrics", "", http.StatusBadRequest},
+		"no token":                          {"https", "/metrics", "", http.StatusUnauthorized},
+		"a token without the reader's role": {"https", "/metrics", stranger, http.StatusForbidden},
+		"the reader's token on pprof":       {"https", "/debug/pprof/", prometheus, http.StatusForbidden},
+		"no token on pprof":                 {"https", "/debug/pprof/", "", http.StatusUnauthorized},
+		// controller-runtime's filter answers a token the API server cannot
+		// read with 500 "Authentication failed".
+		"a token that is not one": {"https", "/metrics", "not-a-token", http.StatusInternalServerError},
+	} {
+		if code, body := get(tc.scheme, tc.path, tc.token); code != tc.want || strings.Contains(body, "gpufleet_") {
+			t.Errorf("%s: %d %.120q, want %d and no metrics", what, code, body, tc.want)
+		}
 	}
 }

@@ -2,6 +2,7 @@ package deploy
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"io"
 	"os"
@@ -213,7 +214,7 @@ func TestChartValues(t *testing.T) {
 	if got := kinds["DaemonSet"]; len(got) != 0 {
 		t.Errorf("agent disabled, DaemonSets %v", got)
 	}
-	if got, want := kinds["ClusterRole"], []string{"prod-gpufleet-operator"}; !slices.Equal(got, want) {
+	if got, want := kinds["ClusterRole"], []string{"prod-gpufleet-metrics-reader", "prod-gpufleet-operator"}; !slices.Equal(got, want) {
 		t.Errorf("ClusterRoles %v, want %v", got, want)
 	}
 	dep := find(objs, "Deployment", "prod-gpufleet-operator")
@@ -371,4 +372,27 @@ func TestCRDChart(t *testing.T) {
 // TestChartLints runs `helm lint --strict` on both charts.
 func TestChartLints(t *testing.T) {
 	helmRun(t, "lint", "--strict", chartDir(t), crdChartDir(t))
+}
+
+// TestChartAndKustomizeShipTheSameAdmissionPolicies: the chart (defaults)
+// and config/default (install.yaml is built from it) install the same
+// ValidatingAdmissionPolicies and bindings, and the chart puts its
+// release's ServiceAccounts into their matches.
+func TestChartAndKustomizeShipTheSameAdmissionPolicies(t *testing.T) {
+	chart, kust := names(renderChart(t, "prod")), names(render(t))
+	for _, kind := range []string{"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"} {
+		got, want := slices.Sorted(slices.Values(chart[kind])), slices.Sorted(slices.Values(kust[kind]))
+		if !slices.Equal(got, want) || len(want) < 3 {
+			t.Errorf("%s: chart %v, config/default %v", kind, got, want)
+		}
+	}
+	for _, o := range renderChart(t, "prod") {
+		if o.GetKind() != "ValidatingAdmissionPolicy" {
+			continue
+		}
+		data, _ := json.Marshal(o.Object)
+		if strings.Contains(string(data), ":gpufleet-operator')") || strings.Contains(string(data), ":gpufleet-agent')") {
+			t.Errorf("%s matches the default ServiceAccount names, not the release's: %s", o.GetName(), data)
+		}
+	}
 }

@@ -100,7 +100,7 @@ func TestManifestsRender(t *testing.T) {
 		"Deployment":         {"gpufleet-operator"},
 		"DaemonSet":          {"gpufleet-agent"},
 		"ServiceAccount":     {"gpufleet-agent", "gpufleet-operator"},
-		"ClusterRole":        {"gpufleet-agent", "gpufleet-operator"},
+		"ClusterRole":        {"gpufleet-agent", "gpufleet-metrics-reader", "gpufleet-operator"},
 		"ClusterRoleBinding": {"gpufleet-agent", "gpufleet-operator"},
 		"Role":               {"gpufleet-operator"},
 		"RoleBinding":        {"gpufleet-operator"},

@@ -80,7 +80,7 @@ func TestHelmUninstallLeavesNoNodeCordoned(t *testing.T) {
 		t.Fatalf("third NodeMaintenance: want Pending, got in progress %t: %v", pending.InProgress(), err)
 	}
 
-	uninstall := hookCommand(t, cluster, operatorName)
+	uninstall, byHand := hookCommand(t, cluster, operatorName)
 	// A dry run changes nothing.
 	out, err := uninstall("--dry-run")
 	if err != nil {
@@ -92,6 +92,19 @@ func TestHelmUninstallLeavesNoNodeCordoned(t *testing.T) {
 		}
 	}
 	checkState(t, kube, map[string]bool{"gpu-000": true, "gpu-001": true, "gpu-002": false}, 3, 2)
+
+	// An administrator runs it by hand and names the wrong namespace (the
+	// operator runs in the release's), or the default Deployment name (the
+	// release's differs): it finds the operator where it runs, says so,
+	// and changes nothing while it runs.
+	for _, args := range [][]string{{"--namespace=gpu-operator"}, {"--namespace=" + ns}} {
+		out, err := byHand(args...)
+		want := "gpufleet's operator runs as Deployment " + ns + "/" + operatorName
+		if err == nil || !strings.Contains(out, want) {
+			t.Errorf("uninstall %v with the operator running elsewhere: %v, want a refusal saying %q:\n%s", args, err, want, out)
+		}
+		checkState(t, kube, map[string]bool{"gpu-000": true, "gpu-001": true, "gpu-002": false}, 3, 2)
+	}
 
 	// The operator does not stop (nothing stops the in-process one yet):
 	// the hook fails within its timeout, restores the replicas, releases
@@ -148,8 +161,10 @@ func TestHelmUninstallLeavesNoNodeCordoned(t *testing.T) {
 // hookCommand returns a function that runs the chart's pre-delete hook as
 // the Job would: the hook's ServiceAccount and RBAC are applied from the
 // release's hooks (`helm get hooks`), and the real binary runs with the
-// Job's command and arguments and that ServiceAccount's token.
-func hookCommand(t *testing.T, cluster *devcluster.Cluster, operatorName string) func(extra ...string) (string, error) {
+// Job's command and arguments and that ServiceAccount's token. byHand
+// runs the same binary's uninstall as an administrator does, with the
+// cluster's admin kubeconfig and only the arguments given.
+func hookCommand(t *testing.T, cluster *devcluster.Cluster, operatorName string) (hook, byHand func(extra ...string) (string, error)) {
 	t.Helper()
 	hooks := decodeAll(t, helmRun(t, "get", "hooks", "fleet", "--namespace", ns, "--kubeconfig", cluster.Kubeconfig))
 	var job *unstructured.Unstructured
@@ -187,9 +202,8 @@ func hookCommand(t *testing.T, cluster *devcluster.Cluster, operatorName string)
 		t.Fatal(err)
 	}
 	bin := buildGpufleet(t, dir)
-	return func(extra ...string) (string, error) {
-		argv := append(toStrings(args), "--server="+cfg.Host, "--token="+cfg.BearerToken, "--certificate-authority="+ca)
-		cmd := exec.CommandContext(t.Context(), bin, append(append([]string{"uninstall"}, argv...), extra...)...)
+	run := func(argv ...string) (string, error) {
+		cmd := exec.CommandContext(t.Context(), bin, append([]string{"uninstall"}, argv...)...)
 		var stdout, stderr bytes.Buffer
 		cmd.Stdout, cmd.Stderr = &stdout, &stderr
 		err := cmd.Run()
@@ -198,6 +212,14 @@ func hookCommand(t *testing.T, cluster *devcluster.Cluster, operatorName string)
 		}
 		return stdout.String(), nil
 	}
+	hook = func(extra ...string) (string, error) {
+		argv := append(toStrings(args), "--server="+cfg.Host, "--token="+cfg.BearerToken, "--certificate-authority="+ca)
+		return run(append(argv, extra...)...)
+	}
+	byHand = func(extra ...string) (string, error) {
+		return run(append([]string{"--kubeconfig=" + cluster.Kubeconfig, "--timeout=3s"}, extra...)...)
+	}
+	return hook, byHand
 }
 
 func toStrings(a []any) []string {
