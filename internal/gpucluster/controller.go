@@ -44,7 +44,9 @@ type Reconciler struct {
 	Live client.Reader
 	// Leases reads NVIDIA's GPU Operator's leader lease (a cache of that
 	// name alone; nil: not looked at).
-	Leases    client.Reader
+	Leases client.Reader
+	// Observer judges that lease by observation (nil: none remembered).
+	Observer  *liveowner.Observer
 	Namespace string
 	Clock     clock.PassiveClock
 	Recorder  events.EventRecorder
@@ -150,7 +152,7 @@ func (r *Reconciler) writeStatus(ctx context.Context, gc *nvidiav1alpha1.GPUClus
 // previousOperator reads whether NVIDIA's GPU Operator holds its leader
 // lease (it reconciles GPUClusters too).
 func (r *Reconciler) previousOperator(ctx context.Context) (liveowner.Holding, bool, error) {
-	return liveowner.Read(ctx, r.Leases, liveowner.GPUOperator, r.Clock.Now())
+	return r.Observer.Read(ctx, r.Leases, liveowner.GPUOperator, r.Clock.Now())
 }
 
 // waitForPreviousOperator writes that the GPU Operator runs and gpufleet

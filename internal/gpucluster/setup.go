@@ -60,6 +60,8 @@ type Options struct {
 	// (liveowner.NewCache; nil: Setup makes one). While that lease is
 	// held, the GPUCluster is the GPU Operator's.
 	Leases cluster.Cluster
+	// Observer judges it (nil: one of the capability's own).
+	Observer *liveowner.Observer
 }
 
 // CacheObjects restricts the manager's cache of the kinds only the
@@ -92,7 +94,7 @@ func Setup(mgr manager.Manager, opts Options) error {
 			return err
 		}
 	}
-	r := &Reconciler{Client: mgr.GetClient(), Live: mgr.GetAPIReader(), Leases: leases.GetCache(), Namespace: opts.Namespace, Clock: opts.Clock,
+	r := &Reconciler{Client: mgr.GetClient(), Live: mgr.GetAPIReader(), Leases: leases.GetCache(), Observer: liveowner.OrNew(opts.Observer, ""), Namespace: opts.Namespace, Clock: opts.Clock,
 		Recorder: mgr.GetEventRecorder("gpufleet-gpucluster")}
 	// Everything maps to the one GPUCluster.
 	one := handler.EnqueueRequestsFromMapFunc(func(context.Context, client.Object) []reconcile.Request {

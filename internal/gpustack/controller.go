@@ -30,6 +30,7 @@ import (
 
 	nvidiav1 "github.com/gpufleet/gpufleet/api/nvidia/v1"
 	nvidiav1alpha1 "github.com/gpufleet/gpufleet/api/nvidia/v1alpha1"
+	"github.com/gpufleet/gpufleet/internal/liveowner"
 	"github.com/gpufleet/gpufleet/internal/ownwrites"
 	"github.com/gpufleet/gpufleet/internal/pendingevents"
 )
@@ -65,6 +66,9 @@ type Reconciler struct {
 	// Leases reads the leader-election Lease of NVIDIA's GPU Operator
 	// (nil: not looked for): while it is held gpufleet waits.
 	Leases client.Reader
+	// Observer judges that lease by observation (shared with the
+	// GPUCluster controller and the fence; nil: none remembered).
+	Observer *liveowner.Observer
 	// Assets are the component manifests (default: the embedded ones).
 	Assets fs.FS
 	// Schemas compares the served ClusterPolicy and NVIDIADriver schemas

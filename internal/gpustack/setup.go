@@ -72,6 +72,8 @@ type Options struct {
 	// (liveowner.NewCache), shared with the GPUCluster controller; nil:
 	// Setup makes one.
 	Leases cluster.Cluster
+	// Observer judges it (nil: one of the capability's own).
+	Observer *liveowner.Observer
 }
 
 // Setup registers the ClusterPolicy controller with mgr.
@@ -110,7 +112,7 @@ func Setup(mgr manager.Manager, opts Options) error {
 	r := &Reconciler{
 		Client: countingWrites(mgr.GetClient()), StatusInterval: opts.StatusInterval, Live: mgr.GetAPIReader(), Namespace: opts.Namespace, Clock: opts.Clock, Assets: Assets,
 		DegradedAfter: opts.DegradedAfter, UpgradeTimeout: opts.UpgradeTimeout, PassInterval: opts.PassInterval, Recorder: mgr.GetEventRecorder("gpufleet-gpustack"),
-		Monitors: monitors, Leases: leases.GetCache(), Schemas: &ServedSchemas{Ours: ours, Served: byName(schemaCaches)},
+		Monitors: monitors, Leases: leases.GetCache(), Observer: liveowner.OrNew(opts.Observer, ""), Schemas: &ServedSchemas{Ours: ours, Served: byName(schemaCaches)},
 	}
 	allPolicies := enqueueAll(mgr, func() client.ObjectList { return &nvidiav1.ClusterPolicyList{} }, "ClusterPolicies")
 	stackPod := predicate.NewPredicateFuncs(func(o client.Object) bool {

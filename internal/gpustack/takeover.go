@@ -136,7 +136,7 @@ func (r *Reconciler) reportProblems(policy *nvidiav1.ClusterPolicy, status *nvid
 // previousOperator returns the live holding of NVIDIA's GPU Operator's
 // leader lease, if any (nil Leases: never looked for).
 func (r *Reconciler) previousOperator(ctx context.Context) (liveowner.Holding, bool, error) {
-	return liveowner.Read(ctx, r.Leases, liveowner.GPUOperator, r.Clock.Now())
+	return r.Observer.Read(ctx, r.Leases, liveowner.GPUOperator, r.Clock.Now())
 }
 
 // waitForPreviousOperator records, in a condition of its own, that the GPU

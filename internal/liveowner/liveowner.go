@@ -53,6 +53,10 @@ type Holding struct {
 
 // Message says who holds the objects and why gpufleet waits.
 func (h Holding) Message() string {
+	if strings.HasPrefix(h.Holder, FencePrefix) {
+		return fmt.Sprintf("another gpufleet operator (%s) acts in place of %s (it holds Lease %s/%s, renewed until %s): two gpufleet operators run in this cluster; this one does not act beside it — stop one of them",
+			strings.TrimPrefix(h.Holder, FencePrefix), h.Operator.Name, h.Namespace, h.Operator.Lease, h.Until.UTC().Format(time.RFC3339))
+	}
 	return fmt.Sprintf("%s is running (Lease %s/%s held by %s, renewed until %s): gpufleet does not act beside it; %s",
 		h.Operator.Name, h.Namespace, h.Operator.Lease, h.Holder, h.Until.UTC().Format(time.RFC3339), h.Operator.Stop)
 }

@@ -31,6 +31,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	maintenancev1 "github.com/gpufleet/gpufleet/api/maintenance/v1alpha1"
+	"github.com/gpufleet/gpufleet/internal/liveowner"
 	"github.com/gpufleet/gpufleet/internal/maintenance/requestor"
 	"github.com/gpufleet/gpufleet/internal/ownwrites"
 	"github.com/gpufleet/gpufleet/internal/pendingevents"
@@ -53,6 +54,8 @@ type Reconciler struct {
 	// ComputeDomains names what waitForComputeDomains waits for (nil:
 	// UIDs are shown).
 	ComputeDomains *ComputeDomainNames
+	// Leases judges whether NVIDIA's Maintenance Operator is alive.
+	Leases *liveowner.Observer
 	// BoundedRequestors are the requestors whose objects are never
 	// garbage-collected (maxNodeMaintenanceTimeSeconds): gpufleet's own
 	// repairs and driver upgrades, which release their objects within
@@ -92,7 +95,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reco
 		}
 		return reconcile.Result{}, client.IgnoreNotFound(err)
 	}
-	if h, held, err := otherOwner(ctx, r.Client, r.Clock.Now()); err != nil || held {
+	if h, held, err := otherOwner(ctx, r.Client, r.Leases, r.Clock.Now()); err != nil || held {
 		// NVIDIA's Maintenance Operator runs: nothing is written, cordoned
 		// or drained beside it (the scheduler's status on the config says
 		// so). A released lease's event, or its expiry, brings us back.

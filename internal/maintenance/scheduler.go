@@ -25,6 +25,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	maintenancev1 "github.com/gpufleet/gpufleet/api/maintenance/v1alpha1"
+	"github.com/gpufleet/gpufleet/internal/liveowner"
 )
 
 // scheduleWriters bounds the status writes one pass sends at once.
@@ -54,6 +55,9 @@ type Scheduler struct {
 	// ComputeDomains names the ComputeDomains of busy domains in wait
 	// reasons (nil: their UIDs are shown).
 	ComputeDomains *ComputeDomainNames
+	// Leases judges whether NVIDIA's Maintenance Operator is alive (shared
+	// with the lifecycle controller and the fence).
+	Leases *liveowner.Observer
 	// AllowedNamespaces, when set, are the only namespaces (besides the
 	// operator's own) whose NodeMaintenance objects are scheduled; the
 	// others wait, saying why.
@@ -94,7 +98,7 @@ func (s *Scheduler) Changed() {
 // Reconcile runs one scheduling pass.
 func (s *Scheduler) Reconcile(ctx context.Context, _ reconcile.Request) (reconcile.Result, error) {
 	log := ctrl.LoggerFrom(ctx)
-	holding, held, err := otherOwner(ctx, s.Client, s.Clock.Now())
+	holding, held, err := otherOwner(ctx, s.Client, s.Leases, s.Clock.Now())
 	if err != nil {
 		return reconcile.Result{}, err
 	}

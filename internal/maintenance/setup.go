@@ -53,12 +53,18 @@ type Options struct {
 	// AllowedNamespaces: the namespaces whose NodeMaintenance objects are
 	// scheduled, besides the operator's (empty: all).
 	AllowedNamespaces []string
+	// Leases judges NVIDIA's Maintenance Operator's lease (nil: one of the
+	// capability's own).
+	Leases *liveowner.Observer
 }
 
 // Setup registers the scheduler and the lifecycle controller with mgr.
 func Setup(mgr manager.Manager, opts Options) error {
 	if opts.Clock == nil {
 		opts.Clock = clock.RealClock{}
+	}
+	if opts.Leases == nil {
+		opts.Leases = &liveowner.Observer{}
 	}
 	ctx := context.Background()
 	idx := mgr.GetFieldIndexer()
@@ -85,7 +91,7 @@ func Setup(mgr manager.Manager, opts Options) error {
 	sched := &Scheduler{
 		Client: mgr.GetClient(), Live: mgr.GetAPIReader(), Namespace: opts.Namespace, Clock: opts.Clock,
 		Recorder: mgr.GetEventRecorder("gpufleet-maintenance-scheduler"), Reasons: reasons, Alarm: alarm,
-		ComputeDomains: computeDomains, AllowedNamespaces: opts.AllowedNamespaces,
+		ComputeDomains: computeDomains, AllowedNamespaces: opts.AllowedNamespaces, Leases: opts.Leases,
 	}
 	isDefaultConfig := predicate.NewPredicateFuncs(func(o client.Object) bool {
 		return o.GetNamespace() == opts.Namespace && o.GetName() == maintenancev1.DefaultConfigName
@@ -119,7 +125,7 @@ func Setup(mgr manager.Manager, opts Options) error {
 	rec := &Reconciler{
 		Client: mgr.GetClient(), Kube: kube, Pods: pods, Namespace: opts.Namespace, PodName: opts.PodName, Clock: opts.Clock,
 		Recorder: mgr.GetEventRecorder("gpufleet-maintenance"), ComputeDomains: computeDomains,
-		BoundedRequestors: opts.BoundedRequestors,
+		BoundedRequestors: opts.BoundedRequestors, Leases: opts.Leases,
 	}
 	if err := mgr.Add(rec.evictions()); err != nil {
 		return fmt.Errorf("adding the evictor: %w", err)

@@ -81,6 +81,10 @@ type Options struct {
 	LeaseDuration, RenewDeadline, RetryPeriod time.Duration
 	// Capabilities to run; empty = all registered.
 	Capabilities []string
+	// Leases judges, by observation, whether NVIDIA's operators hold their
+	// leader leases; shared by the capabilities and the fence (New makes
+	// it).
+	Leases *liveowner.Observer
 	// PodName is the operator's own pod (never evicted by a drain).
 	PodName string
 	// Clock is injected into every controller; nil = real clock.
@@ -131,7 +135,7 @@ var registry = []Capability{
 		AddToScheme: maintenancev1.AddToScheme,
 		Cache:       func(Options) map[client.Object]cache.ByObject { return maintenance.CacheObjects() },
 		Setup: func(mgr manager.Manager, o Options) error {
-			if err := maintenance.Setup(mgr, maintenance.Options{Namespace: o.Namespace, PodName: o.PodName, Clock: o.Clock,
+			if err := maintenance.Setup(mgr, maintenance.Options{Namespace: o.Namespace, PodName: o.PodName, Clock: o.Clock, Leases: o.Leases,
 				// gpufleet's own requestors end their objects within their own bounds.
 				BoundedRequestors: []string{repairv1.RequestorID, gpustack.UpgradeRequestor}, AllowedNamespaces: o.MaintenanceNamespaces}); err != nil {
 				return err
@@ -169,7 +173,7 @@ var registry = []Capability{
 			if err != nil {
 				return err
 			}
-			if err := gpustack.Setup(mgr, gpustack.Options{Namespace: o.Namespace, Clock: o.Clock, Leases: leases,
+			if err := gpustack.Setup(mgr, gpustack.Options{Namespace: o.Namespace, Clock: o.Clock, Leases: leases, Observer: o.Leases,
 				DegradedAfter: o.GPUStackDegradedAfter, UpgradeTimeout: o.DriverUpgradeTimeout, PassInterval: o.GPUStackPassInterval}); err != nil {
 				return err
 			}
@@ -178,7 +182,7 @@ var registry = []Capability{
 			// CRD set, or without DRA, runs the ClusterPolicy alone).
 			if missing := gpucluster.Unserved(mgr.GetRESTMapper()); missing != "" {
 				mgr.GetLogger().Info("the GPUCluster controller is off: the API server does not serve " + missing + " (restart the operator once it does)")
-			} else if err := gpucluster.Setup(mgr, gpucluster.Options{Namespace: o.Namespace, Clock: o.Clock, Leases: leases}); err != nil {
+			} else if err := gpucluster.Setup(mgr, gpucluster.Options{Namespace: o.Namespace, Clock: o.Clock, Leases: leases, Observer: o.Leases}); err != nil {
 				return err
 			}
 			gpustack.ServeMetrics(mgr.GetCache(), mgr.Elected())
@@ -309,6 +313,14 @@ func New(cfg *rest.Config, opts Options) (manager.Manager, error) {
 	if err := mgr.AddReadyzCheck("readyz", healthz.Ping); err != nil {
 		return nil, fmt.Errorf("adding ready check: %w", err)
 	}
+	self := liveowner.FenceIdentity(opts.PodName)
+	opts.Leases = liveowner.OrNew(opts.Leases, self)
+	if fenced := fencedOperators(selected); len(fenced) > 0 {
+		// While gpufleet acts in their place, it holds their leases.
+		if err := liveowner.SetupFence(mgr, opts.Leases, self, opts.Clock, fenced...); err != nil {
+			return nil, err
+		}
+	}
 	for _, c := range selected {
 		if err := c.Setup(mgr, opts); err != nil {
 			return nil, fmt.Errorf("setting up %s: %w", c.Name, err)
@@ -320,6 +332,21 @@ func New(cfg *rest.Config, opts Options) (manager.Manager, error) {
 		}
 	}
 	return mgr, nil
+}
+
+// fencedOperators are the NVIDIA operators whose leases the selected
+// capabilities act in place of.
+func fencedOperators(selected []Capability) []liveowner.Operator {
+	var out []liveowner.Operator
+	for _, c := range selected {
+		switch c.Name {
+		case "maintenance":
+			out = append(out, liveowner.MaintenanceOperator)
+		case "gpustack":
+			out = append(out, liveowner.GPUOperator)
+		}
+	}
+	return out
 }
 
 // The secure metrics server reviews each scrape's token and asks whether
