@@ -107,7 +107,11 @@ func Setup(mgr manager.Manager, opts Options) error {
 		UpdateFunc: func(event.UpdateEvent) bool { return false }})
 	rollout := predicate.Or[client.Object](predicate.GenerationChangedPredicate{}, predicate.Funcs{
 		UpdateFunc: func(e event.UpdateEvent) bool { return statusOf(e.ObjectOld) != statusOf(e.ObjectNew) }})
-	err := builder.ControllerManagedBy(mgr).
+	b := builder.ControllerManagedBy(mgr)
+	if src := r.Observer.Rivals.Source(one); src != nil {
+		b = b.WatchesRawSource(src) // the GPU Operator without leader election, a second gpufleet
+	}
+	err := b.
 		Named("gpucluster").
 		// A spec change, or an annotation (AnnotationOtherNamespaceCleared).
 		For(&nvidiav1alpha1.GPUCluster{}, builder.WithPredicates(predicate.Or[client.Object](predicate.GenerationChangedPredicate{}, predicate.AnnotationChangedPredicate{}))).

@@ -156,6 +156,9 @@ func Setup(mgr manager.Manager, opts Options) error {
 	// NVIDIA's GPU Operator's leader lease: gpufleet waits while it is
 	// held (a new holder, a release); its expiry is a requeue.
 	b = b.WatchesRawSource(source.Kind[client.Object](leases.GetCache(), &coordinationv1.Lease{}, allPolicies, liveowner.HolderChanged))
+	if src := r.Observer.Rivals.Source(allPolicies); src != nil {
+		b = b.WatchesRawSource(src) // the GPU Operator without leader election, a second gpufleet
+	}
 	// The ClusterPolicy and NVIDIADriver CRDs: a new schema (the GPU
 	// Operator chart's upgrade hook putting its own back, or gpufleet's
 	// reinstalled) is compared at once.

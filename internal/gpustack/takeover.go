@@ -150,8 +150,7 @@ func (r *Reconciler) waitForPreviousOperator(ctx context.Context, policy *nvidia
 	if prev == nil || prev.Status != metav1.ConditionTrue {
 		ev.Eventf(policy, nil, corev1.EventTypeWarning, ReasonPreviousOperatorRunning, actionDeploy, "%s", msg)
 	}
-	if prev == nil || prev.Status != metav1.ConditionTrue || prev.Reason != ReasonPreviousOperatorRunning ||
-		!strings.HasPrefix(prev.Message, h.Operator.Name+" is running (Lease "+h.Namespace+"/") {
+	if prev == nil || prev.Status != metav1.ConditionTrue || prev.Reason != ReasonPreviousOperatorRunning || !h.Names(prev.Message) {
 		// The message changes with each renewal; rewritten only when it
 		// starts or the holder moves, not at every renewal.
 		meta.SetStatusCondition(&status.Conditions, metav1.Condition{Type: ConditionPreviousOperator, Status: metav1.ConditionTrue,

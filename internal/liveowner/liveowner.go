@@ -49,10 +49,17 @@ type Holding struct {
 	// Until is when the lease expires unless renewed again: the time to
 	// look again.
 	Until time.Time
+	// Reason, when set, is what was seen instead of a lease (Rivals): a
+	// Deployment of an operator that runs without leader election, or a
+	// second gpufleet.
+	Reason string
 }
 
 // Message says who holds the objects and why gpufleet waits.
 func (h Holding) Message() string {
+	if h.Reason != "" {
+		return h.Reason
+	}
 	if strings.HasPrefix(h.Holder, FencePrefix) {
 		return fmt.Sprintf("another gpufleet operator (%s) acts in place of %s (it holds Lease %s/%s, renewed until %s): two gpufleet operators run in this cluster; this one does not act beside it — stop one of them",
 			strings.TrimPrefix(h.Holder, FencePrefix), h.Operator.Name, h.Namespace, h.Operator.Lease, h.Until.UTC().Format(time.RFC3339))
@@ -62,9 +69,16 @@ func (h Holding) Message() string {
 }
 
 // Names reports whether msg is this holding's Message (whatever renewal
-// time it states): the same operator, lease and holder.
+// time it states): the same operator, lease and holder, or the same
+// Reason.
 func (h Holding) Names(msg string) bool {
-	return strings.HasPrefix(msg, fmt.Sprintf("%s is running (Lease %s/%s held by %s,", h.Operator.Name, h.Namespace, h.Operator.Lease, h.Holder))
+	return msg != "" && beforeRenewal(msg) == beforeRenewal(h.Message())
+}
+
+// beforeRenewal is a Message up to the renewal time it states.
+func beforeRenewal(msg string) string {
+	before, _, _ := strings.Cut(msg, ", renewed until ")
+	return before
 }
 
 // Held returns the live holding of op's lease among leases (any

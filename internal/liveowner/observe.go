@@ -36,6 +36,9 @@ type Observer struct {
 	// gpufleet in the cluster, or this one's previous leader not yet gone —
 	// is judged by observation like any other.
 	Self string
+	// Rivals, when set, finds what no lease shows: an operator that runs
+	// without leader election, a second gpufleet (Rivals.Find).
+	Rivals *Rivals
 
 	mu   sync.Mutex
 	seen map[types.NamespacedName]observation
@@ -118,17 +121,27 @@ func (o *Observer) Held(leases []coordinationv1.Lease, op Operator, now time.Tim
 }
 
 // Read lists op's leases from r (its cache, NewCache; nil: none looked at)
-// and returns its live holding by observation, if any.
+// and returns its live holding by observation, if any; failing that, what
+// the Observer's Rivals find.
 func (o *Observer) Read(ctx context.Context, r client.Reader, op Operator, now time.Time) (Holding, bool, error) {
-	if r == nil {
+	if r != nil {
+		var leases coordinationv1.LeaseList
+		if err := r.List(ctx, &leases); err != nil {
+			return Holding{}, false, fmt.Errorf("listing leases: %w", err)
+		}
+		if h, ok := o.Held(leases.Items, op, now); ok {
+			return h, true, nil
+		}
+	}
+	return o.Rival(ctx, op, now)
+}
+
+// Rival is what the Observer's Rivals find of op (nothing without them).
+func (o *Observer) Rival(ctx context.Context, op Operator, now time.Time) (Holding, bool, error) {
+	if o == nil {
 		return Holding{}, false, nil
 	}
-	var leases coordinationv1.LeaseList
-	if err := r.List(ctx, &leases); err != nil {
-		return Holding{}, false, fmt.Errorf("listing leases: %w", err)
-	}
-	h, ok := o.Held(leases.Items, op, now)
-	return h, ok, nil
+	return o.Rivals.Find(ctx, op, now)
 }
 
 // duration is a lease's duration (controller-runtime's 15 s when unset).

@@ -23,6 +23,9 @@ const (
 	configReasonUnknown   = "InvalidConfig"
 	configReasonLeaseHeld = "LeaseHeld"
 	configReasonLeaseFree = "NoLiveLease"
+	// configReasonRunsUnfenced: an operator runs that no lease shows
+	// (NVIDIA's without leader election, a second gpufleet).
+	configReasonRunsUnfenced = "OperatorRunsWithoutLease"
 )
 
 // writeConfigStatus records on the config whether it could be read and
@@ -32,10 +35,18 @@ func (s *Scheduler) writeConfigStatus(ctx context.Context, cfg *maintenancev1.Ma
 	after := cfg.DeepCopy()
 	wasHeld := meta.IsStatusConditionTrue(cfg.Status.Conditions, maintenancev1.ConfigConditionOtherOperatorActive)
 	if holding != nil {
+		if c := meta.FindStatusCondition(cfg.Status.Conditions, maintenancev1.ConfigConditionOtherOperatorActive); c != nil &&
+			c.Status == metav1.ConditionTrue && holding.Names(c.Message) {
+			return nil // the same holder, renewed: nothing new to say
+		}
+		reason := configReasonLeaseHeld
+		if holding.Reason != "" {
+			reason = configReasonRunsUnfenced
+		}
 		// Only this condition: the others describe the last pass, which
 		// still holds for when gpufleet may act.
 		meta.SetStatusCondition(&after.Status.Conditions, metav1.Condition{Type: maintenancev1.ConfigConditionOtherOperatorActive,
-			Status: metav1.ConditionTrue, Reason: configReasonLeaseHeld, Message: holding.Message(),
+			Status: metav1.ConditionTrue, Reason: reason, Message: holding.Message(),
 			ObservedGeneration: cfg.Generation, LastTransitionTime: metav1.NewTime(now)})
 		if conditionsEqual(cfg.Status.Conditions, after.Status.Conditions) {
 			return nil

@@ -2,14 +2,19 @@ package maintenance_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/leaderelection"
@@ -164,4 +169,94 @@ func getLease(t *testing.T, key client.ObjectKey) *coordinationv1.Lease {
 		t.Fatal(err)
 	}
 	return l
+}
+
+// operatorDeployment runs a Deployment of one pod in namespace, labelled
+// labels, whose container runs argv, and waits until it is ready; its
+// cleanup deletes it.
+func operatorDeployment(t *testing.T, namespace, name string, labels map[string]string, argv ...string) *appsv1.Deployment {
+	t.Helper()
+	ctx := t.Context()
+	if err := devcluster.EnsureNamespace(ctx, cluster.Client, namespace); err != nil {
+		t.Fatal(err)
+	}
+	selector := map[string]string{"app": name}
+	d := &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: name, Labels: labels},
+		Spec: appsv1.DeploymentSpec{Replicas: ptr.To[int32](1), Selector: &metav1.LabelSelector{MatchLabels: selector},
+			Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: selector}, Spec: corev1.PodSpec{
+				Containers: []corev1.Container{{Name: "manager", Image: "registry.example/" + name + ":1", Command: argv[:1], Args: argv[1:]}}}}}}
+	create(t, d)
+	t.Cleanup(func() { _ = k8s.Delete(context.Background(), d) })
+	devtest.WaitFor(t, "Deployment "+name+" ready", 60*time.Second, func(ctx context.Context) (bool, string) {
+		err := k8s.Get(ctx, client.ObjectKeyFromObject(d), d)
+		return err == nil && d.Status.ReadyReplicas == 1, fmt.Sprint(err, d.Status)
+	})
+	return d
+}
+
+// otherOperatorCondition waits until the default config's
+// OtherOperatorActive condition has status, its message containing want.
+func otherOperatorCondition(t *testing.T, status metav1.ConditionStatus, want string) *metav1.Condition {
+	t.Helper()
+	var c *metav1.Condition
+	devtest.WaitFor(t, "OtherOperatorActive "+string(status)+": "+want, 30*time.Second, func(ctx context.Context) (bool, string) {
+		cfg := &maintenancev1.MaintenanceOperatorConfig{}
+		if err := k8s.Get(ctx, client.ObjectKey{Namespace: operatorNS, Name: "default"}, cfg); err != nil {
+			return false, err.Error()
+		}
+		c = meta.FindStatusCondition(cfg.Status.Conditions, maintenancev1.ConfigConditionOtherOperatorActive)
+		return c != nil && c.Status == status && strings.Contains(c.Message, want), fmt.Sprint(c)
+	})
+	return c
+}
+
+// TestOperatorsNoLeaseShowsAreSeen: an operator that acts without a lease
+// — NVIDIA's Maintenance Operator run without --leader-elect, a second
+// gpufleet installed in another namespace — is found by its Deployment:
+// gpufleet writes nothing to any NodeMaintenance while either has a ready
+// replica, the config says which and what to do, and it acts as soon as
+// the last is gone (the Deployment's event, not a poll).
+func TestOperatorsNoLeaseShowsAreSeen(t *testing.T) {
+	devtest.NeedCluster(t)
+	t.Cleanup(func() { uncordonAll(t) })
+	ctx := t.Context()
+	nvidia := operatorDeployment(t, "nvidia-unfenced", "maintenance-operator",
+		map[string]string{"app.kubernetes.io/component": "maintenance-operator-controller-manager"}, "/manager", "--health-probe-bind-address=:8081")
+
+	setConfig(t, ios(3), nil)
+	writes := countWrites(t, "default")
+	nm := newNM("unfenced", "gpu-005", "unfenced.example.com")
+	create(t, nm)
+	time.Sleep(500 * time.Millisecond)
+	before := writes()
+	startOperator(t)
+	t.Cleanup(func() { cleanupNMs(t) })
+	c := otherOperatorCondition(t, metav1.ConditionTrue, "Deployment nvidia-unfenced/maintenance-operator (1 ready) without leader election")
+	if c.Reason != "OperatorRunsWithoutLease" || !strings.Contains(c.Message, "scale it to 0") {
+		t.Errorf("the condition does not say what runs and what to do: %+v", c)
+	}
+
+	// A second gpufleet starts in another namespace; NVIDIA's is scaled down.
+	second := operatorDeployment(t, "gpufleet-second", "gpufleet", nil, "/usr/local/bin/gpufleet", "operator", "--leader-elect")
+	if err := k8s.Patch(ctx, nvidia, client.RawPatch(types.MergePatchType, []byte(`{"spec":{"replicas":0}}`))); err != nil {
+		t.Fatal(err)
+	}
+	otherOperatorCondition(t, metav1.ConditionTrue, "another gpufleet operator runs as Deployment gpufleet-second/gpufleet")
+	time.Sleep(3 * time.Second) // the operator's passes
+	if got := writes() - before; got != 0 {
+		t.Fatalf("%d NodeMaintenance writes beside an operator that holds no lease", got)
+	}
+	if getNode(t, "gpu-005").Spec.Unschedulable {
+		t.Fatal("node gpu-005 cordoned beside another operator")
+	}
+
+	// The second gpufleet is removed: gpufleet acts, well before it would
+	// have looked again by itself.
+	removed := time.Now()
+	if err := k8s.Delete(ctx, second); err != nil {
+		t.Fatal(err)
+	}
+	waitPhase(t, "unfenced", maintenancev1.PhaseReady, 60*time.Second)
+	t.Logf("acted %.1f s after the second gpufleet's Deployment was deleted", time.Since(removed).Seconds())
+	otherOperatorCondition(t, metav1.ConditionFalse, "")
 }

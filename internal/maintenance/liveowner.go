@@ -29,14 +29,17 @@ func CacheObjects() map[client.Object]cache.ByObject {
 const liveOwnerRecheck = 100 * time.Millisecond
 
 // otherOwner returns the live holding of NVIDIA's Maintenance Operator's
-// lease, if any, as obs judges it (by observation on gpufleet's clock):
-// while it runs, gpufleet does not act on NodeMaintenance objects (it
+// lease, if any, as obs judges it (by observation on gpufleet's clock), or
+// else what obs's Rivals find (it runs without leader election; a second
+// gpufleet runs): while it runs, gpufleet does not act on NodeMaintenance objects (it
 // would cordon, drain and write phases beside it).
 func otherOwner(ctx context.Context, c client.Reader, obs *liveowner.Observer, now time.Time) (liveowner.Holding, bool, error) {
 	var leases coordinationv1.LeaseList
 	if err := c.List(ctx, &leases, client.UnsafeDisableDeepCopy); err != nil { // read only
 		return liveowner.Holding{}, false, fmt.Errorf("listing the leader leases of other operators: %w", err)
 	}
-	h, held := obs.Held(leases.Items, liveowner.MaintenanceOperator, now)
-	return h, held, nil
+	if h, held := obs.Held(leases.Items, liveowner.MaintenanceOperator, now); held {
+		return h, true, nil
+	}
+	return obs.Rival(ctx, liveowner.MaintenanceOperator, now)
 }

@@ -100,7 +100,13 @@ func Setup(mgr manager.Manager, opts Options) error {
 		sched.Changed()
 		return []reconcile.Request{schedulerKey}
 	})
-	err = builder.ControllerManagedBy(mgr).
+	sb := builder.ControllerManagedBy(mgr)
+	if src := opts.Leases.Rivals.Source(toScheduler); src != nil {
+		// NVIDIA's operator without leader election, or a second gpufleet,
+		// started or stopped.
+		sb = sb.WatchesRawSource(src)
+	}
+	err = sb.
 		Named("nodemaintenance-scheduler").
 		Watches(&maintenancev1.NodeMaintenance{}, toScheduler, builder.WithPredicates(schedulingRelevantNM, sched.notOwnWrite())).
 		Watches(&corev1.Node{}, toScheduler, builder.WithPredicates(sched.nodeChangeRelevant())).
@@ -144,7 +150,13 @@ func Setup(mgr manager.Manager, opts Options) error {
 		}
 		return reqs
 	}
-	err = builder.ControllerManagedBy(mgr).
+	lb := builder.ControllerManagedBy(mgr)
+	if src := opts.Leases.Rivals.Source(handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, _ client.Object) []reconcile.Request {
+		return objectsIn(ctx, mgr, "")
+	})); src != nil {
+		lb = lb.WatchesRawSource(src)
+	}
+	err = lb.
 		Named("nodemaintenance").
 		For(&maintenancev1.NodeMaintenance{}).
 		Watches(&corev1.Node{}, handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {

@@ -320,6 +320,13 @@ func New(cfg *rest.Config, opts Options) (manager.Manager, error) {
 		if err := liveowner.SetupFence(mgr, opts.Leases, self, opts.Clock, fenced...); err != nil {
 			return nil, err
 		}
+		// What no lease shows: NVIDIA's operator run without leader
+		// election, a second gpufleet in another namespace.
+		if opts.Leases.Rivals == nil {
+			if opts.Leases.Rivals, err = liveowner.NewRivals(mgr, opts.Namespace); err != nil {
+				return nil, err
+			}
+		}
 	}
 	for _, c := range selected {
 		if err := c.Setup(mgr, opts); err != nil {

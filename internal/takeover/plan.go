@@ -63,22 +63,9 @@ func (o Operator) owner() liveowner.Operator {
 }
 
 // IsDeployment reports whether d is the operator's own Deployment (found in
-// any namespace): the GPU Operator's chart names it gpu-operator and
-// labels it app=gpu-operator; the Maintenance Operator's chart names it
-// after the release (maintenance-operator, or <release>-maintenance-operator)
-// and kustomize maintenance-operator-controller-manager, both labelled
-// app.kubernetes.io/component=maintenance-operator-controller-manager.
+// any namespace), as its chart and kustomize name and label it.
 func (o Operator) IsDeployment(d *appsv1.Deployment) bool {
-	l := d.Labels
-	switch o {
-	case GPUOperator:
-		return d.Name == "gpu-operator" || l["app"] == "gpu-operator" ||
-			(l["app.kubernetes.io/component"] == "gpu-operator" && l["app.kubernetes.io/name"] == "gpu-operator")
-	case MaintenanceOperator:
-		return d.Name == "maintenance-operator" || d.Name == "maintenance-operator-controller-manager" ||
-			l["app.kubernetes.io/component"] == "maintenance-operator-controller-manager"
-	}
-	return false
+	return o.owner().IsDeployment(d)
 }
 
 // Direction is what a takeover does: from the operator to gpufleet, or
