@@ -593,7 +593,8 @@ func TestTheAgentNeverRebootsANodeUncordonedFromOutside(t *testing.T) {
 	}
 
 	patch := []byte(`{"spec":{"unschedulable":true}}`)
-	if _, err := env.Client.CoreV1().Nodes().Patch(t.Context(), node, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+	cordoned, err := env.Client.CoreV1().Nodes().Patch(t.Context(), node, types.MergePatchType, patch, metav1.PatchOptions{})
+	if err != nil {
 		t.Fatal(err)
 	}
 	select {
@@ -604,4 +605,21 @@ func TestTheAgentNeverRebootsANodeUncordonedFromOutside(t *testing.T) {
 	case <-time.After(60 * time.Second):
 		t.Fatalf("the agent did not reboot the node once it was cordoned again")
 	}
+	// The simulated reboot ends (the node Ready again) before the agent
+	// stops: a reboot cut short leaves the node NotReady for the next test.
+	devtest.WaitFor(t, "node "+node+" Ready after the reboot", 30*time.Second, func(ctx context.Context) (bool, string) {
+		n, err := env.Client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		if n.Status.NodeInfo.BootID == cordoned.Status.NodeInfo.BootID {
+			return false, "not rebooted yet"
+		}
+		for _, c := range n.Status.Conditions {
+			if c.Type == corev1.NodeReady {
+				return c.Status == corev1.ConditionTrue, c.Message
+			}
+		}
+		return false, "no Ready condition"
+	})
 }
