@@ -215,15 +215,50 @@ func (a *Agent) record(ctx context.Context, nr *repairv1.NodeRepair, action repa
 	if action != repairv1.ActionValidateGPU { // not a rung of the ladder
 		nr.Status.NextAction++
 	}
-	if err := a.Client.PatchNodeRepairStatus(ctx, before, nr); err != nil {
-		if apierrors.IsConflict(err) && outcome == repairv1.OutcomeInterrupted {
-			// The update event of our own start, read before our outcome
-			// reached the cache: the outcome is already recorded.
+	err := a.Client.PatchNodeRepairStatus(ctx, before, nr)
+	if apierrors.IsConflict(err) && outcome == repairv1.OutcomeInterrupted {
+		// The update event of our own start, read before our outcome
+		// reached the cache: the outcome is already recorded.
+		return nil
+	}
+	for try := 0; apierrors.IsConflict(err) && outcome != repairv1.OutcomeRefused && try < 5; try++ {
+		// The repair changed while the action ran (the operator wrote its
+		// status): the outcome is written on the stored version, or the
+		// next pass would take the action for an interrupted one.
+		fresh, gerr := a.Client.Fresh().NodeRepair(ctx, nr.Name)
+		if gerr != nil {
+			return fmt.Errorf("recording the outcome of %s: reading the repair again: %w", action, gerr)
+		}
+		if !awaitsOutcome(fresh, action) {
+			crlog.FromContext(ctx).Info("not recording an outcome the repair no longer waits for", "action", action, "outcome", outcome)
 			return nil
 		}
+		before, nr = fresh.DeepCopy(), fresh
+		nr.Status.Timeline = append(nr.Status.Timeline, entry(a.Clock, string(action), outcome, msg))
+		nr.Status.Pending = nil
+		if action != repairv1.ActionValidateGPU {
+			nr.Status.NextAction++
+		}
+		err = a.Client.PatchNodeRepairStatus(ctx, before, nr)
+	}
+	if err != nil {
 		return fmt.Errorf("recording the outcome of %s: %w", action, err)
 	}
 	return nil
+}
+
+// awaitsOutcome reports whether nr still waits for the outcome of action:
+// it is pending, and its last entry of that action is its start.
+func awaitsOutcome(nr *repairv1.NodeRepair, action repairv1.Action) bool {
+	if nr.Status.Pending == nil || nr.Status.Pending.Action != action || ended(nr) {
+		return false
+	}
+	for i := len(nr.Status.Timeline) - 1; i >= 0; i-- {
+		if e := nr.Status.Timeline[i]; e.Step == string(action) {
+			return e.Outcome == repairv1.OutcomeStarted
+		}
+	}
+	return false
 }
 
 // ended reports whether the repair is over: its pending action is moot.

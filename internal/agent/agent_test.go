@@ -219,19 +219,27 @@ func TestAgentIgnoresADeletedRepair(t *testing.T) {
 	}
 }
 
-// TestAgentStatusConflictRunsNothingTwice fails the first status write of
-// the start or of the outcome with a conflict: the retry (the controller
-// requeues on the error) does not run the action a second time.
+// TestAgentStatusConflictRunsNothingTwice: a conflict on the start's
+// write runs nothing (retried); a conflict on the outcome's write (the
+// operator wrote the repair while the action ran) is written again on the
+// stored version, not lost and later taken for an interrupted action —
+// unless the repair no longer waits for it.
 func TestAgentStatusConflictRunsNothingTwice(t *testing.T) {
 	tests := map[string]struct {
 		failWrite    int // the status write that conflicts: 1 = the start, 2 = the outcome
+		between      func(*repairv1.NodeRepair)
+		wantErr      bool // the first pass fails (retried)
 		wantTimeline []repairv1.TimelineEntry
+		wantNext     int32
 	}{
-		"the start's write conflicts": {failWrite: 1,
+		"the start's write conflicts": {failWrite: 1, wantErr: true, wantNext: 1,
 			wantTimeline: []repairv1.TimelineEntry{at("RestartKubelet", "Started", ""), at("RestartKubelet", "Succeeded", "")}},
-		"the outcome's write conflicts": {failWrite: 2,
-			wantTimeline: []repairv1.TimelineEntry{at("RestartKubelet", "Started", ""),
-				at("RestartKubelet", "Interrupted", "the agent restarted while running it; not run again")}},
+		"the outcome's write conflicts": {failWrite: 2, wantNext: 1,
+			between:      func(nr *repairv1.NodeRepair) { nr.Status.Message = "written by the operator" },
+			wantTimeline: []repairv1.TimelineEntry{at("RestartKubelet", "Started", ""), at("RestartKubelet", "Succeeded", "")}},
+		"the outcome's write conflicts, the action withdrawn meanwhile": {failWrite: 2, wantNext: 0,
+			between:      func(nr *repairv1.NodeRepair) { nr.Status.Pending = nil },
+			wantTimeline: []repairv1.TimelineEntry{at("RestartKubelet", "Started", "")}},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
@@ -240,6 +248,16 @@ func TestAgentStatusConflictRunsNothingTwice(t *testing.T) {
 				SubResourcePatch: func(ctx context.Context, c client.Client, sub string, obj client.Object, patch client.Patch, opts ...client.SubResourcePatchOption) error {
 					writes++
 					if writes == tc.failWrite {
+						if tc.between != nil {
+							stored := &repairv1.NodeRepair{}
+							if err := c.Get(ctx, client.ObjectKeyFromObject(obj), stored); err != nil {
+								return err
+							}
+							tc.between(stored)
+							if err := c.Status().Update(ctx, stored); err != nil {
+								return err
+							}
+						}
 						return apierrors.NewConflict(schema.GroupResource{Group: repairv1.GroupVersion.Group, Resource: "noderepairs"}, obj.GetName(), errors.New("the object has been modified"))
 					}
 					return c.SubResource(sub).Patch(ctx, obj, patch, opts...)
@@ -248,8 +266,8 @@ func TestAgentStatusConflictRunsNothingTwice(t *testing.T) {
 			exec := &recordingExecutor{}
 			a := newTestAgent(t, "gpu-1", exec, funcs, testRepair("gpu-1", repairv1.ActionRestartKubelet), testobj.Node("gpu-1"))
 			err := reconcileRepair(t, a, repairName)
-			if !apierrors.IsConflict(err) {
-				t.Fatalf("first pass: %v, want the conflict", err)
+			if tc.wantErr != apierrors.IsConflict(err) || (!tc.wantErr && err != nil) {
+				t.Fatalf("first pass: %v, want a conflict: %t", err, tc.wantErr)
 			}
 			for range 2 {
 				if err := reconcileRepair(t, a, repairName); err != nil {
@@ -263,8 +281,8 @@ func TestAgentStatusConflictRunsNothingTwice(t *testing.T) {
 			if diff := cmp.Diff(tc.wantTimeline, got.Status.Timeline); diff != "" {
 				t.Errorf("timeline (-want +got):\n%s", diff)
 			}
-			if got.Status.Pending != nil || got.Status.NextAction != 1 {
-				t.Errorf("pending %+v nextAction %d, want none and 1", got.Status.Pending, got.Status.NextAction)
+			if got.Status.Pending != nil || got.Status.NextAction != tc.wantNext {
+				t.Errorf("pending %+v nextAction %d, want none and %d", got.Status.Pending, got.Status.NextAction, tc.wantNext)
 			}
 		})
 	}

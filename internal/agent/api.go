@@ -52,8 +52,8 @@ type API interface {
 	// ResourceSlices lists the ResourceSlices of node (none when the API
 	// server serves no DRA).
 	ResourceSlices(ctx context.Context, node string) ([]resourcev1.ResourceSlice, error)
-	// Fresh is this API reading the node and its GPUFault records from
-	// the API server instead of the cache: after a write met a newer
+	// Fresh is this API reading the node, a NodeRepair and the node's
+	// GPUFault records from the API server instead of the cache: after a write met a newer
 	// version than the cache holds, reading the cache again would only
 	// conflict again until it catches up.
 	Fresh() API
@@ -242,12 +242,18 @@ func (k *kubeAPI) PatchNodeStatus(ctx context.Context, node *corev1.Node, patch 
 
 func (k *kubeAPI) Fresh() API { return freshAPI{k} }
 
-// freshAPI reads the node and its GPUFault records from the API server.
+// freshAPI reads the node, a NodeRepair and the node's GPUFault records
+// from the API server.
 type freshAPI struct{ *kubeAPI }
 
 func (f freshAPI) Node(ctx context.Context, name string) (*corev1.Node, error) {
 	n := &corev1.Node{}
 	return n, f.core.Get().Resource("nodes").Name(name).Do(ctx).Into(n)
+}
+
+func (f freshAPI) NodeRepair(ctx context.Context, name string) (*repairv1.NodeRepair, error) {
+	nr := &repairv1.NodeRepair{}
+	return nr, f.repair.Get().Resource("noderepairs").Name(name).Do(ctx).Into(nr)
 }
 
 func (f freshAPI) GPUFaults(ctx context.Context, node string) ([]repairv1.GPUFault, error) {
