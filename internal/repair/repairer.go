@@ -83,12 +83,21 @@ func (r *Repairer) Reconcile(ctx context.Context, req reconcile.Request) (reconc
 		return res, nil
 	}
 	if err := r.Client.Status().Patch(ctx, l.nr, client.MergeFromWithOptions(nr, client.MergeFromWithOptimisticLock{})); err != nil {
-		if apierrors.IsConflict(err) {
+		switch {
+		case apierrors.IsConflict(err) && l.final != "":
+			// The repair ended, and its NodeMaintenance objects are
+			// released already: the end is written on the stored version,
+			// or the next pass would find them gone and say so instead.
+			if err := r.writeEnd(ctx, nr, l); err != nil || l.final == "" {
+				return reconcile.Result{}, err
+			}
+		case apierrors.IsConflict(err):
 			// Changed meanwhile (the agent recorded an outcome): its event
 			// brings the new version; nothing of this step happened.
 			return reconcile.Result{}, nil
+		default:
+			return reconcile.Result{}, fmt.Errorf("updating NodeRepair status: %w", err)
 		}
-		return reconcile.Result{}, fmt.Errorf("updating NodeRepair status: %w", err)
 	}
 	l.events.Flush()
 	if l.final != "" {

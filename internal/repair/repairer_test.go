@@ -17,6 +17,7 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	maintenancev1 "github.com/gpufleet/gpufleet/api/maintenance/v1alpha1"
@@ -853,5 +854,75 @@ func TestCrashBetweenTheGPUDrainRequestAndItsRecord(t *testing.T) {
 	}
 	if last := got.LastEntry(); last.Step != "Maintenance" || !strings.Contains(last.Message, "found") {
 		t.Errorf("last entry %+v", last)
+	}
+}
+
+// TestAnEndWhoseWriteConflictsIsStillWritten: the repair ends past its
+// reboot bound and releases its NodeMaintenance; its status write then
+// conflicts (the agent wrote the repair meanwhile). The end is written on
+// the stored version — its own reason, the agent's entry kept, one Warning
+// — rather than lost, which would have the next pass find the
+// NodeMaintenance gone and give that as the reason instead.
+func TestAnEndWhoseWriteConflictsIsStillWritten(t *testing.T) {
+	d := newDirect(t)
+	if err := env.SetNodeCondition(t.Context(), "a-2", corev1.NodeCondition{Type: "ReadonlyFilesystem", Status: corev1.ConditionTrue, Reason: "Injected"}); err != nil {
+		t.Fatal(err)
+	}
+	node, err := env.Client.CoreV1().Nodes().Get(t.Context(), "a-2", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	nr := d.repair("a-2-end-conflict", "a-2", roRule, nil)
+	hold := holdNode(t, nr)
+	requested := metav1.NewTime(d.clock.Now())
+	nr.Status = repairv1.NodeRepairStatus{Phase: repairv1.PhaseRepairing, NextAction: 1, MaintenanceName: hold,
+		BootIDBefore: node.Status.NodeInfo.BootID, RebootRequestedAt: &requested}
+	if err := env.Kube.Status().Update(t.Context(), nr); err != nil {
+		t.Fatal(err)
+	}
+	base, err := client.NewWithWatch(env.Cluster.Config, client.Options{Scheme: env.Kube.Scheme()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	conflicted := false
+	d.r.Client = interceptor.NewClient(base, interceptor.Funcs{
+		SubResourcePatch: func(ctx context.Context, c client.Client, sub string, obj client.Object, patch client.Patch, opts ...client.SubResourcePatchOption) error {
+			if _, ok := obj.(*repairv1.NodeRepair); ok && !conflicted {
+				conflicted = true
+				// The agent records something meanwhile.
+				stored := &repairv1.NodeRepair{}
+				if err := c.Get(ctx, client.ObjectKeyFromObject(obj), stored); err != nil {
+					return err
+				}
+				stored.Status.Timeline = append(stored.Status.Timeline, repairv1.TimelineEntry{Time: metav1.NewTime(d.clock.Now()),
+					Step: "Reboot", Outcome: repairv1.OutcomeInterrupted, Message: "written meanwhile"})
+				if err := c.Status().Update(ctx, stored); err != nil {
+					return err
+				}
+			}
+			return c.SubResource(sub).Patch(ctx, obj, patch, opts...)
+		},
+	})
+	d.clock.Step(20 * time.Minute)
+	_, got := d.reconcile(nr.Name)
+	if !conflicted {
+		t.Fatal("no status write was made")
+	}
+	if got.Status.Phase != repairv1.PhaseRecoveryFailed || !strings.Contains(got.Status.Message, "did not come back from the reboot within 20m0s") {
+		t.Fatalf("after a conflicting end: phase %s, message %q", got.Status.Phase, got.Status.Message)
+	}
+	if steps := timelineSteps(got); !strings.Contains(steps, "Reboot:Interrupted Done:RecoveryFailed") {
+		t.Errorf("timeline %q: want the entry written meanwhile, then the end", steps)
+	}
+	if nm, err := requestor.Get(t.Context(), env.Kube, ns, hold); err != nil || (nm != nil && nm.DeletionTimestamp == nil) {
+		t.Errorf("the node's NodeMaintenance %s is still held: %v", hold, err)
+	}
+	evs := strings.Join(d.events(), "\n")
+	if strings.Count(evs, "Warning "+repair.ReasonFailed) != 1 {
+		t.Errorf("events %q: want one %s Warning", evs, repair.ReasonFailed)
+	}
+	before := got.ResourceVersion
+	if _, again := d.reconcile(nr.Name); again.ResourceVersion != before {
+		t.Errorf("the ended repair was written again: %q", again.Status.Message)
 	}
 }
