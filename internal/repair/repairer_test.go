@@ -880,7 +880,7 @@ func TestAnEndWhoseWriteConflictsIsStillWritten(t *testing.T) {
 	if err := env.Kube.Status().Update(t.Context(), nr); err != nil {
 		t.Fatal(err)
 	}
-	base, err := client.NewWithWatch(env.Cluster.Config, client.Options{Scheme: env.Kube.Scheme()})
+	base, err := client.NewWithWatch(env.Config, client.Options{Scheme: env.Kube.Scheme()})
 	if err != nil {
 		t.Fatal(err)
 	}
